@@ -1,0 +1,29 @@
+# Two entry points a person needs: `make simulate` (set up + run the embedded default) and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: simulate test horovod lint clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+simulate: $(VENV)/.installed
+	$(BIN)/spot-autoscaler simulate
+
+test: $(VENV)/.installed
+	$(BIN)/python -m pytest
+
+# Optional: horovod 0.28.1 + torch (CPU) for the end-to-end test; needs a compiler, ~4 min cold.
+horovod: $(VENV)/.installed
+	scripts/build-horovod.sh $(BIN)/python
+
+lint: $(VENV)/.installed
+	$(BIN)/lint-imports
+	$(BIN)/ruff check autoscaler tests
+
+clean:
+	rm -rf $(VENV) simulate-out .pytest_cache

@@ -1,0 +1,201 @@
+"""`spot-autoscaler` command line. Each subcommand is a small function; exit codes are documented."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TextIO
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from autoscaler import __version__
+from autoscaler.atomic import atomic_write
+from autoscaler.config import Config, ConfigError, load_config
+from autoscaler.core.policy import parse_duration
+from autoscaler.decisionlog import Filter, ReadStats, parse_ts, read_decisions, render_table
+from autoscaler.sim.run import simulate
+from autoscaler.sim.trace import TraceError, read_trace, synthetic_trace
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except ConfigError as exc:
+        print(f"config error:\n{exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except (TraceError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="spot-autoscaler",
+        description="Scale elastic Horovod jobs on spot GPUs from notices, idle capacity and cost policies.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for register in _COMMANDS:
+        register(sub)
+    return parser
+
+
+# --- simulate ----------------------------------------------------------------------------------
+def _add_simulate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="replay spot availability through the core (no cluster, no cloud)",
+        description="Replay a spot trace (t_ms,add|remove,nodeN) or a seeded synthetic one through "
+        "the decision core; write DIR/decisions.jsonl and DIR/summary.json.",
+    )
+    p.add_argument("--trace", type=Path, help="trace file; default: a synthetic trace from --seed")
+    p.add_argument("--seed", type=int, default=1, help="seed of the synthetic trace and missed notices")
+    p.add_argument("--config", type=Path, help="policy YAML; default: built-in defaults")
+    p.add_argument("--out", type=Path, default=Path("simulate-out"), help="output folder")
+    p.add_argument("--lead-time", type=parse_duration, help="notice lead time (default 120s)")
+    p.set_defaults(func=cmd_simulate)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    config = load_config(args.config) if args.config else Config()
+    if args.lead_time is not None:
+        config = config.model_copy(
+            update={"simulate": config.simulate.model_copy(update={"notice_lead_time": args.lead_time})}
+        )
+    s = config.simulate.synthetic
+    trace = (
+        read_trace(args.trace)
+        if args.trace
+        else synthetic_trace(args.seed, s.hours, s.max_nodes, s.mean_up_hours, s.mean_down_hours,
+                             s.wave_every_hours, s.wave_fraction)
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    console = Console(stderr=True)
+    with (
+        atomic_write(args.out / "decisions.jsonl") as log,
+        Progress(
+            TextColumn("simulating"), BarColumn(), TextColumn("{task.fields[at]}"),
+            TimeElapsedColumn(), console=console, disable=not console.is_terminal, transient=True,
+        ) as bar,
+    ):
+        task = bar.add_task("sim", total=1.0, at="")
+
+        def progress(t: float, end: float) -> None:
+            bar.update(task, completed=t / end if end else 1.0, at=f"{t / 3600:5.2f} h")
+
+        summary = simulate(config, trace, args.seed, log, progress)
+    summary = {"trace": str(args.trace) if args.trace else f"synthetic(seed={args.seed})", **summary}
+    with atomic_write(args.out / "summary.json") as f:
+        json.dump(summary, f, indent=2)
+        f.write("\n")
+    _print_summary(console, summary, args.out)
+    return EXIT_OK
+
+
+def _print_summary(console: Console, summary: dict, out: Path) -> None:
+    n = summary["notices"]
+    saving = 1 - summary["cost_usd"] / summary["on_demand_cost_usd"] if summary["on_demand_cost_usd"] else 0
+    console.print(
+        f"[bold]{summary['trace']}[/]: {summary['duration_hours']} h, up to {summary['nodes_max']} spot nodes"
+    )
+    for key, job in summary["jobs"].items():
+        console.print(f"  {key}: mean {job['mean_workers']} workers (min {job['min_workers']}, max {job['max_workers']})")
+    console.print(
+        f"  GPU-hours spot {summary['gpu_hours']['spot']}, on-demand {summary['gpu_hours']['on-demand']}; "
+        f"cost ${summary['cost_usd']} vs ${summary['on_demand_cost_usd']} on-demand ({saving:.0%} saved)"
+    )
+    console.print(
+        f"  notices {n['posted']}: {n['handled_gracefully']} node(s) drained in time, {n['missed']} missed, "
+        f"{n['workers_removed_gracefully']} workers left gracefully, {n['workers_lost_abruptly']} abruptly"
+    )
+    console.print(f"  wrote {out / 'decisions.jsonl'} and {out / 'summary.json'} in {summary['wall_seconds']} s")
+
+
+# --- check-config -------------------------------------------------------------------------------
+def _add_check_config(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("check-config", help="validate a policy YAML file; list every problem")
+    p.add_argument("file", type=Path)
+    p.set_defaults(func=cmd_check_config)
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.file)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        print(f"{args.file}: {len(exc.problems)} problem(s)", file=sys.stderr)
+        return EXIT_FAILED
+    names = ", ".join(p.name for p in config.policies)
+    print(f"{args.file}: OK ({len(config.policies)} policies: {names})")
+    return EXIT_OK
+
+
+# --- decisions ----------------------------------------------------------------------------------
+def _add_decisions(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("decisions", help="show decision log lines as a table, filtered")
+    p.add_argument("file", nargs="?", type=Path, help="JSON-lines log; default: stdin")
+    p.add_argument("--job", help="ns/name, or a bare job name")
+    p.add_argument("--reason", help="reason code (matches the primary reason or a tag)")
+    p.add_argument("--action", choices=["scale_out", "scale_in", "drain", "undrain", "noop"])
+    p.add_argument("--since", type=_since, help="ISO time, or a duration back from now (e.g. 1h)")
+    p.add_argument("--json", action="store_true", help="print the matching lines as JSON lines")
+    p.set_defaults(func=cmd_decisions)
+
+
+def _since(value: str) -> datetime:
+    ts = parse_ts(value)
+    if ts is not None:
+        return ts
+    try:
+        return datetime.now(UTC) - parse_duration(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO time or a duration: {value!r}") from None
+
+
+def cmd_decisions(args: argparse.Namespace) -> int:
+    keep = Filter(job=args.job, reason=args.reason, action=args.action, since=args.since)
+    stats = ReadStats()
+    with _open_input(args.file) as lines:
+        events = (e for e in read_decisions(lines, stats) if keep.keeps(e))
+        if args.json:
+            for e in events:
+                sys.stdout.write(json.dumps(e) + "\n")
+        else:
+            render_table(events, Console())
+    if stats.skipped:
+        print(f"skipped {len(stats.skipped)} line(s) that are not decisions", file=sys.stderr)
+    return EXIT_OK
+
+
+@contextmanager
+def _open_input(path: Path | None) -> Iterator[TextIO]:
+    if path is None:
+        yield sys.stdin
+    else:
+        with path.open(encoding="utf-8") as f:
+            yield f
+
+
+_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
+    _add_simulate,
+    _add_check_config,
+    _add_decisions,
+]
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""Load the YAML config into typed objects; report every problem as file, key path and line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from autoscaler.config.schema import Config
+
+KeyPath = tuple[str | int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    file: str
+    line: int | None
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        return f"{where}: {self.path or '<top>'}: {self.message}"
+
+
+class ConfigError(Exception):
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
+
+def load_config(path: str | Path) -> Config:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError([Problem(str(path), None, "", f"cannot read: {exc.strerror}")]) from exc
+    return parse_config(text, str(path))
+
+
+def parse_config(text: str, source: str = "<config>") -> Config:
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError([Problem(source, line, "", f"bad YAML: {problem}")]) from exc
+    lines: dict[KeyPath, int] = {}
+    problems: list[Problem] = []
+    data = _to_python(root, (), lines, problems, source) if root is not None else {}
+    if not isinstance(data, dict):
+        problems.append(Problem(source, 1, "", "the top level must be a mapping"))
+    if problems:
+        raise ConfigError(problems)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(
+            [_problem(err, lines, source) for err in exc.errors(include_url=False)]
+        ) from exc
+
+
+def _to_python(
+    node: yaml.Node, path: KeyPath, lines: dict[KeyPath, int], problems: list[Problem], source: str
+) -> Any:
+    """Build plain data from the YAML node tree, noting each key's line; flag duplicate keys."""
+    lines[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        out: dict[Any, Any] = {}
+        for key_node, value_node in node.value:
+            key = _scalar(key_node)
+            if key in out:
+                problems.append(
+                    Problem(source, key_node.start_mark.line + 1, _dotted((*path, key)), "duplicate key")
+                )
+            out[key] = _to_python(value_node, (*path, key), lines, problems, source)
+            lines[(*path, key)] = key_node.start_mark.line + 1
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [
+            _to_python(item, (*path, i), lines, problems, source) for i, item in enumerate(node.value)
+        ]
+    return _scalar(node)
+
+
+def _scalar(node: yaml.Node) -> Any:
+    return yaml.SafeLoader("").construct_object(node, deep=True)
+
+
+def _problem(err: Any, lines: dict[KeyPath, int], source: str) -> Problem:
+    # pydantic adds tags for unions/validators (e.g. 'function-before[...]'): keep real keys only
+    loc: KeyPath = tuple(p for p in err["loc"] if isinstance(p, int) or "[" not in str(p))
+    line = None
+    for end in range(len(loc), -1, -1):  # the deepest part of the path the file has
+        if loc[:end] in lines:
+            line = lines[loc[:end]]
+            break
+    message = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        message = "unknown key"
+    elif err["type"] == "missing":
+        message = "required key is missing"
+    return Problem(source, line, _dotted(loc), message)
+
+
+def _dotted(path: KeyPath) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out

@@ -1,0 +1,67 @@
+"""The whole config file: the policy set the core reads, plus what the shell needs around it."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Annotated
+
+from pydantic import Field
+
+from autoscaler.core.policy import Duration, PolicySet, Price, StrictModel, Workers
+
+
+class Prices(StrictModel):
+    """Per-node prices per hour by instance type; live spot prices from the clouds override `spot`."""
+
+    on_demand: dict[str, Price] = {}
+    spot: dict[str, Price] = {}
+    default_on_demand: Price | None = None
+    default_spot: Price | None = None
+
+    def for_node(self, instance_type: str, spot: bool) -> float | None:
+        table, default = (self.spot, self.default_spot) if spot else (self.on_demand, self.default_on_demand)
+        return table.get(instance_type, default)
+
+
+class Config(PolicySet):
+    """Top level of the YAML file. Being a PolicySet, it is what `decide` takes as its policy."""
+
+    prices: Prices = Field(default_factory=Prices)
+    simulate: SimulationSettings = Field(default_factory=lambda: SimulationSettings())
+
+
+class SimJob(StrictModel):
+    namespace: str = "default"
+    name: str
+    min_workers: Workers = 1
+    max_workers: Workers
+    gpus_per_worker: Annotated[float, Field(gt=0)] = 1.0
+    priority: int = 0
+    labels: dict[str, str] = {}
+
+
+class SyntheticTrace(StrictModel):
+    hours: Annotated[float, Field(gt=0)] = 8.0
+    max_nodes: Annotated[int, Field(ge=1)] = 16
+    mean_up_hours: Annotated[float, Field(gt=0)] = 1.5
+    mean_down_hours: Annotated[float, Field(gt=0)] = 0.4
+    wave_every_hours: Annotated[float, Field(gt=0)] = 2.5
+    wave_fraction: Annotated[float, Field(gt=0, le=1)] = 0.4
+
+
+class SimulationSettings(StrictModel):
+    """`simulate`: how the replayed world behaves. Defaults follow the references (AWS 2-min notice,
+    Bamboo's p3.2xlarge with 1 V100 at $0.91 spot / $3.06 on-demand)."""
+
+    tick: Duration = timedelta(seconds=10)
+    notice_lead_time: Duration = timedelta(seconds=120)
+    notice_miss_probability: Annotated[float, Field(ge=0, le=1)] = 0.0
+    pod_startup: Duration = timedelta(seconds=45)  # schedule + pull + start until Running
+    scale_in_grace: Duration = timedelta(seconds=5)  # launcher's processes exit, pods deleted
+    gpus_per_node: Annotated[int, Field(ge=1)] = 1
+    instance_type: str = "p3.2xlarge"
+    spot_price_per_hour: Price = 0.91  # used when `prices` has no entry for the instance type
+    on_demand_price_per_hour: Price = 3.06
+    on_demand_nodes: Annotated[int, Field(ge=0)] = 0
+    jobs: list[SimJob] = [SimJob(name="bert", min_workers=2, max_workers=32)]
+    synthetic: SyntheticTrace = SyntheticTrace()

@@ -1,0 +1,26 @@
+"""The pure decision core: no I/O, no clock, no client objects. Adapters feed it snapshots."""
+
+from autoscaler.core.decide import decide
+from autoscaler.core.idle import track_idle
+from autoscaler.core.model import (
+    Action,
+    Backend,
+    CapacityType,
+    Decision,
+    GpuNode,
+    Job,
+    Notice,
+    NoticeKind,
+    Reason,
+    Scaler,
+    ScalerKind,
+    Snapshot,
+    Worker,
+)
+from autoscaler.core.policy import Policy, PolicySet
+
+__all__ = [
+    "Action", "Backend", "CapacityType", "Decision", "GpuNode", "Job", "Notice", "NoticeKind",
+    "Policy", "PolicySet", "Reason", "Scaler", "ScalerKind", "Snapshot", "Worker", "decide",
+    "track_idle",
+]

@@ -1,0 +1,179 @@
+"""Share idle GPUs between jobs as whole workers: priority first, then fairness (water-filling).
+
+A worker's GPUs must sit on one node, so capacity is reserved node by node, cheapest GPU-hour first
+and best fit next. Growth moves in quantum steps (e.g. 2 -> 4 -> 8) reserved all or nothing, which
+is also how et-operator treats a ScaleOut: all new pods run, or all are rolled back.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from autoscaler.core.model import GpuNode, Job, Reason
+from autoscaler.core.policy import Policy
+
+# When a job gets nothing, the most useful explanation first.
+_WHY_NOT_ORDER = (Reason.MIN_IDLE, Reason.PRICE_CAP, Reason.BUDGET, Reason.REBALANCE)
+
+
+@dataclass(slots=True)
+class Claim:
+    """One job asking to grow from `current` workers towards `target`."""
+
+    job: Job
+    policy: Policy
+    current: int
+    target: int
+    spend_per_hour: float  # what its staying workers cost now
+    skip_min_idle: bool = False  # a refill below min does not wait for idle capacity to settle
+    granted_nodes: list[str] = field(default_factory=list)
+    blocked: set[Reason] = field(default_factory=set)
+
+    @property
+    def workers(self) -> int:
+        return self.current + len(self.granted_nodes)
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    count: int
+    nodes: tuple[str, ...]
+    tags: tuple[Reason, ...]
+    why_not: Reason | None  # set when count == 0
+
+
+class CapacityPool:
+    """Idle GPUs left on nodes that may take new workers, plus the cluster's spend so far."""
+
+    def __init__(
+        self,
+        nodes: Iterable[GpuNode],
+        noticed: frozenset[str],
+        idle_since: Mapping[str, datetime],
+        now: datetime,
+        cluster_budget: float | None,
+        cluster_spend: float,
+    ) -> None:
+        self.nodes = {n.name: n for n in nodes if n.schedulable and n.idle_gpus > 0}
+        self.left = {name: n.idle_gpus for name, n in self.nodes.items()}
+        self.noticed = noticed
+        self.idle_for = {
+            name: now - idle_since[name] if name in idle_since else None for name in self.nodes
+        }
+        self.cluster_budget = cluster_budget
+        self.cluster_spend = cluster_spend
+
+    def why_not(self, claim: Claim, node: GpuNode) -> Reason | None:
+        """The first rule that keeps one more worker of `claim` off `node`, or None if it fits."""
+        rules = claim.policy
+        gpw = claim.job.gpus_per_worker
+        if self.left[node.name] < gpw:
+            return Reason.NO_CAPACITY
+        if node.name in self.noticed:
+            return Reason.REBALANCE
+        if node.capacity_type not in rules.scale_out.capacity_types:
+            return Reason.NO_CAPACITY
+        price = node.price_per_gpu_hour
+        cap = rules.cost.max_price_per_gpu_hour
+        if cap is not None and (price is None or price > cap):
+            return Reason.PRICE_CAP
+        idle_for = self.idle_for[node.name]
+        if not claim.skip_min_idle and (idle_for is None or idle_for < rules.scale_out.min_idle):
+            return Reason.MIN_IDLE
+        cost = gpw * (price or 0.0)
+        budget = rules.cost.budget_per_hour
+        if budget is not None and (price is None or claim.spend_per_hour + cost > budget + 1e-9):
+            return Reason.BUDGET
+        if self.cluster_budget is not None and self.cluster_spend + cost > self.cluster_budget + 1e-9:
+            return Reason.BUDGET
+        return None
+
+    def best_node(self, claim: Claim) -> GpuNode | None:
+        """Cheapest GPU-hour, then tightest fit (keeps big holes for big workers), then name."""
+        best: tuple | None = None
+        for node in self.nodes.values():
+            reason = self.why_not(claim, node)
+            if reason is not None:
+                if reason is not Reason.NO_CAPACITY:
+                    claim.blocked.add(reason)
+                continue
+            price = node.price_per_gpu_hour
+            key = (math.inf if price is None else price, self.left[node.name], node.name)
+            if best is None or key < best[0]:
+                best = (key, node)
+        return best[1] if best else None
+
+    def take(self, claim: Claim, node: GpuNode) -> None:
+        gpw = claim.job.gpus_per_worker
+        cost = gpw * (node.price_per_gpu_hour or 0.0)
+        self.left[node.name] -= gpw
+        claim.spend_per_hour += cost
+        self.cluster_spend += cost
+        claim.granted_nodes.append(node.name)
+
+    def give_back(self, claim: Claim, count: int) -> None:
+        """Undo the last `count` (> 0) reservations of `claim`."""
+        for name in claim.granted_nodes[-count:]:
+            node = self.nodes[name]
+            cost = claim.job.gpus_per_worker * (node.price_per_gpu_hour or 0.0)
+            self.left[name] += claim.job.gpus_per_worker
+            claim.spend_per_hour -= cost
+            self.cluster_spend -= cost
+        del claim.granted_nodes[-count:]
+
+
+def fill(pool: CapacityPool, claims: list[Claim]) -> None:
+    """Grant quantum steps, always to the highest-priority, least-filled job that can take one."""
+    heap = [_rank(c, i) for i, c in enumerate(claims) if c.workers < c.target]
+    heapq.heapify(heap)
+    while heap:
+        *_, i = heapq.heappop(heap)
+        claim = claims[i]
+        step = claim.policy.scale_out.quantum.next_above(claim.workers) - claim.workers
+        if claim.workers + step > claim.target:
+            if step > 1:
+                claim.blocked.add(Reason.QUANTUM)
+            continue
+        max_step = claim.policy.scale_out.max_step
+        if max_step is not None and len(claim.granted_nodes) + step > max_step:
+            continue
+        taken = 0
+        while taken < step and (node := pool.best_node(claim)) is not None:
+            pool.take(claim, node)
+            taken += 1
+        if taken < step:
+            if taken:
+                pool.give_back(claim, taken)
+            if taken and step > 1:
+                claim.blocked.add(Reason.QUANTUM)
+            continue
+        if claim.workers < claim.target:
+            heapq.heappush(heap, _rank(claim, i))
+
+
+def _rank(claim: Claim, index: int) -> tuple:
+    priority = claim.policy.priority if claim.policy.priority is not None else claim.job.priority
+    fill_ratio = claim.workers / max(claim.target, 1)
+    return (-priority, fill_ratio, claim.job.key, index)
+
+
+def grant_of(claim: Claim, pool: CapacityPool, at_max: bool) -> Grant:
+    """Summarise a claim after filling; `at_max` = its target is the job's effective max."""
+    count = len(claim.granted_nodes)
+    tags: list[Reason] = []
+    if at_max and claim.workers >= claim.target and _could_take_more(pool, claim):
+        tags.append(Reason.CLAMP_MAX)
+    if count:
+        return Grant(count, tuple(claim.granted_nodes), tuple(tags), None)
+    why = next((r for r in _WHY_NOT_ORDER if r in claim.blocked), None)
+    if why is None and Reason.QUANTUM in claim.blocked:
+        why = Reason.QUANTUM
+    return Grant(0, (), tuple(tags), why or Reason.NO_CAPACITY)
+
+
+def _could_take_more(pool: CapacityPool, claim: Claim) -> bool:
+    return any(pool.why_not(claim, node) is None for node in pool.nodes.values())

@@ -1,0 +1,157 @@
+"""`decide(snapshot, policies, now) -> decisions`: the whole policy, pure and deterministic.
+
+Per job: departures first (drain, then a ScaleIn naming exactly the doomed pods), then growth from
+idle capacity shared between all jobs. Every job gets at least one decision, a noop saying why not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+
+from autoscaler.core.capacity import CapacityPool, Claim, fill, grant_of
+from autoscaler.core.departures import plan_departures
+from autoscaler.core.model import Action, Decision, GpuNode, Job, Reason, Snapshot, Worker
+from autoscaler.core.notices import NodeRisk, classify
+from autoscaler.core.policy import Policy, PolicySet, PreemptionRules
+
+
+def decide(snapshot: Snapshot, policies: PolicySet, now: datetime) -> list[Decision]:
+    nodes = {n.name: n for n in snapshot.nodes}
+    risks: dict[PreemptionRules, NodeRisk] = {}
+    plans: list[tuple[Job, Policy, list[Decision], Claim | None, Reason | None]] = []
+    cluster_spend = 0.0
+
+    for job in sorted(snapshot.jobs, key=lambda j: j.key):
+        base = policies.for_job(job)
+        if base is None:
+            continue  # unmanaged: no policy selects it
+        policy = base.at(now)
+        rules = policy.preemption
+        if rules not in risks:
+            risks[rules] = classify(snapshot.notices, rules, now)
+        lo, hi = policy.bounds(job)
+        departures = plan_departures(job, policy, risks[rules], nodes, (lo, hi))
+        staying = [w for w in job.workers if w not in departures.leaving]
+        spend = _spend(job, staying, nodes)
+        cluster_spend += spend
+        blocked = departures.blocks_scale_out or _growth_blocked(job, policy, now)
+        claim = None
+        if blocked is None and len(staying) < hi:
+            claim = Claim(job, policy, len(staying), hi, spend)
+        elif blocked is None:
+            blocked = Reason.CLAMP_MAX
+        plans.append((job, policy, departures.decisions, claim, blocked))
+
+    pool = CapacityPool(
+        snapshot.nodes,
+        noticed=frozenset(n.node for n in snapshot.notices),
+        idle_since=snapshot.idle_since,
+        now=now,
+        cluster_budget=policies.cluster_budget_per_hour,
+        cluster_spend=cluster_spend,
+    )
+    claims = [c for *_, c, _ in plans if c is not None]
+    # A job below min is refilled first, without waiting for cooldown or settled idle capacity.
+    refills = [c for c in claims if c.current < c.policy.bounds(c.job)[0]]
+    for c in refills:
+        c.target, c.skip_min_idle = _refill_target(c), True
+    fill(pool, refills)
+    growing = [c for c in claims if not _cooling_down(c.job, c.policy, now)]
+    for c in claims:
+        c.target, c.skip_min_idle = c.policy.bounds(c.job)[1], False
+    fill(pool, growing)
+
+    decisions: list[Decision] = []
+    for job, policy, departed, claim, blocked in plans:
+        decisions.extend(departed)
+        if any(d.action is not Action.UNDRAIN for d in departed):
+            continue  # departures already say what happens to this job now
+        decisions.append(_growth_decision(job, policy, claim, blocked, pool, now))
+    return decisions
+
+
+def _growth_blocked(job: Job, policy: Policy, now: datetime) -> Reason | None:
+    if job.scaler is not None:
+        return Reason.SCALER_IN_FLIGHT
+    if not job.running:
+        return Reason.JOB_NOT_RUNNING
+    if not policy.scale_out.enabled:
+        return Reason.SCALE_OUT_DISABLED
+    failed = job.last_failed_scale_out_at
+    if failed is not None and now - failed < policy.scale_out.backoff:
+        return Reason.BACKOFF
+    return None
+
+
+def _cooling_down(job: Job, policy: Policy, now: datetime) -> bool:
+    last = job.last_scaled_at
+    return last is not None and now - last < policy.scale_out.cooldown
+
+
+def _refill_target(claim: Claim) -> int:
+    """The smallest count the quantum allows at or above min (never above max)."""
+    lo, hi = claim.policy.bounds(claim.job)
+    quantum = claim.policy.scale_out.quantum
+    target = lo if quantum.allows(lo) else quantum.next_above(lo)
+    return min(target, hi)
+
+
+def _spend(job: Job, workers: list[Worker], nodes: Mapping[str, GpuNode]) -> float:
+    total = 0.0
+    for w in workers:
+        node = nodes.get(w.node or "")
+        price = node.price_per_gpu_hour if node else None
+        total += job.gpus_per_worker * (price or 0.0)
+    return total
+
+
+def _growth_decision(
+    job: Job,
+    policy: Policy,
+    claim: Claim | None,
+    blocked: Reason | None,
+    pool: CapacityPool,
+    now: datetime,
+) -> Decision:
+    n = len(job.workers)
+    lo, hi = policy.bounds(job)
+    below = (Reason.BELOW_MIN,) if n < lo else ()
+    if claim is None:
+        reason = blocked or Reason.STEADY
+        return Decision(
+            job=job.key, action=Action.NOOP, reason=reason, policy=policy.name,
+            from_workers=n, to_workers=n, tags=below, message=_NOOP_MESSAGES.get(reason, ""),
+        )
+    grant = grant_of(claim, pool, at_max=claim.target == hi)
+    if grant.count == 0:
+        reason = Reason.COOLDOWN if _cooling_down(job, policy, now) and not below else grant.why_not
+        assert reason is not None
+        return Decision(
+            job=job.key, action=Action.NOOP, reason=reason, policy=policy.name,
+            from_workers=n, to_workers=n, tags=below + grant.tags,
+            message=_NOOP_MESSAGES.get(reason, ""),
+        )
+    return Decision(
+        job=job.key, action=Action.SCALE_OUT,
+        reason=Reason.BELOW_MIN if below else Reason.IDLE_CAPACITY, policy=policy.name,
+        from_workers=n, to_workers=n + grant.count, count=grant.count,
+        nodes=tuple(sorted(set(grant.nodes))), tags=grant.tags,
+        message=f"{grant.count} worker(s) of {job.gpus_per_worker:g} GPU fit on idle capacity",
+    )
+
+
+_NOOP_MESSAGES = {
+    Reason.CLAMP_MAX: "at max workers",
+    Reason.SCALER_IN_FLIGHT: "waiting for the outstanding scaler to finish",
+    Reason.JOB_NOT_RUNNING: "scalers run only while the job is Running",
+    Reason.SCALE_OUT_DISABLED: "scale-out is disabled by the policy or a window",
+    Reason.BACKOFF: "a recent ScaleOut failed: backing off",
+    Reason.COOLDOWN: "changed recently: cooling down",
+    Reason.MIN_IDLE: "idle capacity has not been idle long enough",
+    Reason.PRICE_CAP: "idle capacity is above the price cap",
+    Reason.BUDGET: "another worker would exceed the budget",
+    Reason.QUANTUM: "not enough capacity for the next allowed worker count",
+    Reason.REBALANCE: "idle capacity is on nodes at risk",
+    Reason.NO_CAPACITY: "no idle capacity fits a worker",
+}

@@ -1,0 +1,200 @@
+"""Which workers of a job leave now, in what order: drain from discovery first, then scale in.
+
+Horovod keeps its state when a host leaves discovery while alive (no rollback); it rolls back when a
+worker dies. So a doomed worker's host is hidden at once, and the ScaleIn that deletes the pod names
+exactly those pods: et-operator's count-based ScaleIn would remove the highest indices instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from autoscaler.core.model import (
+    Action,
+    Decision,
+    GpuNode,
+    Job,
+    Reason,
+    ScalerKind,
+    Worker,
+)
+from autoscaler.core.notices import NodeRisk
+from autoscaler.core.policy import Policy
+
+# Most urgent first: the drain/scale-in decision carries the most urgent reason among its victims.
+_URGENCY = (Reason.PREEMPTION_NOTICE, Reason.MAINTENANCE, Reason.REBALANCE, Reason.CLAMP_MAX)
+_FAR_FUTURE = datetime.max
+
+
+@dataclass(slots=True)
+class Departures:
+    decisions: list[Decision] = field(default_factory=list)
+    leaving: tuple[Worker, ...] = ()
+    # set when this job must not scale out this tick, and why
+    blocks_scale_out: Reason | None = None
+
+
+def plan_departures(
+    job: Job,
+    policy: Policy,
+    risk: NodeRisk,
+    nodes: Mapping[str, GpuNode],
+    bounds: tuple[int, int],
+) -> Departures:
+    lo, hi = bounds
+    why, held_at_min = _leaving_with_reasons(job, risk, nodes, lo, hi)
+    tags: list[Reason] = [Reason.CLAMP_MIN] if held_at_min else []
+    if why and policy.preemption.keep_last_host:
+        kept = _last_host_to_keep(job, why, risk)
+        if kept is not None:
+            del why[kept.pod]
+            tags.append(Reason.LAST_HOST_KEPT)
+    leaving = tuple(w for w in job.workers if w.pod in why)
+    if len(job.workers) - len(leaving) < lo and leaving:
+        tags.append(Reason.BELOW_MIN)
+
+    out = Departures(leaving=leaving)
+    out.decisions.extend(_undrains(job, policy, leaving, nodes))
+    if not leaving:
+        return out
+    reason = min(why.values(), key=_URGENCY.index)
+    victims = tuple(w.pod for w in leaving)
+    hosts = tuple(w.host for w in leaving)
+    departing_nodes = tuple(sorted({w.node for w in leaving if w.node}))
+    n = len(job.workers)
+    to_drain = tuple(h for h in hosts if h not in job.drained_hosts)
+    if to_drain:
+        out.decisions.append(
+            Decision(
+                job=job.key, action=Action.DRAIN, reason=reason, policy=policy.name,
+                from_workers=n, to_workers=n - len(leaving), count=len(to_drain),
+                pods=tuple(w.pod for w in leaving if w.host in to_drain), hosts=to_drain,
+                nodes=departing_nodes, tags=tuple(tags),
+                message=f"hide {len(to_drain)} host(s) from discovery before the pods go",
+            )
+        )
+    out.blocks_scale_out = reason
+    deferred = _scale_in_deferred(job, victims)
+    if deferred is not None:
+        out.blocks_scale_out = deferred[0]
+        if deferred[1]:
+            out.decisions.append(
+                Decision(
+                    job=job.key, action=Action.NOOP, reason=deferred[0], policy=policy.name,
+                    from_workers=n, to_workers=n, pods=victims, hosts=hosts,
+                    nodes=departing_nodes, tags=(reason, *tags), message=deferred[1],
+                )
+            )
+        return out
+    out.decisions.append(
+        Decision(
+            job=job.key, action=Action.SCALE_IN, reason=reason, policy=policy.name,
+            from_workers=n, to_workers=n - len(victims), count=len(victims), pods=victims,
+            hosts=hosts, nodes=departing_nodes, tags=tuple(tags),
+            message=f"remove exactly {', '.join(victims)}",
+        )
+    )
+    return out
+
+
+def _leaving_with_reasons(
+    job: Job, risk: NodeRisk, nodes: Mapping[str, GpuNode], lo: int, hi: int
+) -> tuple[dict[str, Reason], bool]:
+    """pod -> why it leaves, and whether min held a worker back.
+
+    Hard notices ignore min (the node dies anyway); a rebalance drain respects it.
+    """
+    why: dict[str, Reason] = {}
+    held_at_min = False
+    for w in job.workers:
+        reason = risk.hard.get(w.node or "")
+        if reason in (Reason.PREEMPTION_NOTICE, Reason.MAINTENANCE):
+            why[w.pod] = reason
+    # A rebalance recommendation drains early only while the job stays at or above min.
+    for w in job.workers:
+        if risk.hard.get(w.node or "") is Reason.REBALANCE:
+            if len(job.workers) - len(why) > lo:
+                why[w.pod] = Reason.REBALANCE
+            else:
+                held_at_min = True
+    excess = len(job.workers) - len(why) - hi
+    if excess > 0:
+        rest = [w for w in job.workers if w.pod not in why]
+        for w in sorted(rest, key=lambda w: _clamp_victim_order(w, risk, nodes))[:excess]:
+            why[w.pod] = Reason.CLAMP_MAX
+    return why, held_at_min
+
+
+def _clamp_victim_order(w: Worker, risk: NodeRisk, nodes: Mapping[str, GpuNode]) -> tuple:
+    """Shrink by pending pods first (Volcano #2074), then at-risk nodes, dear nodes, high index."""
+    node = nodes.get(w.node or "")
+    price = node.price_per_gpu_hour if node else None
+    return (not w.pending, w.node not in risk.soft, -(price or 0.0), -w.index)
+
+
+def _last_host_to_keep(job: Job, why: dict[str, Reason], risk: NodeRisk) -> Worker | None:
+    """If no running host would stay in discovery, keep the one that lives longest.
+
+    Horovod stops the job when no host of the previous set remains; keeping one alive until the
+    refill lands lets the job shrink and grow instead of failing.
+    """
+    survivors = [
+        w for w in job.workers
+        if w.pod not in why and not w.pending and w.host not in job.drained_hosts
+    ]
+    if survivors:
+        return None
+    candidates = [w for w in job.workers if w.pod in why and not w.pending]
+    if not candidates:
+        return None
+    return max(
+        candidates,
+        key=lambda w: (why[w.pod] is Reason.CLAMP_MAX, risk.deadlines.get(w.node or "", _FAR_FUTURE), -w.index),
+    )
+
+
+def _scale_in_deferred(job: Job, victims: tuple[str, ...]) -> tuple[Reason, str] | None:
+    """(reason, message) when the ScaleIn cannot be created now; message '' = nothing to say."""
+    scaler = job.scaler
+    if scaler is not None:
+        if scaler.kind is ScalerKind.SCALE_IN and set(victims) <= set(scaler.pods):
+            return Reason.SCALER_IN_FLIGHT, ""
+        return (
+            Reason.SCALER_IN_FLIGHT,
+            f"scale-in waits for {scaler.kind}/{scaler.name}; hosts are drained meanwhile",
+        )
+    if not job.running:
+        return Reason.JOB_NOT_RUNNING, "scale-in waits until the job runs; hosts are drained meanwhile"
+    return None
+
+
+def _undrains(
+    job: Job, policy: Policy, leaving: tuple[Worker, ...], nodes: Mapping[str, GpuNode]
+) -> list[Decision]:
+    by_host = {w.host: w for w in job.workers}
+    leaving_hosts = {w.host for w in leaving}
+    in_flight = set(job.scaler.pods) if job.scaler and job.scaler.kind is ScalerKind.SCALE_IN else set()
+    gone: list[str] = []
+    healthy: list[str] = []
+    for host in sorted(job.drained_hosts - leaving_hosts):
+        worker = by_host.get(host)
+        if worker is None:
+            gone.append(host)
+            continue
+        node = nodes.get(worker.node or "")
+        if worker.pod not in in_flight and node is not None and node.schedulable:
+            healthy.append(host)
+    n = len(job.workers)
+    return [
+        Decision(
+            job=job.key, action=Action.UNDRAIN, reason=reason, policy=policy.name,
+            from_workers=n, to_workers=n, count=len(hosts), hosts=tuple(hosts), message=message,
+        )
+        for hosts, reason, message in (
+            (gone, Reason.HOST_GONE, "forget drained hosts that left the job"),
+            (healthy, Reason.NOTICE_WITHDRAWN, "node healthy again: show the hosts to discovery"),
+        )
+        if hosts
+    ]

@@ -1,0 +1,167 @@
+"""What the decision core sees and says: plain, immutable data with no behaviour that does I/O.
+
+Adapters build these from the cluster and the clouds; the core turns a `Snapshot` into `Decision`s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+
+
+class CapacityType(StrEnum):
+    SPOT = "spot"
+    ON_DEMAND = "on-demand"
+
+
+class NoticeKind(StrEnum):
+    INTERRUPTION = "interruption"  # the node will be reclaimed: hard
+    REBALANCE = "rebalance"  # elevated risk: soft, policy decides
+    STATE_CHANGE = "state-change"  # stopping/terminated: already going, hard
+    MAINTENANCE = "maintenance"  # scheduled: hard once its deadline is near
+
+
+class Backend(StrEnum):
+    ET_OPERATOR = "et-operator"  # ScaleOut/ScaleIn objects, hosts are pod names
+    CCE = "cce"  # AITrainingJob replicas patch
+    STANDALONE = "standalone"  # no operator: we own the discovery file, hosts are node names
+
+
+class Action(StrEnum):
+    SCALE_OUT = "scale_out"
+    SCALE_IN = "scale_in"
+    DRAIN = "drain"
+    UNDRAIN = "undrain"
+    NOOP = "noop"
+
+
+class Reason(StrEnum):
+    IDLE_CAPACITY = "idle_capacity"
+    PREEMPTION_NOTICE = "preemption_notice"
+    REBALANCE = "rebalance"
+    MAINTENANCE = "maintenance"
+    CLAMP_MAX = "clamp_max"
+    CLAMP_MIN = "clamp_min"
+    BELOW_MIN = "below_min"
+    LAST_HOST_KEPT = "last_host_kept"
+    COOLDOWN = "cooldown"
+    MIN_IDLE = "min_idle"
+    PRICE_CAP = "price_cap"
+    BUDGET = "budget"
+    QUANTUM = "quantum"
+    SCALER_IN_FLIGHT = "scaler_in_flight"
+    BACKOFF = "backoff"
+    NO_CAPACITY = "no_capacity"
+    JOB_NOT_RUNNING = "job_not_running"
+    SCALE_OUT_DISABLED = "scale_out_disabled"
+    NOTICE_WITHDRAWN = "notice_withdrawn"
+    HOST_GONE = "host_gone"
+    STEADY = "steady"
+
+
+class ScalerKind(StrEnum):
+    SCALE_OUT = "ScaleOut"
+    SCALE_IN = "ScaleIn"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuNode:
+    name: str
+    gpus_allocatable: float
+    gpus_requested: float
+    capacity_type: CapacityType = CapacityType.SPOT
+    price_per_hour: float | None = None  # whole node; None = unknown (a price cap then excludes it)
+    schedulable: bool = True  # not cordoned, Ready, no disruption taint
+    zone: str = ""
+    instance_type: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def idle_gpus(self) -> float:
+        return max(0.0, self.gpus_allocatable - self.gpus_requested)
+
+    @property
+    def price_per_gpu_hour(self) -> float | None:
+        if self.price_per_hour is None or self.gpus_allocatable <= 0:
+            return None
+        return self.price_per_hour / self.gpus_allocatable
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    node: str
+    kind: NoticeKind
+    source: str  # e.g. "aws-sqs", "alibaba-ecs", "k8s-taint", "simulator"
+    id: str  # the source's event id: duplicates share it
+    deadline: datetime | None = None  # when the node goes away, if known
+    received_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Worker:
+    pod: str
+    node: str | None  # None while unscheduled
+    host: str  # the name Horovod discovery knows it by (pod name, or node hostname standalone)
+    index: int = 0
+    pending: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Scaler:
+    kind: ScalerKind
+    name: str
+    created_at: datetime | None = None
+    pods: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    namespace: str
+    name: str
+    min_workers: int
+    max_workers: int
+    gpus_per_worker: float = 1.0
+    backend: Backend = Backend.ET_OPERATOR
+    workers: tuple[Worker, ...] = ()
+    running: bool = True  # phase allows scalers (et-operator runs them only while Running)
+    scaler: Scaler | None = None  # the outstanding scaler, if any
+    priority: int = 0
+    labels: Mapping[str, str] = field(default_factory=dict)
+    last_scaled_at: datetime | None = None  # last finished scale of any kind: cooldown
+    last_failed_scale_out_at: datetime | None = None  # ScaleFailed / rollback: backoff
+    drained_hosts: frozenset[str] = frozenset()  # hidden from this job's discovery now
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    nodes: tuple[GpuNode, ...] = ()
+    notices: tuple[Notice, ...] = ()
+    jobs: tuple[Job, ...] = ()
+    # When each node's current idle GPUs were first seen idle (see core.idle.track_idle).
+    idle_since: Mapping[str, datetime] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    job: str
+    action: Action
+    reason: Reason
+    policy: str
+    from_workers: int
+    to_workers: int
+    count: int = 0
+    pods: tuple[str, ...] = ()
+    hosts: tuple[str, ...] = ()
+    nodes: tuple[str, ...] = ()  # nodes involved: noticed nodes, or where new workers fit
+    tags: tuple[Reason, ...] = ()  # secondary reasons, e.g. below_min on a preemption scale-in
+    message: str = ""
+
+    @property
+    def changes_workers(self) -> bool:
+        return self.action in (Action.SCALE_OUT, Action.SCALE_IN)

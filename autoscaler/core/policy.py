@@ -1,0 +1,234 @@
+"""Cost policies as typed, validated values. Pure: the YAML loader lives in `autoscaler.config`."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from datetime import datetime, timedelta
+from typing import Annotated, Any, Literal
+
+from croniter import croniter
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+from autoscaler.core.model import CapacityType, Job
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+
+
+def parse_duration(value: Any) -> Any:
+    """Accept `90`, `90s`, `5m`, `1.5h`, `2d` (or a timedelta) as a duration."""
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, bool):
+        raise ValueError("a duration, not a boolean")
+    if isinstance(value, int | float):
+        return timedelta(seconds=value)
+    if isinstance(value, str) and (m := _DURATION.match(value)):
+        return timedelta(seconds=float(m.group(1)) * _UNIT_SECONDS[m.group(2)])
+    raise ValueError(f"not a duration: {value!r} (use e.g. 30s, 5m, 1h)")
+
+
+Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
+Price = Annotated[float, Field(ge=0)]
+Workers = Annotated[int, Field(ge=0)]
+
+# A job (TrainingJob label) can name its policy outright.
+POLICY_LABEL = "spot-autoscaler.io/policy"
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Quantum(StrictModel):
+    """Which worker counts a scale-out may land on (Volcano #4666 asks for powers of two)."""
+
+    mode: Literal["any", "power_of_two", "multiple_of"] = "any"
+    n: Annotated[int, Field(ge=1)] = 1
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short_forms(cls, value: Any) -> Any:
+        # YAML shorthands: `any`, `power_of_two`, `{multiple_of: 4}`
+        if isinstance(value, str):
+            return {"mode": value}
+        if isinstance(value, dict) and set(value) == {"multiple_of"}:
+            return {"mode": "multiple_of", "n": value["multiple_of"]}
+        return value
+
+    def allows(self, workers: int) -> bool:
+        if self.mode == "power_of_two":
+            return workers > 0 and workers & (workers - 1) == 0
+        if self.mode == "multiple_of":
+            return workers % self.n == 0
+        return True
+
+    def next_above(self, workers: int) -> int:
+        """Smallest allowed count greater than `workers`."""
+        if self.mode == "power_of_two":
+            return 1 if workers < 1 else 1 << workers.bit_length()
+        if self.mode == "multiple_of":
+            return (workers // self.n + 1) * self.n
+        return workers + 1
+
+
+class Match(StrictModel):
+    """Which jobs a policy governs. Empty = every job. Names are globs on `ns/name` or `name`."""
+
+    names: list[str] = []
+    namespaces: list[str] = []
+    labels: dict[str, str] = {}
+
+    def selects(self, job: Job) -> bool:
+        if self.namespaces and job.namespace not in self.namespaces:
+            return False
+        if self.names and not any(
+            fnmatch.fnmatchcase(job.key, pat) or fnmatch.fnmatchcase(job.name, pat)
+            for pat in self.names
+        ):
+            return False
+        return all(job.labels.get(k) == v for k, v in self.labels.items())
+
+
+class ScaleOutRules(StrictModel):
+    enabled: bool = True
+    min_idle: Duration = timedelta(seconds=60)  # capacity must stay idle this long first
+    cooldown: Duration = timedelta(minutes=5)  # since this job's last finished scale
+    timeout: Duration = timedelta(minutes=5)  # ScaleOut spec.timeout: pods must run by then
+    backoff: Duration = timedelta(minutes=10)  # after a failed / rolled-back ScaleOut
+    max_step: Annotated[int, Field(ge=1)] | None = None  # most workers added in one scaler
+    capacity_types: list[CapacityType] = [CapacityType.SPOT, CapacityType.ON_DEMAND]
+    quantum: Quantum = Quantum()
+
+
+class PreemptionRules(StrictModel):
+    # avoid: no new workers on a node with a rebalance recommendation; drain: also leave it now
+    rebalance: Literal["avoid", "drain"] = "avoid"
+    # a scheduled maintenance counts as a hard notice once its deadline is this close
+    maintenance_horizon: Duration = timedelta(minutes=10)
+    # Horovod stops a job when no host of the previous set remains: keep one while we refill
+    keep_last_host: bool = True
+
+
+class CostRules(StrictModel):
+    max_price_per_gpu_hour: Price | None = None  # nodes above it get no new workers
+    budget_per_hour: Price | None = None  # this job's spend cap
+
+
+class Limits(StrictModel):
+    """Narrow a job's own min/max (et-operator does not enforce them; we do)."""
+
+    min_workers: Workers | None = None
+    max_workers: Workers | None = None
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Limits:
+        if (
+            self.min_workers is not None
+            and self.max_workers is not None
+            and self.min_workers > self.max_workers
+        ):
+            raise ValueError(f"min_workers {self.min_workers} > max_workers {self.max_workers}")
+        return self
+
+
+class Window(StrictModel):
+    """Overrides in force for `duration` after each time the cron `schedule` fires."""
+
+    name: str
+    schedule: str  # 5-field cron, evaluated in UTC
+    duration: Duration
+    limits: Limits | None = None
+    max_price_per_gpu_hour: Price | None = None
+    budget_per_hour: Price | None = None
+    scale_out: bool | None = None  # false freezes growth during the window
+
+    @field_validator("schedule")
+    @classmethod
+    def _cron(cls, value: str) -> str:
+        if len(value.split()) != 5 or not croniter.is_valid(value):
+            raise ValueError(f"not a 5-field cron expression: {value!r}")
+        return value
+
+    def active(self, now: datetime) -> bool:
+        # The latest firing at or before `now` (croniter's prev is strict, so step from +1 s).
+        last = croniter(self.schedule, now + timedelta(seconds=1)).get_prev(datetime)
+        return last <= now < last + self.duration
+
+
+class Policy(StrictModel):
+    name: str
+    match: Match = Match()
+    priority: int | None = None  # overrides the job's own priority when set
+    limits: Limits = Limits()
+    scale_out: ScaleOutRules = ScaleOutRules()
+    preemption: PreemptionRules = PreemptionRules()
+    cost: CostRules = CostRules()
+    windows: list[Window] = []
+
+    def at(self, now: datetime) -> Policy:
+        """This policy with the overrides of every window active at `now` (later ones win)."""
+        policy = self
+        for window in self.windows:
+            if not window.active(now):
+                continue
+            cost = policy.cost.model_copy(
+                update={
+                    k: v
+                    for k, v in (
+                        ("max_price_per_gpu_hour", window.max_price_per_gpu_hour),
+                        ("budget_per_hour", window.budget_per_hour),
+                    )
+                    if v is not None
+                }
+            )
+            update: dict[str, Any] = {"cost": cost}
+            if window.limits is not None:
+                update["limits"] = policy.limits.model_copy(
+                    update=window.limits.model_dump(exclude_none=True)
+                )
+            if window.scale_out is not None:
+                update["scale_out"] = policy.scale_out.model_copy(
+                    update={"enabled": window.scale_out}
+                )
+            policy = policy.model_copy(update=update)
+        return policy
+
+    def bounds(self, job: Job) -> tuple[int, int]:
+        """Effective (min, max) workers: the job's spec narrowed by this policy. Min wins a tie."""
+        lo = max(job.min_workers, self.limits.min_workers or 0)
+        hi = job.max_workers
+        if self.limits.max_workers is not None:
+            hi = min(hi, self.limits.max_workers)
+        return lo, max(lo, hi)
+
+
+class PolicySet(StrictModel):
+    """Every named policy, how jobs pick one, and cluster-wide caps."""
+
+    policies: list[Policy] = [Policy(name="default")]
+    # used for jobs no policy matches; None leaves such jobs alone
+    default_policy: str | None = "default"
+    cluster_budget_per_hour: Price | None = None
+
+    @model_validator(mode="after")
+    def _names(self) -> PolicySet:
+        names = [p.name for p in self.policies]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate policy names: {', '.join(dupes)}")
+        if self.default_policy is not None and self.default_policy not in names:
+            raise ValueError(f"default_policy {self.default_policy!r} is not a defined policy")
+        return self
+
+    def for_job(self, job: Job) -> Policy | None:
+        """The policy pinned by the job's label, else the first that matches, else the default."""
+        by_name = {p.name: p for p in self.policies}
+        pinned = job.labels.get(POLICY_LABEL)
+        if pinned is not None and pinned in by_name:
+            return by_name[pinned]
+        for policy in self.policies:
+            if policy.match != Match() and policy.match.selects(job):
+                return policy
+        return by_name.get(self.default_policy) if self.default_policy else None

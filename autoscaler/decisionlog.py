@@ -1,0 +1,126 @@
+"""The decision log: one JSON line per decision, and the reader behind `spot-autoscaler decisions`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from autoscaler.core.model import Decision
+
+EVENT = "decision"
+
+
+def iso(ts: datetime) -> str:
+    return ts.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def decision_fields(decision: Decision, *, now: datetime, dry_run: bool) -> dict[str, Any]:
+    """The fields of a decision line (structlog adds `event` and `level`)."""
+    return {
+        "ts": iso(now),
+        "job": decision.job,
+        "action": decision.action.value,
+        "count": decision.count,
+        "from_workers": decision.from_workers,
+        "to_workers": decision.to_workers,
+        "pods": list(decision.pods),
+        "hosts": list(decision.hosts),
+        "nodes": list(decision.nodes),
+        "reason": decision.reason.value,
+        "tags": [t.value for t in decision.tags],
+        "policy": decision.policy,
+        "dry_run": dry_run,
+        "message": decision.message,
+    }
+
+
+def log_decision(logger: Any, decision: Decision, *, now: datetime, dry_run: bool) -> None:
+    logger.info(EVENT, **decision_fields(decision, now=now, dry_run=dry_run))
+
+
+@dataclass
+class ReadStats:
+    lines: int = 0
+    decisions: int = 0
+    skipped: list[int] = field(default_factory=list)  # line numbers that were not decisions
+
+
+def read_decisions(lines: Iterable[str], stats: ReadStats | None = None) -> Iterator[dict[str, Any]]:
+    """Decision events from JSON lines; other events and unparsable lines are counted, not fatal."""
+    stats = stats if stats is not None else ReadStats()
+    for number, line in enumerate(lines, start=1):
+        stats.lines += 1
+        if not line.strip():
+            continue
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            stats.skipped.append(number)
+            continue
+        if not isinstance(event, dict) or event.get("event") != EVENT:
+            stats.skipped.append(number)
+            continue
+        stats.decisions += 1
+        yield event
+
+
+@dataclass(frozen=True)
+class Filter:
+    job: str | None = None  # exact `ns/name`, or a bare name matching any namespace
+    reason: str | None = None  # primary reason or any tag
+    action: str | None = None
+    since: datetime | None = None
+
+    def keeps(self, event: dict[str, Any]) -> bool:
+        job = str(event.get("job", ""))
+        if self.job and job != self.job and job.split("/")[-1] != self.job:
+            return False
+        if self.reason and self.reason != event.get("reason") and self.reason not in event.get("tags", []):
+            return False
+        if self.action and event.get("action") != self.action:
+            return False
+        if self.since is not None:
+            ts = parse_ts(event.get("ts"))
+            if ts is None or ts < self.since:
+                return False
+        return True
+
+
+def parse_ts(value: Any) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        ts = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return ts if ts.tzinfo else ts.replace(tzinfo=UTC)
+
+
+def render_table(events: Iterable[dict[str, Any]], console: Console) -> int:
+    table = Table(show_lines=False, header_style="bold", pad_edge=False)
+    for column in ("time", "job", "action", "n", "workers", "reason", "policy", "pods/hosts/nodes"):
+        table.add_column(column, no_wrap=column != "pods/hosts/nodes", overflow="fold")
+    shown = 0
+    for e in events:
+        who = [str(w) for w in (e.get("pods") or e.get("hosts") or e.get("nodes") or [])]
+        if len(who) > 3:
+            who = [*who[:3], f"+{len(who) - 3} more"]
+        reason = e.get("reason", "")
+        if e.get("tags"):
+            reason += f" (+{', '.join(e['tags'])})"
+        action = e.get("action", "") + (" [dry-run]" if e.get("dry_run") else "")
+        table.add_row(
+            str(e.get("ts", "")).replace("T", " ").removesuffix("Z")[:19], str(e.get("job", "")),
+            action, str(e.get("count", "")),
+            f"{e.get('from_workers', '?')}->{e.get('to_workers', '?')}", reason,
+            str(e.get("policy", "")), ", ".join(who),
+        )
+        shown += 1
+    console.print(table)
+    return shown

@@ -1,0 +1,79 @@
+"""One reconcile pass: observe -> snapshot -> decide -> actuate -> log. Shared by daemon and simulator.
+
+Level-triggered: everything the core needs is rebuilt from the observer each pass, except the
+`min_idle` clocks (restart-safe: they only restart). Actuator errors are logged per decision and
+never end the loop; the next pass sees the world again and retries what is still needed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime
+from typing import Any, Protocol
+
+from autoscaler.core import Action, Decision, PolicySet, Snapshot, decide, track_idle
+from autoscaler.decisionlog import log_decision
+
+
+class Observer(Protocol):
+    def snapshot(self, now: datetime) -> Snapshot: ...
+
+
+class Actuator(Protocol):
+    """Carries out one decision. A dry-run actuator only says what it would do."""
+
+    dry_run: bool
+
+    def apply(self, decision: Decision, now: datetime) -> None: ...
+
+
+class Reconciler:
+    def __init__(
+        self,
+        observer: Observer,
+        actuator: Actuator,
+        policies: PolicySet,
+        logger: Any,
+        on_decision: Callable[[Decision], None] | None = None,
+    ) -> None:
+        self.observer = observer
+        self.actuator = actuator
+        self.policies = policies
+        self.logger = logger
+        self.on_decision = on_decision
+        self.idle_since: dict[str, datetime] = {}
+        self._last_noop: dict[str, tuple[str, tuple[str, ...]]] = {}  # job -> (reason, tags)
+        self.errors = 0
+
+    def tick(self, now: datetime) -> list[Decision]:
+        snapshot = self.observer.snapshot(now)
+        self.idle_since = track_idle(self.idle_since, snapshot.nodes, now)
+        decisions = decide(replace(snapshot, idle_since=self.idle_since), self.policies, now)
+        for decision in decisions:
+            if self._worth_logging(decision):
+                log_decision(self.logger, decision, now=now, dry_run=self.actuator.dry_run)
+            if self.on_decision is not None:
+                self.on_decision(decision)
+            if decision.action is Action.NOOP:
+                continue
+            try:
+                self.actuator.apply(decision, now)
+            except Exception as exc:  # an adapter's failure must not stop the other decisions
+                self.errors += 1
+                self.logger.error(
+                    "actuation_failed", job=decision.job, action=decision.action.value,
+                    error=f"{type(exc).__name__}: {exc}",
+                )
+        return decisions
+
+    def _worth_logging(self, decision: Decision) -> bool:
+        """Log every action; log a noop only when its reason for that job changes."""
+        if decision.action is not Action.NOOP:
+            self._last_noop.pop(decision.job, None)
+            return True
+        key = (decision.reason.value, tuple(t.value for t in decision.tags))
+        if self._last_noop.get(decision.job) == key:
+            return False
+        self._last_noop[decision.job] = key
+        return True

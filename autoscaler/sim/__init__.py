@@ -1,0 +1,1 @@
+"""Replaying spot availability through the real core, with no cluster and no cloud."""

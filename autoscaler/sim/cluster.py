@@ -1,0 +1,262 @@
+"""A simulated cluster that behaves like et-operator on Kubernetes: observer and actuator in one.
+
+Enough of the operator's contract to be honest about the core (see shared et-operator notes):
+ScaleOut pods get fresh indices and are all rolled back if they do not run within the timeout;
+a ScaleIn deletes exactly the named pods after the launcher lets go; one scaler per job; nodes
+with a notice are tainted (the scheduler avoids them); a node that dies takes its pods with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from autoscaler.config.schema import SimJob
+from autoscaler.core import (
+    Action,
+    Backend,
+    CapacityType,
+    Decision,
+    GpuNode,
+    Job,
+    Notice,
+    Scaler,
+    ScalerKind,
+    Snapshot,
+    Worker,
+)
+
+
+class SimulationError(RuntimeError):
+    """The core asked for something the operator contract forbids (a bug, not bad luck)."""
+
+
+@dataclass
+class SimNode:
+    name: str
+    gpus: int
+    capacity: CapacityType
+    price_per_hour: float
+    instance_type: str
+
+
+@dataclass
+class SimPod:
+    name: str
+    job: str
+    index: int
+    gpus: float
+    node: str | None = None
+    ready_at: datetime | None = None  # when a bound pod turns Running
+    running: bool = False
+
+
+@dataclass
+class SimScaler:
+    kind: ScalerKind
+    name: str
+    created_at: datetime
+    pods: tuple[str, ...]
+    deadline: datetime  # ScaleOut: timeout; ScaleIn: when the victims are deleted
+
+
+@dataclass
+class SimJobState:
+    spec: SimJob
+    next_index: int = 0
+    scaler: SimScaler | None = None
+    last_scaled_at: datetime | None = None
+    last_failed_scale_out_at: datetime | None = None
+    drained: set[str] = field(default_factory=set)
+    scalers_created: int = 0
+
+    @property
+    def key(self) -> str:
+        return f"{self.spec.namespace}/{self.spec.name}"
+
+
+@dataclass
+class Loss:
+    """What a node's death did to one job's workers."""
+
+    job: str
+    graceful: int  # already out of discovery: no rollback
+    abrupt: int  # still in discovery: Horovod sees a failure
+
+
+class SimulatedCluster:
+    dry_run = False
+
+    def __init__(
+        self,
+        jobs: list[SimJob],
+        pod_startup: timedelta,
+        scale_out_timeout: timedelta,
+        scale_in_grace: timedelta,
+    ) -> None:
+        self.pod_startup = pod_startup
+        self.nodes: dict[str, SimNode] = {}
+        self.pods: dict[str, SimPod] = {}
+        self.notices: dict[str, Notice] = {}
+        self.jobs = {f"{j.namespace}/{j.name}": SimJobState(j) for j in jobs}
+        self.scale_out_timeout = scale_out_timeout
+        self.scale_in_grace = scale_in_grace
+        self.scale_outs_failed = 0
+
+    # --- the world changes -------------------------------------------------------------------
+    def add_node(self, node: SimNode) -> None:
+        self.nodes[node.name] = node
+        self.notices.pop(node.name, None)
+
+    def post_notice(self, notice: Notice) -> None:
+        if notice.node in self.nodes:
+            self.notices[notice.node] = notice
+
+    def remove_node(self, name: str, now: datetime) -> list[Loss]:
+        self.nodes.pop(name, None)
+        self.notices.pop(name, None)
+        losses: dict[str, Loss] = {}
+        for pod in [p for p in self.pods.values() if p.node == name]:
+            job = self.jobs[pod.job]
+            loss = losses.setdefault(pod.job, Loss(pod.job, 0, 0))
+            if pod.running and pod.name not in job.drained:
+                loss.abrupt += 1
+            else:
+                loss.graceful += 1
+            del self.pods[pod.name]
+            job.drained.discard(pod.name)
+            scaler = job.scaler
+            if scaler and scaler.kind is ScalerKind.SCALE_OUT and pod.name in scaler.pods:
+                self._fail_scale_out(job, now)
+        return list(losses.values())
+
+    def advance(self, now: datetime) -> None:
+        """Bind pending pods, start bound ones, finish or time out scalers, as of `now`."""
+        for pod in self.pods.values():
+            if pod.node is None:
+                pod.node = self._place(pod.gpus)
+                if pod.node is not None:
+                    pod.ready_at = now + self.pod_startup
+            if pod.node is not None and not pod.running and pod.ready_at and pod.ready_at <= now:
+                pod.running = True
+        for job in self.jobs.values():
+            scaler = job.scaler
+            if scaler is None:
+                continue
+            if scaler.kind is ScalerKind.SCALE_IN and now >= scaler.deadline:
+                for name in scaler.pods:
+                    self.pods.pop(name, None)
+                    job.drained.discard(name)
+                job.scaler, job.last_scaled_at = None, now
+            elif scaler.kind is ScalerKind.SCALE_OUT:
+                if all(self.pods[p].running for p in scaler.pods if p in self.pods):
+                    job.scaler, job.last_scaled_at = None, now
+                elif now >= scaler.deadline:
+                    self._fail_scale_out(job, now)
+
+    def next_change(self) -> datetime | None:
+        """The earliest time something happens on its own (a pod starts, a scaler ends)."""
+        times = [p.ready_at for p in self.pods.values() if p.ready_at and not p.running]
+        times += [j.scaler.deadline for j in self.jobs.values() if j.scaler]
+        return min(times) if times else None
+
+    # --- observer ------------------------------------------------------------------------------
+    def snapshot(self, now: datetime) -> Snapshot:
+        requested: dict[str, float] = {}
+        for pod in self.pods.values():
+            if pod.node is not None:
+                requested[pod.node] = requested.get(pod.node, 0.0) + pod.gpus
+        nodes = tuple(
+            GpuNode(
+                name=n.name, gpus_allocatable=n.gpus, gpus_requested=requested.get(n.name, 0.0),
+                capacity_type=n.capacity, price_per_hour=n.price_per_hour,
+                instance_type=n.instance_type,
+            )
+            for n in self.nodes.values()
+        )
+        return Snapshot(nodes=nodes, notices=tuple(self.notices.values()), jobs=tuple(self._jobs()))
+
+    def _jobs(self) -> list[Job]:
+        out = []
+        for key, state in self.jobs.items():
+            spec = state.spec
+            pods = sorted((p for p in self.pods.values() if p.job == key), key=lambda p: p.index)
+            scaler = state.scaler
+            out.append(
+                Job(
+                    namespace=spec.namespace, name=spec.name, min_workers=spec.min_workers,
+                    max_workers=spec.max_workers, gpus_per_worker=spec.gpus_per_worker,
+                    backend=Backend.ET_OPERATOR, priority=spec.priority, labels=spec.labels,
+                    workers=tuple(
+                        Worker(p.name, p.node, p.name, p.index, pending=not p.running) for p in pods
+                    ),
+                    scaler=Scaler(scaler.kind, scaler.name, scaler.created_at, scaler.pods)
+                    if scaler
+                    else None,
+                    last_scaled_at=state.last_scaled_at,
+                    last_failed_scale_out_at=state.last_failed_scale_out_at,
+                    drained_hosts=frozenset(state.drained),
+                )
+            )
+        return out
+
+    # --- actuator ------------------------------------------------------------------------------
+    def apply(self, decision: Decision, now: datetime) -> None:
+        job = self.jobs.get(decision.job)
+        if job is None:
+            raise SimulationError(f"unknown job {decision.job}")
+        if decision.action is Action.DRAIN:
+            job.drained.update(decision.hosts)
+        elif decision.action is Action.UNDRAIN:
+            job.drained.difference_update(decision.hosts)
+        elif decision.action in (Action.SCALE_OUT, Action.SCALE_IN):
+            if job.scaler is not None:
+                raise SimulationError(f"{job.key}: a second scaler while {job.scaler.name} runs")
+            job.scalers_created += 1
+            name = f"{job.spec.name}-{decision.action.value.replace('_', '')}-{job.scalers_created}"
+            if decision.action is Action.SCALE_OUT:
+                pods = tuple(self._new_pod(job).name for _ in range(decision.count))
+                job.scaler = SimScaler(
+                    ScalerKind.SCALE_OUT, name, now, pods, now + self.scale_out_timeout
+                )
+            else:
+                unknown = set(decision.pods) - set(self.pods)
+                if unknown:  # et-operator silently drops unknown names; a core bug here
+                    raise SimulationError(f"{job.key}: ScaleIn names unknown pods {sorted(unknown)}")
+                # the operator rewrites the hostfile without the victims before deleting them
+                job.drained.update(decision.pods)
+                job.scaler = SimScaler(
+                    ScalerKind.SCALE_IN, name, now, decision.pods, now + self.scale_in_grace
+                )
+        self.advance(now)
+
+    def _new_pod(self, job: SimJobState) -> SimPod:
+        pod = SimPod(f"{job.spec.name}-worker-{job.next_index}", job.key, job.next_index,
+                     job.spec.gpus_per_worker)
+        job.next_index += 1
+        self.pods[pod.name] = pod
+        return pod
+
+    def _fail_scale_out(self, job: SimJobState, now: datetime) -> None:
+        """All-or-nothing: every pod the ScaleOut added is deleted."""
+        assert job.scaler is not None
+        for name in job.scaler.pods:
+            self.pods.pop(name, None)
+        job.scaler = None
+        job.last_failed_scale_out_at = now
+        self.scale_outs_failed += 1
+
+    def _place(self, gpus: float) -> str | None:
+        """kube-scheduler, roughly: a node with room, not tainted by a notice, least allocated."""
+        used: dict[str, float] = {}
+        for pod in self.pods.values():
+            if pod.node is not None:
+                used[pod.node] = used.get(pod.node, 0.0) + pod.gpus
+        best = None
+        for node in self.nodes.values():
+            free = node.gpus - used.get(node.name, 0.0)
+            if node.name in self.notices or free < gpus:
+                continue
+            if best is None or free > best[0]:
+                best = (free, node.name)
+        return best[1] if best else None

@@ -1,0 +1,245 @@
+"""Replay spot availability through the same reconciler and core the daemon uses.
+
+Discrete events: trace adds/removes, notices `notice_lead_time` before each removal (some missed at
+random, seeded), reconcile ticks, and the cluster's own changes (pods starting, scalers ending).
+A notice triggers a reconcile at once, as the daemon's watches do.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, TextIO
+
+from autoscaler.config.schema import Config
+from autoscaler.core import Action, CapacityType, Decision, Notice, NoticeKind
+from autoscaler.logs import file_logger
+from autoscaler.reconcile import Reconciler
+from autoscaler.sim.cluster import Loss, SimNode, SimulatedCluster
+from autoscaler.sim.trace import TraceEvent
+
+EPOCH = datetime(2026, 1, 1, tzinfo=UTC)  # simulated time starts here: runs are reproducible
+_ORDER = {"remove": 0, "add": 1, "notice": 2, "tick": 3}  # same instant: world first, then react
+
+
+@dataclass
+class Accounts:
+    """Integrals over simulated time, advanced before every state change."""
+
+    gpu_hours: Counter[str] = field(default_factory=Counter)
+    cost_usd: float = 0.0
+    worker_hours: float = 0.0
+    workers_over_time: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+    at: datetime = EPOCH
+
+    def advance(self, cluster: SimulatedCluster, now: datetime) -> None:
+        hours = (now - self.at).total_seconds() / 3600
+        if hours > 0:
+            for pod in cluster.pods.values():
+                node = cluster.nodes.get(pod.node or "")
+                if node is None:
+                    continue
+                self.gpu_hours[node.capacity.value] += pod.gpus * hours
+                self.cost_usd += pod.gpus * node.price_per_hour / node.gpus * hours
+                self.worker_hours += hours if pod.running else 0.0
+        self.at = now
+        t = (now - EPOCH).total_seconds()
+        for key in cluster.jobs:
+            running = sum(1 for p in cluster.pods.values() if p.job == key and p.running)
+            series = self.workers_over_time.setdefault(key, [])
+            if not series or series[-1][1] != running:
+                series.append((t, running))
+
+
+@dataclass
+class NoticeStats:
+    posted: int = 0
+    not_delivered: int = 0  # dropped by `notice_miss_probability`
+    removals_with_workers: int = 0
+    handled_gracefully: int = 0  # every worker was out of discovery before its node died
+    missed: int = 0  # some worker died while still in discovery
+    workers_graceful: int = 0  # died after leaving discovery (workers scaled in earlier not counted)
+    workers_abrupt: int = 0
+
+
+def simulate(
+    config: Config,
+    trace: list[TraceEvent],
+    seed: int,
+    decisions_out: TextIO,
+    progress: Callable[[float, float], None] | None = None,
+) -> dict[str, Any]:
+    settings = config.simulate
+    rng = random.Random(seed)
+    timeouts = {p.name: p.scale_out.timeout for p in config.policies}
+    cluster = SimulatedCluster(
+        settings.jobs,
+        pod_startup=settings.pod_startup,
+        scale_out_timeout=max(timeouts.values(), default=timedelta(minutes=5)),
+        scale_in_grace=settings.scale_in_grace,
+    )
+    decisions: Counter[tuple[str, str]] = Counter()
+
+    def count(decision: Decision) -> None:
+        if decision.action is not Action.NOOP:
+            decisions[(decision.action.value, decision.reason.value)] += 1
+
+    reconciler = Reconciler(cluster, cluster, config, file_logger(decisions_out), on_decision=count)
+    accounts = Accounts()
+    notices = NoticeStats()
+    events, notices.not_delivered = _schedule(
+        trace, settings.notice_lead_time, settings.tick, settings.notice_miss_probability, rng
+    )
+    end = events[-1][0] if events else 0.0
+    for i in range(settings.on_demand_nodes):
+        cluster.add_node(_node(config, f"on-demand-{i + 1}", spot=False))
+    nodes_max = 0
+    noticed_with_workers: set[str] = set()
+    started = time.perf_counter()
+
+    while events:
+        t = events[0][0]
+        own = cluster.next_change()
+        if own is not None and (own - EPOCH).total_seconds() < t:
+            accounts.advance(cluster, own)
+            cluster.advance(own)
+            continue
+        now = EPOCH + timedelta(seconds=t)
+        accounts.advance(cluster, now)
+        cluster.advance(now)
+        react = False
+        while events and events[0][0] == t:
+            _, _, kind, node = heapq.heappop(events)
+            if kind == "add":
+                cluster.add_node(_node(config, node, spot=True))
+                nodes_max = max(nodes_max, len(cluster.nodes))
+            elif kind == "remove":
+                losses = cluster.remove_node(node, now)
+                _tally_removal(notices, losses, had_workers=node in noticed_with_workers)
+                noticed_with_workers.discard(node)
+            elif kind == "notice":
+                notices.posted += 1
+                if any(p.node == node for p in cluster.pods.values()):
+                    noticed_with_workers.add(node)
+                cluster.post_notice(
+                    Notice(node, NoticeKind.INTERRUPTION, "simulator", f"sim-{node}-{t:.0f}",
+                           deadline=now + settings.notice_lead_time, received_at=now)
+                )
+                react = True
+            elif kind == "tick":
+                react = True
+        if react:
+            reconciler.tick(now)
+        if progress is not None:
+            progress(t, end)
+    accounts.advance(cluster, EPOCH + timedelta(seconds=end))
+    return _summary(config, cluster, accounts, notices, decisions, end, nodes_max,
+                    time.perf_counter() - started, reconciler.errors)
+
+
+def _schedule(
+    trace: list[TraceEvent], lead: timedelta, tick: timedelta, miss: float, rng: random.Random
+) -> tuple[list[tuple[float, int, str, str]], int]:
+    """The event heap, and how many notices were dropped (never delivered)."""
+    events: list[tuple[float, int, str, str]] = []
+    added_at: dict[str, float] = {}
+    dropped = 0
+    for e in trace:
+        events.append((e.t, _ORDER[e.kind], e.kind, e.node))
+        if e.kind == "add":
+            added_at[e.node] = e.t
+        elif rng.random() < miss:
+            dropped += 1
+        else:  # a node younger than the lead time gets its notice when it appears
+            at = max(added_at.get(e.node, 0.0), e.t - lead.total_seconds())
+            events.append((at, _ORDER["notice"], "notice", e.node))
+    step = tick.total_seconds()
+    end = max((e[0] for e in events), default=0.0) + step
+    events += [(i * step, _ORDER["tick"], "tick", "") for i in range(int(end // step) + 1)]
+    heapq.heapify(events)
+    return events, dropped
+
+
+def _node(config: Config, name: str, spot: bool) -> SimNode:
+    s = config.simulate
+    fallback = s.spot_price_per_hour if spot else s.on_demand_price_per_hour
+    price = config.prices.for_node(s.instance_type, spot)
+    return SimNode(
+        name=name, gpus=s.gpus_per_node,
+        capacity=CapacityType.SPOT if spot else CapacityType.ON_DEMAND,
+        price_per_hour=fallback if price is None else price, instance_type=s.instance_type,
+    )
+
+
+def _tally_removal(stats: NoticeStats, losses: list[Loss], had_workers: bool) -> None:
+    """A removal counts if its node ran workers when noticed or when it died."""
+    graceful = sum(loss.graceful for loss in losses)
+    abrupt = sum(loss.abrupt for loss in losses)
+    if graceful + abrupt == 0 and not had_workers:
+        return
+    stats.removals_with_workers += 1
+    stats.workers_graceful += graceful
+    stats.workers_abrupt += abrupt
+    if abrupt:
+        stats.missed += 1
+    else:
+        stats.handled_gracefully += 1
+
+
+def _summary(
+    config: Config, cluster: SimulatedCluster, accounts: Accounts, notices: NoticeStats,
+    decisions: Counter[tuple[str, str]], end: float, nodes_max: int, wall: float, errors: int,
+) -> dict[str, Any]:
+    s = config.simulate
+    gpu_hours = sum(accounts.gpu_hours.values())
+    on_demand_gpu_price = (config.prices.for_node(s.instance_type, False) or s.on_demand_price_per_hour) / s.gpus_per_node
+    jobs = {}
+    for key, state in cluster.jobs.items():
+        series = accounts.workers_over_time.get(key, [])
+        jobs[key] = {
+            "min_workers": state.spec.min_workers,
+            "max_workers": state.spec.max_workers,
+            "mean_workers": round(_time_mean(series, end), 3),
+            "workers_over_time": [[round(t, 3), n] for t, n in series],
+        }
+    by_action: Counter[str] = Counter()
+    by_reason: Counter[str] = Counter()
+    for (action, reason), n in decisions.items():
+        by_action[action] += n
+        by_reason[reason] += n
+    return {
+        "duration_hours": round(end / 3600, 3),
+        "nodes_max": nodes_max,
+        "jobs": jobs,
+        "gpu_hours": {k: round(accounts.gpu_hours.get(k, 0.0), 3) for k in ("spot", "on-demand")},
+        "worker_hours": round(accounts.worker_hours, 3),
+        "cost_usd": round(accounts.cost_usd, 2),
+        "on_demand_cost_usd": round(gpu_hours * on_demand_gpu_price, 2),
+        "notices": {
+            "posted": notices.posted,
+            "not_delivered": notices.not_delivered,
+            "removals_with_workers": notices.removals_with_workers,
+            "handled_gracefully": notices.handled_gracefully,
+            "missed": notices.missed,
+            "workers_removed_gracefully": notices.workers_graceful,
+            "workers_lost_abruptly": notices.workers_abrupt,
+        },
+        "scale_outs_failed": cluster.scale_outs_failed,
+        "decisions": {"by_action": dict(sorted(by_action.items())), "by_reason": dict(sorted(by_reason.items()))},
+        "actuation_errors": errors,
+        "wall_seconds": round(wall, 3),
+    }
+
+
+def _time_mean(series: list[tuple[float, int]], end: float) -> float:
+    if not series or end <= 0:
+        return 0.0
+    total = 0.0
+    for (t0, n), (t1, _) in zip(series, [*series[1:], (end, 0)], strict=True):
+        total += n * max(0.0, min(t1, end) - t0)
+    return total / end
