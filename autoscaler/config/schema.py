@@ -7,6 +7,10 @@ from typing import Annotated
 
 from pydantic import Field
 
+from autoscaler.config.cloud import AlibabaSettings, AwsSettings
+from autoscaler.config.daemon import DaemonSettings
+from autoscaler.config.discovery import DiscoverySettings, StandaloneSettings
+from autoscaler.config.kubernetes import KubernetesSettings
 from autoscaler.core.policy import Duration, PolicySet, Price, StrictModel, Workers
 
 
@@ -28,6 +32,12 @@ class Config(PolicySet):
 
     prices: Prices = Field(default_factory=Prices)
     simulate: SimulationSettings = Field(default_factory=lambda: SimulationSettings())
+    daemon: DaemonSettings = Field(default_factory=DaemonSettings)
+    kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
+    aws: AwsSettings = Field(default_factory=AwsSettings)
+    alibaba: AlibabaSettings = Field(default_factory=AlibabaSettings)
+    discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
+    standalone: StandaloneSettings = Field(default_factory=StandaloneSettings)
 
 
 class SimJob(StrictModel):

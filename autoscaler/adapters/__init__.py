@@ -1,0 +1,1 @@
+"""One adapter per outside system. Only this package imports client libraries."""

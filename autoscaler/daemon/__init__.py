@@ -1,0 +1,1 @@
+"""The long-running daemon: wires observers, sources and actuators to the reconciler."""
