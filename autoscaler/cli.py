@@ -176,7 +176,9 @@ def cmd_decisions(args: argparse.Namespace) -> int:
             for e in events:
                 sys.stdout.write(json.dumps(e) + "\n")
         else:
-            render_table(events, Console())
+            console = Console()
+            # piped output has no width to fit: do not squeeze the table into 80 columns
+            render_table(events, console if console.is_terminal else Console(width=200))
     if stats.skipped:
         print(f"skipped {len(stats.skipped)} line(s) that are not decisions", file=sys.stderr)
     return EXIT_OK

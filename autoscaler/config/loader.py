@@ -10,6 +10,7 @@ import yaml
 from pydantic import ValidationError
 
 from autoscaler.config.schema import Config
+from autoscaler.core.policy import naming_problems
 
 KeyPath = tuple[str | int, ...]
 
@@ -53,15 +54,32 @@ def parse_config(text: str, source: str = "<config>") -> Config:
     problems: list[Problem] = []
     data = _to_python(root, (), lines, problems, source) if root is not None else {}
     if not isinstance(data, dict):
-        problems.append(Problem(source, 1, "", "the top level must be a mapping"))
+        raise ConfigError([*problems, Problem(source, 1, "", "the top level must be a mapping")])
+    try:
+        config = Config.model_validate(data)
+    except ValidationError as exc:
+        problems += [_problem(err, lines, source) for err in exc.errors(include_url=False)]
+        problems += _naming_problems(data, lines, source, already=problems)
+        raise ConfigError(problems) from exc
     if problems:
         raise ConfigError(problems)
-    try:
-        return Config.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(
-            [_problem(err, lines, source) for err in exc.errors(include_url=False)]
-        ) from exc
+    return config
+
+
+def _naming_problems(
+    data: dict[str, Any], lines: dict[KeyPath, int], source: str, already: list[Problem]
+) -> list[Problem]:
+    """Cross-policy problems pydantic skips when a field already failed."""
+    policies = data.get("policies")
+    if not isinstance(policies, list):
+        return []
+    names = [p.get("name") for p in policies if isinstance(p, dict)]
+    seen = {p.message for p in already}
+    return [
+        Problem(source, lines.get(("policies",)), "", message)
+        for message in naming_problems(names, data.get("default_policy", "default"))
+        if not any(message in s for s in seen)
+    ]
 
 
 def _to_python(

@@ -204,6 +204,17 @@ class Policy(StrictModel):
         return lo, max(lo, hi)
 
 
+def naming_problems(names: list[Any], default_policy: Any) -> list[str]:
+    """Cross-policy checks, shared with the YAML loader (which runs them even when fields fail)."""
+    problems = []
+    dupes = sorted({str(n) for n in names if names.count(n) > 1})
+    if dupes:
+        problems.append(f"duplicate policy names: {', '.join(dupes)}")
+    if default_policy is not None and default_policy not in names:
+        problems.append(f"default_policy {default_policy!r} is not a defined policy")
+    return problems
+
+
 class PolicySet(StrictModel):
     """Every named policy, how jobs pick one, and cluster-wide caps."""
 
@@ -214,12 +225,9 @@ class PolicySet(StrictModel):
 
     @model_validator(mode="after")
     def _names(self) -> PolicySet:
-        names = [p.name for p in self.policies]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise ValueError(f"duplicate policy names: {', '.join(dupes)}")
-        if self.default_policy is not None and self.default_policy not in names:
-            raise ValueError(f"default_policy {self.default_policy!r} is not a defined policy")
+        problems = naming_problems([p.name for p in self.policies], self.default_policy)
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     def for_job(self, job: Job) -> Policy | None:

@@ -1,0 +1,159 @@
+"""Preemption, drains, scale-in victims, undrain, below-min and clamp-max rules of the core."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from dataclasses import replace
+
+from core_fixtures import NOW, job, node, notice, only, policies, run, snapshot, workers
+
+from autoscaler.core import Action, NoticeKind, Reason, Scaler, ScalerKind, Worker
+
+
+def test_interruption_drains_then_scales_in_exactly_the_pods_on_that_node() -> None:
+    j = job(placement=["a", "b", "a", "c"])
+    ds = run(snapshot([node("a"), node("b"), node("c")], [j], [notice("a")]))
+    drain, scale_in = only(ds, Action.DRAIN), only(ds, Action.SCALE_IN)
+    assert [d.action for d in ds] == [Action.DRAIN, Action.SCALE_IN]  # drain first
+    assert drain[0].hosts == ("bert-worker-0", "bert-worker-2")
+    assert scale_in[0].pods == ("bert-worker-0", "bert-worker-2")  # names, never a count
+    assert (scale_in[0].from_workers, scale_in[0].to_workers, scale_in[0].count) == (4, 2, 2)
+    assert scale_in[0].reason is Reason.PREEMPTION_NOTICE and scale_in[0].nodes == ("a",)
+
+
+def test_two_notices_for_one_node_make_one_drain_and_one_scale_in() -> None:
+    j = job(placement=["a", "b"])
+    ns = [notice("a", nid="sqs-1"), notice("a", nid="taint"), notice("a", NoticeKind.REBALANCE, "r")]
+    ds = run(snapshot([node("a"), node("b")], [j], ns))
+    assert len(only(ds, Action.DRAIN)) == 1 and len(only(ds, Action.SCALE_IN)) == 1
+    assert only(ds, Action.SCALE_IN)[0].pods == ("bert-worker-0",)
+
+
+def test_notice_for_a_node_without_workers_changes_nothing_and_gets_no_new_workers() -> None:
+    j = job(hi=4, placement=["b"])
+    ds = run(snapshot([node("a", gpus=8), node("b", gpus=1, used=1)], [j], [notice("a")]))
+    assert not only(ds, Action.DRAIN) and not only(ds, Action.SCALE_IN)
+    assert [(d.action, d.reason) for d in ds] == [(Action.NOOP, Reason.REBALANCE)]
+
+
+def test_job_at_min_with_a_notice_still_drains_and_says_below_min() -> None:
+    j = job(lo=2, hi=4, placement=["a", "b"])
+    ds = run(snapshot([node("a"), node("b", gpus=1, used=1)], [j], [notice("a")]))
+    scale_in = only(ds, Action.SCALE_IN)[0]
+    assert scale_in.to_workers == 1 and Reason.BELOW_MIN in scale_in.tags
+
+
+def test_preemption_is_not_delayed_by_cooldown_or_backoff() -> None:
+    j = job(placement=["a", "b"], last_scaled_at=NOW, last_failed_scale_out_at=NOW)
+    ds = run(snapshot([node("a"), node("b")], [j], [notice("a")]))
+    assert only(ds, Action.SCALE_IN)
+
+
+def test_scaler_in_flight_defers_the_scale_in_but_not_the_drain() -> None:
+    scaler = Scaler(ScalerKind.SCALE_OUT, "bert-out-1", NOW, ("bert-worker-5",))
+    j = job(placement=["a", "b"], scaler=scaler)
+    ds = run(snapshot([node("a"), node("b")], [j], [notice("a")]))
+    assert only(ds, Action.DRAIN)[0].hosts == ("bert-worker-0",)
+    assert not only(ds, Action.SCALE_IN)
+    noop = only(ds, Action.NOOP)[0]
+    assert noop.reason is Reason.SCALER_IN_FLIGHT and Reason.PREEMPTION_NOTICE in noop.tags
+
+
+def test_a_scale_in_already_covering_the_victims_is_not_repeated() -> None:
+    scaler = Scaler(ScalerKind.SCALE_IN, "bert-in-1", NOW, ("bert-worker-0",))
+    j = job(placement=["a", "b"], scaler=scaler, drained_hosts=frozenset({"bert-worker-0"}))
+    ds = run(snapshot([node("a"), node("b")], [j], [notice("a")]))
+    assert not only(ds, Action.SCALE_IN) and not only(ds, Action.DRAIN)
+    assert not only(ds, Action.UNDRAIN)
+
+
+def test_job_not_running_drains_but_waits_to_scale_in() -> None:
+    j = job(placement=["a", "b"], running=False)
+    ds = run(snapshot([node("a"), node("b")], [j], [notice("a")]))
+    assert only(ds, Action.DRAIN) and not only(ds, Action.SCALE_IN)
+    assert only(ds, Action.NOOP)[0].reason is Reason.JOB_NOT_RUNNING
+
+
+def test_when_every_host_is_doomed_one_is_kept_so_horovod_does_not_stop() -> None:
+    later = NOW + timedelta(minutes=2)
+    j = job(lo=2, placement=["a", "b"])
+    ns = [notice("a", deadline=NOW + timedelta(seconds=30)), notice("b", nid="e2", deadline=later)]
+    ds = run(snapshot([node("a"), node("b")], [j], ns))
+    drain = only(ds, Action.DRAIN)[0]
+    assert drain.hosts == ("bert-worker-0",)  # b lives longer: its worker stays visible
+    assert Reason.LAST_HOST_KEPT in drain.tags and Reason.BELOW_MIN in drain.tags
+
+
+def test_keep_last_host_can_be_turned_off() -> None:
+    j = job(placement=["a"])
+    ds = run(snapshot([node("a")], [j], [notice("a")]), policies(preemption={"keep_last_host": False}))
+    assert only(ds, Action.SCALE_IN)[0].to_workers == 0
+
+
+def test_rebalance_only_avoids_by_default() -> None:
+    j = job(hi=2, placement=["a"])
+    ds = run(snapshot([node("a"), node("b", gpus=1, used=1)], [j], [notice("a", NoticeKind.REBALANCE)]))
+    assert not only(ds, Action.DRAIN)
+    assert only(ds, Action.NOOP)[0].reason is Reason.REBALANCE
+
+
+def test_rebalance_drain_policy_leaves_early_but_never_below_min() -> None:
+    j = job(lo=2, hi=8, placement=["a", "a", "b"])
+    ps = policies(preemption={"rebalance": "drain"})
+    ds = run(snapshot([node("a"), node("b", gpus=1, used=1)], [j], [notice("a", NoticeKind.REBALANCE)]), ps)
+    scale_in = only(ds, Action.SCALE_IN)[0]
+    assert scale_in.reason is Reason.REBALANCE and scale_in.to_workers == 2
+    assert Reason.CLAMP_MIN in scale_in.tags
+
+
+def test_maintenance_is_hard_only_when_near() -> None:
+    j = job(placement=["a", "b"])
+    far = notice("a", NoticeKind.MAINTENANCE, deadline=NOW + timedelta(days=2))
+    near = notice("a", NoticeKind.MAINTENANCE, deadline=NOW + timedelta(minutes=5))
+    assert not only(run(snapshot([node("a"), node("b")], [j], [far])), Action.DRAIN)
+    assert only(run(snapshot([node("a"), node("b")], [j], [near])), Action.SCALE_IN)[0].reason is Reason.MAINTENANCE
+
+
+def test_state_change_is_hard() -> None:
+    j = job(placement=["a", "b"])
+    ds = run(snapshot([node("a"), node("b")], [j], [notice("a", NoticeKind.STATE_CHANGE)]))
+    assert only(ds, Action.SCALE_IN)[0].pods == ("bert-worker-0",)
+
+
+def test_withdrawn_notice_undrains_a_host_whose_node_is_healthy() -> None:
+    j = job(placement=["a", "b"], drained_hosts=frozenset({"bert-worker-0"}))
+    ds = run(snapshot([node("a", used=1), node("b", used=1)], [j]))
+    undrain = only(ds, Action.UNDRAIN)[0]
+    assert undrain.hosts == ("bert-worker-0",) and undrain.reason is Reason.NOTICE_WITHDRAWN
+
+
+def test_drained_host_on_an_unschedulable_node_stays_drained() -> None:
+    j = job(placement=["a", "b"], drained_hosts=frozenset({"bert-worker-0"}))
+    assert not only(run(snapshot([node("a", schedulable=False), node("b")], [j])), Action.UNDRAIN)
+
+
+def test_drained_host_that_left_the_job_is_forgotten() -> None:
+    j = job(placement=["b"], drained_hosts=frozenset({"bert-worker-7"}))
+    undrain = only(run(snapshot([node("b", used=1)], [j])), Action.UNDRAIN)[0]
+    assert undrain.reason is Reason.HOST_GONE and undrain.hosts == ("bert-worker-7",)
+
+
+def test_above_max_scales_in_pending_first_then_dearest_nodes() -> None:
+    placed = workers("bert", ["cheap", "dear", "cheap"])
+    j = replace(job(hi=2), workers=(*placed, Worker("bert-worker-3", None, "bert-worker-3", 3, pending=True)))
+    nodes = [node("cheap", price=4.0), node("dear", price=16.0)]
+    ds = run(snapshot(nodes, [j]))
+    scale_in = only(ds, Action.SCALE_IN)[0]
+    assert scale_in.reason is Reason.CLAMP_MAX
+    assert scale_in.pods == ("bert-worker-1", "bert-worker-3")
+    assert only(ds, Action.DRAIN)[0].hosts == ("bert-worker-1", "bert-worker-3")
+
+
+def test_a_window_lowering_max_scales_in() -> None:
+    j = job(hi=4, placement=["a", "a", "a"])
+    ps = policies(windows=[{"name": "day", "schedule": "0 8 * * 1-5", "duration": "10h",
+                            "limits": {"max_workers": 1}}])
+    assert only(run(snapshot([node("a", used=3)], [j]), ps), Action.SCALE_IN)[0].to_workers == 1
+    night = NOW.replace(hour=22)
+    assert not only(run(snapshot([node("a", used=3)], [j]), ps, now=night), Action.SCALE_IN)

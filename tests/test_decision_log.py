@@ -1,0 +1,87 @@
+"""Decision lines: required fields, secrets redacted, and the `decisions` reader's filters."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from core_fixtures import NOW
+
+from autoscaler.cli import main
+from autoscaler.core import Action, Decision, Reason
+from autoscaler.decisionlog import log_decision
+from autoscaler.logs import file_logger
+
+REQUIRED = {"ts", "event", "job", "action", "count", "from_workers", "to_workers", "pods", "hosts",
+            "reason", "policy", "dry_run"}
+
+
+def write_log(decisions: list[Decision], dry_run: bool = False) -> str:
+    out = io.StringIO()
+    logger = file_logger(out)
+    for d in decisions:
+        log_decision(logger, d, now=NOW, dry_run=dry_run)
+    return out.getvalue()
+
+
+SCALE_IN = Decision("ml/bert", Action.SCALE_IN, Reason.PREEMPTION_NOTICE, "default", 4, 2, 2,
+                    pods=("bert-worker-0", "bert-worker-2"), hosts=("bert-worker-0", "bert-worker-2"),
+                    nodes=("a",), tags=(Reason.BELOW_MIN,))
+SCALE_OUT = Decision("ml/gpt", Action.SCALE_OUT, Reason.IDLE_CAPACITY, "research", 2, 4, 2, nodes=("b",))
+NOOP = Decision("ml/gpt", Action.NOOP, Reason.COOLDOWN, "research", 4, 4)
+
+
+def test_one_json_line_per_decision_with_every_field() -> None:
+    lines = write_log([SCALE_IN, SCALE_OUT], dry_run=True).splitlines()
+    assert len(lines) == 2
+    first = json.loads(lines[0])
+    assert REQUIRED <= set(first)
+    assert first["event"] == "decision" and first["ts"] == "2026-03-02T12:00:00.000Z"
+    assert (first["action"], first["count"], first["from_workers"], first["to_workers"]) == ("scale_in", 2, 4, 2)
+    assert first["pods"] == ["bert-worker-0", "bert-worker-2"] and first["tags"] == ["below_min"]
+    assert first["dry_run"] is True
+
+
+def test_secrets_never_reach_a_line() -> None:
+    out = io.StringIO()
+    file_logger(out).info("aws_call", aws_secret_access_key="wJalrXUtnFEMI/K7MDENG", note="key AKIAIOSFODNN7EXAMPLE",
+                         url="https://sqs/?X-Amz-Security-Token=abc123&x=1", headers={"Authorization": "Bearer tok.en"})
+    line = out.getvalue()
+    for secret in ("wJalrXUtnFEMI", "AKIAIOSFODNN7EXAMPLE", "abc123", "tok.en"):
+        assert secret not in line
+    assert "[redacted]" in line
+
+
+@pytest.fixture
+def log_file(tmp_path: Path) -> Path:
+    path = tmp_path / "decisions.jsonl"
+    path.write_text(write_log([SCALE_IN, SCALE_OUT, NOOP]) + "not json\n" + '{"event": "other"}\n')
+    return path
+
+
+def run_json(args: list[str], capsys: pytest.CaptureFixture[str]) -> list[dict]:
+    assert main(["decisions", *args, "--json"]) == 0
+    captured = capsys.readouterr()
+    return [json.loads(line) for line in captured.out.splitlines()]
+
+
+def test_filters(log_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert [e["action"] for e in run_json([str(log_file), "--job", "gpt"], capsys)] == ["scale_out", "noop"]
+    assert [e["job"] for e in run_json([str(log_file), "--reason", "below_min"], capsys)] == ["ml/bert"]
+    assert [e["job"] for e in run_json([str(log_file), "--action", "scale_out"], capsys)] == ["ml/gpt"]
+    assert run_json([str(log_file), "--since", "2026-03-02T12:00:01Z"], capsys) == []
+    assert len(run_json([str(log_file), "--since", "2026-03-02T11:00:00Z"], capsys)) == 3
+
+
+def test_table_counts_skipped_lines(log_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["decisions", str(log_file), "--job", "ml/bert"]) == 0
+    captured = capsys.readouterr()
+    assert "scale_in" in captured.out and "ml/gpt" not in captured.out
+    assert "skipped 2 line(s)" in captured.err
+
+
+def test_reads_stdin(log_file: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO(log_file.read_text()))
+    assert len(run_json(["--action", "noop"], capsys)) == 1

@@ -1,0 +1,80 @@
+"""`simulate` replays spot traces through the real reconciler and core; its outputs add up."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from autoscaler.cli import main
+from autoscaler.config import Config
+from autoscaler.decisionlog import read_decisions
+from autoscaler.sim.run import simulate
+from autoscaler.sim.trace import TraceError, parse_trace, synthetic_trace
+
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
+P3 = TRACES / "bamboo-p3-trace.csv"
+needs_traces = pytest.mark.skipif(not P3.exists(), reason=f"Bamboo traces not found at {TRACES}")
+
+
+@needs_traces
+def test_bamboo_p3_every_notice_handled_without_abrupt_loss(tmp_path: Path) -> None:
+    assert main(["simulate", "--trace", str(P3), "--out", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    notices = summary["notices"]
+    assert summary["duration_hours"] == pytest.approx(11.37, abs=0.01)
+    assert notices["removals_with_workers"] > 50
+    assert notices["handled_gracefully"] == notices["removals_with_workers"]
+    assert notices["missed"] == 0 and notices["workers_lost_abruptly"] == 0
+    assert summary["cost_usd"] < summary["on_demand_cost_usd"] / 2
+    job = summary["jobs"]["default/bert"]
+    assert all(n <= job["max_workers"] for _, n in job["workers_over_time"])
+    assert summary["actuation_errors"] == 0
+    events = list(read_decisions((tmp_path / "decisions.jsonl").read_text().splitlines()))
+    assert {e["action"] for e in events} >= {"scale_out", "scale_in", "drain", "noop"}
+    # every scale-in on a notice was preceded by a drain of the same hosts at the same time
+    drains = {(e["ts"], tuple(e["hosts"])) for e in events if e["action"] == "drain"}
+    for e in events:
+        if e["action"] == "scale_in" and e["reason"] == "preemption_notice":
+            assert any(ts == e["ts"] and set(h) <= set(e["hosts"]) for ts, h in drains)
+
+
+def test_missed_notices_are_counted_as_abrupt_losses() -> None:
+    config = Config.model_validate({"simulate": {"notice_miss_probability": 1.0}})
+    summary = simulate(config, synthetic_trace(seed=3, hours=4), seed=3, decisions_out=io.StringIO())
+    n = summary["notices"]
+    assert n["posted"] == 0 and n["not_delivered"] > 0
+    assert n["missed"] > 0 and n["workers_lost_abruptly"] > 0
+
+
+def test_same_seed_same_result() -> None:
+    def once() -> dict:
+        out = io.StringIO()
+        summary = simulate(Config(), synthetic_trace(seed=7, hours=3), seed=7, decisions_out=out)
+        summary.pop("wall_seconds")
+        return {"summary": summary, "log": out.getvalue()}
+
+    assert once() == once()
+
+
+def test_default_simulate_needs_no_arguments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["simulate"]) == 0
+    summary = json.loads((tmp_path / "simulate-out" / "summary.json").read_text())
+    assert summary["trace"] == "synthetic(seed=1)" and summary["gpu_hours"]["spot"] > 0
+
+
+def test_bad_trace_lines_are_reported_with_their_line() -> None:
+    with pytest.raises(TraceError, match=r"t.csv:2: expected"):
+        parse_trace("0,add,node1\n5,explode,node1\n", "t.csv")
+    with pytest.raises(TraceError, match=r"t.csv:1: time 'x'"):
+        parse_trace("x,add,node1\n", "t.csv")
+
+
+def test_bad_trace_file_is_a_clear_cli_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "t.csv"
+    bad.write_text("0,add\n")
+    assert main(["simulate", "--trace", str(bad), "--out", str(tmp_path / "o")]) == 1
+    assert "t.csv:1" in capsys.readouterr().err
