@@ -11,7 +11,16 @@ from datetime import datetime
 
 from autoscaler.core.capacity import CapacityPool, Claim, fill, grant_of
 from autoscaler.core.departures import plan_departures
-from autoscaler.core.model import Action, Decision, GpuNode, Job, Reason, Snapshot, Worker
+from autoscaler.core.model import (
+    Action,
+    Backend,
+    Decision,
+    GpuNode,
+    Job,
+    Reason,
+    Snapshot,
+    Worker,
+)
 from autoscaler.core.notices import NodeRisk, classify
 from autoscaler.core.policy import Policy, PolicySet, PreemptionRules
 
@@ -132,13 +141,28 @@ def _growth_decision(
             from_workers=n, to_workers=n, tags=below + grant.tags,
             message=_NOOP_MESSAGES.get(reason, ""),
         )
+    message = f"{grant.count} worker(s) of {job.gpus_per_worker:g} GPU fit on idle capacity"
+    tags = grant.tags
+    reused = _blacklisted_names(job, grant.count)
+    if reused:
+        tags += (Reason.BLACKLIST_RISK,)
+        message += (
+            f"; {', '.join(reused)} failed before and Horovod blacklists it for the job's life"
+            " unless horovodrun has --blacklist-cooldown-range"
+        )
     return Decision(
         job=job.key, action=Action.SCALE_OUT,
         reason=Reason.BELOW_MIN if below else Reason.IDLE_CAPACITY, policy=policy.name,
         from_workers=n, to_workers=n + grant.count, count=grant.count,
-        nodes=tuple(sorted(set(grant.nodes))), tags=grant.tags,
-        message=f"{grant.count} worker(s) of {job.gpus_per_worker:g} GPU fit on idle capacity",
+        nodes=tuple(sorted(set(grant.nodes))), tags=tags, message=message,
     )
+
+
+def _blacklisted_names(job: Job, count: int) -> tuple[str, ...]:
+    """New pod names that Horovod already saw fail (et-operator reuses indices after a scale-in)."""
+    if job.backend is not Backend.ET_OPERATOR or not job.failed_hosts:
+        return ()
+    return tuple(name for name in job.next_pod_names(count) if name in job.failed_hosts)
 
 
 _NOOP_MESSAGES = {

@@ -59,6 +59,7 @@ class Reason(StrEnum):
     NOTICE_WITHDRAWN = "notice_withdrawn"
     HOST_GONE = "host_gone"
     STEADY = "steady"
+    BLACKLIST_RISK = "blacklist_risk"
 
 
 class ScalerKind(StrEnum):
@@ -132,10 +133,17 @@ class Job:
     last_scaled_at: datetime | None = None  # last finished scale of any kind: cooldown
     last_failed_scale_out_at: datetime | None = None  # ScaleFailed / rollback: backoff
     drained_hosts: frozenset[str] = frozenset()  # hidden from this job's discovery now
+    # hosts Horovod saw fail (lost while still in discovery): it blacklists them for the job's life
+    failed_hosts: frozenset[str] = frozenset()
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    def next_pod_names(self, count: int) -> tuple[str, ...]:
+        """The names et-operator gives a ScaleOut's pods: fresh indices after the highest in use."""
+        start = max((w.index for w in self.workers), default=-1) + 1
+        return tuple(f"{self.name}-worker-{i}" for i in range(start, start + count))
 
 
 @dataclass(frozen=True, slots=True)

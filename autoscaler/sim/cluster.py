@@ -68,6 +68,7 @@ class SimJobState:
     last_scaled_at: datetime | None = None
     last_failed_scale_out_at: datetime | None = None
     drained: set[str] = field(default_factory=set)
+    failed: set[str] = field(default_factory=set)  # hosts Horovod saw die: blacklisted
     scalers_created: int = 0
 
     @property
@@ -121,6 +122,7 @@ class SimulatedCluster:
             loss = losses.setdefault(pod.job, Loss(pod.job, 0, 0))
             if pod.running and pod.name not in job.drained:
                 loss.abrupt += 1
+                job.failed.add(pod.name)
             else:
                 loss.graceful += 1
             del self.pods[pod.name]
@@ -196,6 +198,7 @@ class SimulatedCluster:
                     last_scaled_at=state.last_scaled_at,
                     last_failed_scale_out_at=state.last_failed_scale_out_at,
                     drained_hosts=frozenset(state.drained),
+                    failed_hosts=frozenset(state.failed),
                 )
             )
         return out
