@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
-from core_fixtures import NOW, job, node, notice, only, policies, run, snapshot
+from core_fixtures import NOW, job, node, notice, only, policies, run, snapshot, workers
 
 from autoscaler.core import Action, CapacityType, Reason, Scaler, ScalerKind
 
@@ -192,3 +193,11 @@ def test_scale_out_warns_when_et_operator_would_reuse_a_blacklisted_name() -> No
     assert Reason.BLACKLIST_RISK in out.tags and "--blacklist-cooldown-range" in out.message
     clean = job(hi=8, placement=["x", "x"], failed_hosts=frozenset({"bert-worker-9"}))
     assert Reason.BLACKLIST_RISK not in only(run(snapshot([node("a", gpus=2)], [clean])), Action.SCALE_OUT)[0].tags
+
+
+def test_unbound_pending_workers_keep_their_room() -> None:
+    # gpt's ScaleOut pod is Pending and not yet bound: the only idle GPU is where it will land
+    scaling = replace(job("gpt", hi=8, placement=["x"]), workers=workers("gpt", ["x", None], pending=1),
+                      scaler=Scaler(ScalerKind.SCALE_OUT, "gpt-out", NOW, ("gpt-worker-1",)))
+    ds = run(snapshot([node("x", gpus=1, used=1), node("n", gpus=1)], [scaling, job("bert", hi=8, placement=["x"])]))
+    assert grown(ds, "ml/bert") == 0

@@ -67,6 +67,13 @@ class CapacityPool:
         self.cluster_budget = cluster_budget
         self.cluster_spend = cluster_spend
 
+    def hold_for_unbound(self, gpus: float) -> None:
+        """Set aside room for a pending pod not yet bound to a node, where the scheduler would put
+        it (most room first): otherwise another job takes it and that ScaleOut rolls back."""
+        room = [(left, name) for name, left in self.left.items() if left >= gpus]
+        if room:
+            self.left[max(room)[1]] -= gpus
+
     def why_not(self, claim: Claim, node: GpuNode) -> Reason | None:
         """The first rule that keeps one more worker of `claim` off `node`, or None if it fits."""
         rules = claim.policy

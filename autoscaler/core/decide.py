@@ -30,12 +30,15 @@ def decide(snapshot: Snapshot, policies: PolicySet, now: datetime) -> list[Decis
     risks: dict[PreemptionRules, NodeRisk] = {}
     plans: list[tuple[Job, Policy, list[Decision], Claim | None, Reason | None]] = []
     cluster_spend = 0.0
+    effective: dict[str, Policy] = {}  # each policy's windows evaluated once per pass
 
     for job in sorted(snapshot.jobs, key=lambda j: j.key):
         base = policies.for_job(job)
         if base is None:
             continue  # unmanaged: no policy selects it
-        policy = base.at(now)
+        if base.name not in effective:
+            effective[base.name] = base.at(now)
+        policy = effective[base.name]
         rules = policy.preemption
         if rules not in risks:
             risks[rules] = classify(snapshot.notices, rules, now)
@@ -60,6 +63,10 @@ def decide(snapshot: Snapshot, policies: PolicySet, now: datetime) -> list[Decis
         cluster_budget=policies.cluster_budget_per_hour,
         cluster_spend=cluster_spend,
     )
+    for job in snapshot.jobs:
+        for w in job.workers:
+            if w.node is None:
+                pool.hold_for_unbound(job.gpus_per_worker)
     claims = [c for *_, c, _ in plans if c is not None]
     # A job below min is refilled first, without waiting for cooldown or settled idle capacity.
     refills = [c for c in claims if c.current < c.policy.bounds(c.job)[0]]

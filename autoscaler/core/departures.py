@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
-
 from autoscaler.core.model import (
     Action,
     Decision,
@@ -25,7 +23,6 @@ from autoscaler.core.policy import Policy
 
 # Most urgent first: the drain/scale-in decision carries the most urgent reason among its victims.
 _URGENCY = (Reason.PREEMPTION_NOTICE, Reason.MAINTENANCE, Reason.REBALANCE, Reason.CLAMP_MAX)
-_FAR_FUTURE = datetime.max
 
 
 @dataclass(slots=True)
@@ -149,10 +146,11 @@ def _last_host_to_keep(job: Job, why: dict[str, Reason], risk: NodeRisk) -> Work
     candidates = [w for w in job.workers if w.pod in why and not w.pending]
     if not candidates:
         return None
-    return max(
-        candidates,
-        key=lambda w: (why[w.pod] is Reason.CLAMP_MAX, risk.deadlines.get(w.node or "", _FAR_FUTURE), -w.index),
-    )
+    def lives_longest(w: Worker) -> tuple:
+        deadline = risk.deadlines.get(w.node or "")  # unknown deadline: assume the latest
+        return (why[w.pod] is Reason.CLAMP_MAX, deadline is None, deadline, -w.index)
+
+    return max(candidates, key=lives_longest)
 
 
 def _scale_in_deferred(job: Job, victims: tuple[str, ...]) -> tuple[Reason, str] | None:
