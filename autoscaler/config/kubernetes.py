@@ -2,8 +2,116 @@
 
 from __future__ import annotations
 
-from autoscaler.core.policy import StrictModel
+from datetime import timedelta
+from typing import Annotated
+
+from pydantic import Field, model_validator
+
+from autoscaler.core.model import CapacityType, NoticeKind
+from autoscaler.core.policy import Duration, StrictModel
+
+
+class CapacityRule(StrictModel):
+    """One node label that says spot or on-demand. The first rule that matches a node wins.
+
+    - `{label: L}`: the label's value names the type (`spot`, `on-demand`, `SPOT`, `ON_DEMAND`...).
+    - `{label: L, equals: V, type: T}`: type T when the label's value is V.
+    - `{label: L, not_equals: V, type: T}`: type T when the label is present with another value.
+    """
+
+    label: str
+    equals: str | None = None
+    not_equals: str | None = None
+    type: CapacityType | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CapacityRule:
+        if self.equals is not None and self.not_equals is not None:
+            raise ValueError("give equals or not_equals, not both")
+        if (self.equals is not None or self.not_equals is not None) and self.type is None:
+            raise ValueError("a rule with equals/not_equals needs a type")
+        return self
+
+    def match(self, labels: dict[str, str]) -> CapacityType | None:
+        value = labels.get(self.label)
+        if value is None:
+            return None
+        if self.equals is not None:
+            return self.type if value == self.equals else None
+        if self.not_equals is not None:
+            return self.type if value != self.not_equals else None
+        normal = value.strip().lower().replace("_", "-")
+        if normal in ("spot", "preemptible"):
+            return CapacityType.SPOT
+        if normal in ("on-demand", "ondemand", "normal"):
+            return CapacityType.ON_DEMAND
+        return None
+
+
+def _default_capacity_rules() -> list[CapacityRule]:
+    spot, on_demand = CapacityType.SPOT, CapacityType.ON_DEMAND
+    return [
+        CapacityRule(label="karpenter.sh/capacity-type"),
+        CapacityRule(label="eks.amazonaws.com/capacityType"),  # SPOT | ON_DEMAND
+        CapacityRule(label="node.alibabacloud.com/spot-strategy", equals="NoSpot", type=on_demand),
+        CapacityRule(label="node.alibabacloud.com/spot-strategy", not_equals="NoSpot", type=spot),
+        CapacityRule(label="cloud.google.com/gke-spot", equals="true", type=spot),
+        CapacityRule(label="cloud.google.com/gke-preemptible", equals="true", type=spot),
+    ]
+
+
+_NTH = "aws-node-termination-handler"
+# Taints other systems put on a node that is going away (or at risk): the notice they stand for.
+DEFAULT_NOTICE_TAINTS: dict[str, NoticeKind] = {
+    f"{_NTH}/spot-itn": NoticeKind.INTERRUPTION,
+    f"{_NTH}/rebalance-recommendation": NoticeKind.REBALANCE,
+    f"{_NTH}/scheduled-maintenance": NoticeKind.MAINTENANCE,
+    f"{_NTH}/asg-lifecycle-termination": NoticeKind.INTERRUPTION,
+    "karpenter.sh/disrupted": NoticeKind.INTERRUPTION,
+    "ToBeDeletedByClusterAutoscaler": NoticeKind.INTERRUPTION,
+}
+
+
+class SharedGpuSettings(StrictModel):
+    """ACK shared-GPU nodes advertise GPU memory (GiB) instead of whole GPUs. Their capacity is
+    counted in GPU equivalents: memory requested / (memory allocatable / GPU count)."""
+
+    node_label: str = "ack.node.gpu.schedule"
+    node_label_value: str = "share"
+    memory_resource: str = "aliyun.com/gpu-mem"
+    count_resource: str = "aliyun.com/gpu-count"
 
 
 class KubernetesSettings(StrictModel):
-    """Filled in by the Kubernetes adapter work (issue 3)."""
+    # Namespaces whose TrainingJobs/AITrainingJobs (and scalers) are managed; empty = all.
+    # Pods are always watched cluster-wide: idle GPUs depend on every pod on a node.
+    namespaces: list[str] = []
+    # Label selector (Kubernetes syntax) a job must match to be managed; "" = every job.
+    label_selector: str = ""
+    # Extended resources that count as GPUs, in node allocatable and pod requests.
+    gpu_resources: list[str] = ["nvidia.com/gpu"]
+    # None turns shared-GPU (GPU memory) accounting off.
+    shared_gpu: SharedGpuSettings | None = Field(default_factory=SharedGpuSettings)
+    # Node name glob -> capacity type, checked before the label rules (first match wins).
+    capacity_type_override: dict[str, CapacityType] = {}
+    # Karpenter, EKS, ACK and GKE labels by default; a list given here replaces them all.
+    capacity_type_labels: list[CapacityRule] = Field(default_factory=_default_capacity_rules)
+    # For nodes no override or rule matches: on-demand is the safe guess for unlabelled nodes.
+    default_capacity_type: CapacityType = CapacityType.ON_DEMAND
+    # Taint key -> the notice it means (value = event id when NTH sets it). The defaults cover
+    # NTH, Karpenter and cluster-autoscaler; a mapping given here replaces them all.
+    notice_taints: dict[str, NoticeKind] = Field(
+        default_factory=lambda: dict(DEFAULT_NOTICE_TAINTS)
+    )
+    # Node condition type (status True) -> notice; ack-node-problem-detector sets InstanceExpired.
+    notice_conditions: dict[str, NoticeKind] = {"InstanceExpired": NoticeKind.INTERRUPTION}
+    # A cordoned node as a maintenance notice (its workers leave). Off: cordoned nodes only stop
+    # receiving new workers, since people cordon for many reasons.
+    cordon_is_notice: bool = False
+    # Server-side watch timeout; the client's read timeout is a little longer so a silent
+    # connection can never hang a watch. Scale-out timeouts come from the policy, not from here.
+    watch_timeout: Duration = timedelta(minutes=5)
+    # Most seconds between retries of a failing list/watch (doubling from half a second).
+    watch_backoff_max: Duration = timedelta(seconds=30)
+    # Retries of a write that got 429 or 5xx before the error goes to the reconciler.
+    write_retries: Annotated[int, Field(ge=0, le=10)] = 3

@@ -1,0 +1,114 @@
+"""The reconciler's actuator for Kubernetes: one entry point, dispatching on the job's backend.
+
+Errors that outlast a few quick retries are raised: the reconciler logs them per decision and
+the next pass, seeing the cluster again, decides afresh.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import structlog
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from autoscaler.adapters.kube.annotations import notice_patch, update_drained
+from autoscaler.adapters.kube.cache import KubeCache
+from autoscaler.adapters.kube.cce import CceActuator
+from autoscaler.adapters.kube.et_operator import EtOperatorActuator
+from autoscaler.adapters.kube.events import EventRecorder
+from autoscaler.adapters.kube.objects import ObjectApi
+from autoscaler.adapters.kube.outcomes import summary
+from autoscaler.adapters.kube.resources import AI_TRAINING_JOBS, NODES, Obj, Resource
+from autoscaler.config import Config
+from autoscaler.core.model import Action, Decision, Notice
+
+log = structlog.get_logger()
+
+
+class KubeActuator:
+    dry_run = False
+
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        config: Config,
+        recorder: EventRecorder,
+        cache: KubeCache,
+    ) -> None:
+        self._cache = cache
+        self._objects = ObjectApi(api_client, config.kubernetes.write_retries)
+        self._recorder = recorder
+        self._et = EtOperatorActuator(self._objects, cache, config, recorder)
+        self._cce = CceActuator(self._objects, cache, recorder)
+
+    def apply(self, decision: Decision, now: datetime) -> None:
+        if not self._cache.synced():  # a partial view could hide a scaler that already runs
+            raise RuntimeError("the cluster cache is not synced yet")
+        found = self._cache.find_job(decision.job)
+        if found is None:
+            raise LookupError(f"job {decision.job} is not in the cache (deleted, or not managed)")
+        resource, job = found
+        backend = self._cce if resource is AI_TRAINING_JOBS else self._et
+        if decision.action is Action.SCALE_OUT:
+            backend.scale_out(job, decision, now)
+        elif decision.action is Action.SCALE_IN:
+            backend.scale_in(job, decision, now)
+        elif decision.action in (Action.DRAIN, Action.UNDRAIN):
+            self._drain(resource, job, decision, now)
+
+    def persist_notice(self, node: str, notice: Notice) -> bool:
+        """Keep a cloud notice on its Node (NOTICE_ANNOTATION) so a restart still knows it.
+        False when nothing was written: the node is gone, or already holds it or a harder one."""
+        try:
+            current = self._cache.get(NODES, node) or self._objects.get(NODES, "", node)
+            patch = notice_patch(current, notice)
+            if patch is None:
+                return False
+            patched = self._objects.merge_patch(NODES, "", node, patch)
+        except ApiException as exc:
+            if exc.status == 404:
+                log.info("notice_node_gone", node=node, notice=notice.id)
+                return False
+            raise
+        self._cache.assume(NODES, patched)
+        deadline = f", deadline {notice.deadline.isoformat()}" if notice.deadline else ""
+        message = f"{notice.kind.value} notice from {notice.source} ({notice.id}){deadline}"
+        when = notice.received_at or datetime.now(UTC)
+        self._recorder.record(patched, "PreemptionNotice", message, when, warning=True)
+        return True
+
+    def _drain(self, resource: Resource, job: Obj, decision: Decision, now: datetime) -> None:
+        """Hide hosts from (or show them again to) the job's Horovod discovery."""
+        meta = job["metadata"]
+        hosts = frozenset(decision.hosts)
+        drain = decision.action is Action.DRAIN
+        result = update_drained(
+            self._objects, resource, meta["namespace"], meta["name"],
+            (lambda held: held | hosts) if drain else (lambda held: held - hosts),
+        )
+        if result is None:
+            log.info("drain_unchanged", job=decision.job, action=decision.action.value,
+                     hosts=sorted(hosts))
+            return
+        patched, before, after = result
+        self._cache.assume(resource, patched)
+        changed = sorted(after - before if drain else before - after)
+        verb = "hidden from" if drain else "shown again to"
+        message = f"{len(changed)} host(s) {verb} Horovod discovery ({', '.join(changed)}), "
+        self._recorder.record(
+            patched, "HostsDrained" if drain else "HostsUndrained", message + summary(decision), now
+        )
+
+
+class DryRunActuator:
+    """Read-only: the reconciler already logs each decision with dry_run=true; writes nothing."""
+
+    dry_run = True
+
+    def apply(self, decision: Decision, now: datetime) -> None:
+        log.debug("dry_run_skipped", job=decision.job, action=decision.action.value)
+
+    def persist_notice(self, node: str, notice: Notice) -> bool:
+        log.debug("dry_run_notice_not_persisted", node=node, notice=notice.id)
+        return False

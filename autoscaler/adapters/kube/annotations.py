@@ -1,0 +1,69 @@
+"""Our two annotations, written with merge patches: drained hosts on a job, a notice on a node."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kubernetes.client.exceptions import ApiException
+
+from autoscaler.adapters.kube.objects import ObjectApi
+from autoscaler.adapters.kube.resources import Obj, Resource, annotations_of
+from autoscaler.core.model import Notice, NoticeKind
+from autoscaler.signals import (
+    DRAINED_ANNOTATION,
+    NOTICE_ANNOTATION,
+    decode_drained,
+    decode_notice,
+    encode_drained,
+    encode_notice,
+)
+
+_CONFLICT_RETRIES = 3
+# A node holds one persisted notice: a harder one replaces a softer one, never the reverse.
+_HARDNESS = {
+    NoticeKind.REBALANCE: 0,
+    NoticeKind.MAINTENANCE: 1,
+    NoticeKind.INTERRUPTION: 2,
+    NoticeKind.STATE_CHANGE: 2,
+}
+
+
+def update_drained(
+    objects: ObjectApi,
+    resource: Resource,
+    namespace: str,
+    name: str,
+    change: Callable[[frozenset[str]], frozenset[str]],
+) -> tuple[Obj, frozenset[str], frozenset[str]] | None:
+    """Read-modify-write the job's drained hosts under optimistic concurrency (resourceVersion
+    precondition; a conflict reads again). Returns (job, before, after), None if unchanged."""
+    conflicts = 0
+    while True:
+        job = objects.get(resource, namespace, name)
+        before = decode_drained(annotations_of(job).get(DRAINED_ANNOTATION))
+        after = change(before)
+        if after == before:
+            return None
+        meta: Obj = {"annotations": {DRAINED_ANNOTATION: encode_drained(after) if after else None}}
+        if rv := (job.get("metadata") or {}).get("resourceVersion"):
+            meta["resourceVersion"] = rv
+        try:
+            return objects.merge_patch(resource, namespace, name, {"metadata": meta}), before, after
+        except ApiException as exc:
+            conflicts += 1
+            if exc.status != 409 or conflicts > _CONFLICT_RETRIES:
+                raise
+
+
+def notice_patch(node: Obj, notice: Notice) -> Obj | None:
+    """The merge patch that persists `notice` on `node`; None if the node already holds it or a
+    harder notice."""
+    name = str((node.get("metadata") or {}).get("name", ""))
+    current = annotations_of(node).get(NOTICE_ANNOTATION)
+    held = decode_notice(name, current) if current else None
+    if held is not None and (
+        (held.source, held.id) == (notice.source, notice.id)
+        or _HARDNESS[held.kind] > _HARDNESS[notice.kind]
+    ):
+        return None
+    return {"metadata": {"annotations": {NOTICE_ANNOTATION: encode_notice(notice)}}}

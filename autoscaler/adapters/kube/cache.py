@@ -1,0 +1,182 @@
+"""A watch-fed, in-memory copy of what the autoscaler reads from the cluster.
+
+Nodes and pods are watched cluster-wide (idle GPUs depend on every pod on a node); jobs and
+scalers only in the configured namespaces, jobs also by label selector. Every selector is applied
+again client-side. Relevant changes call `wake(reason)` once the cache is synced.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import structlog
+from kubernetes import client
+
+from autoscaler.adapters.kube.jobs import is_elastic_cce
+from autoscaler.adapters.kube.nodes import INSTANCE_TYPE_LABELS, first_label, instance_id, node_gpus
+from autoscaler.adapters.kube.pods import NOT_TERMINATED_SELECTOR, TERMINATED_PHASES
+from autoscaler.adapters.kube.reflector import Changes, Reflector
+from autoscaler.adapters.kube.resources import (
+    AI_TRAINING_JOBS,
+    ALL_RESOURCES,
+    JOB_RESOURCES,
+    NODES,
+    PODS,
+    Obj,
+    Resource,
+    key_of,
+    labels_of,
+)
+from autoscaler.adapters.kube.selectors import LabelMatcher, label_matcher
+from autoscaler.adapters.kube.wakes import signature
+from autoscaler.config.kubernetes import KubernetesSettings
+from autoscaler.signals import Wake
+
+log = structlog.get_logger()
+
+_CLUSTER_WIDE = (NODES, PODS)
+
+
+class KubeCache:
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        settings: KubernetesSettings,
+        wake: Wake | None = None,
+        *,
+        backoff_min: float = 0.5,
+    ) -> None:
+        self._settings = settings
+        self._wake = wake
+        self._stop = threading.Event()
+        self._threads: list[tuple[Reflector, threading.Thread]] = []
+        job_labels = label_matcher(settings.label_selector)  # fails early on a bad selector
+        scopes: list[str | None] = list(settings.namespaces) or [None]
+        backoff = (backoff_min, max(backoff_min, settings.watch_backoff_max.total_seconds()))
+        self._reflectors: dict[Resource, dict[str | None, Reflector]] = {}
+        for resource in ALL_RESOURCES:
+            is_job = resource in JOB_RESOURCES
+            for scope in [None] if resource in _CLUSTER_WIDE else scopes:
+                keep = _keeper(resource, scope, job_labels if is_job else None)
+                self._reflectors.setdefault(resource, {})[scope] = Reflector(
+                    api_client, resource, scope, keep, self._changed, self._stop,
+                    label_selector=settings.label_selector if is_job else "",
+                    field_selector=NOT_TERMINATED_SELECTOR if resource is PODS else "",
+                    watch_timeout=settings.watch_timeout.total_seconds(),
+                    backoff=backoff,
+                )
+
+    # --- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> None:
+        for reflector in self._all():
+            name = f"kube-{reflector.resource.plural}-{reflector.namespace or 'all'}"
+            thread = threading.Thread(target=reflector.run, name=name, daemon=True)
+            thread.start()
+            self._threads.append((reflector, thread))
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        deadline = time.monotonic() + timeout
+        for reflector, thread in self._threads:
+            # again and again: a watch whose request was not sent yet cannot be broken off
+            while thread.is_alive() and time.monotonic() < deadline:
+                reflector.stop_watch()
+                thread.join(0.05)
+
+    def synced(self) -> bool:
+        """Every initial list is done: snapshots are complete from here on."""
+        return all(r.synced.is_set() for r in self._all())
+
+    def wait_synced(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        return all(r.synced.wait(max(0.0, deadline - time.monotonic())) for r in self._all())
+
+    # --- reads ---------------------------------------------------------------------------------
+    def items(self, resource: Resource) -> list[Obj]:
+        return [obj for r in self._reflectors[resource].values() for obj in r.items()]
+
+    def get(self, resource: Resource, key: str) -> Obj | None:
+        reflector = self._owner(resource, key)
+        return reflector.get(key) if reflector else None
+
+    def find_job(self, key: str) -> tuple[Resource, Obj] | None:
+        """The TrainingJob or AITrainingJob `ns/name`, whichever exists."""
+        for resource in JOB_RESOURCES:
+            if (obj := self.get(resource, key)) is not None:
+                return resource, obj
+        return None
+
+    def node_for_instance(self, instance: str) -> str | None:
+        """The node whose spec.providerID names this cloud instance id."""
+        for node in self.items(NODES):
+            provider = (node.get("spec") or {}).get("providerID")
+            if provider and instance_id(provider) == instance:
+                return key_of(node)
+        return None
+
+    def instance_types(self) -> set[str]:
+        """Instance types of the GPU nodes: what a spot price feed should fetch."""
+        return {
+            itype
+            for node in self.items(NODES)
+            if node_gpus(node, self._settings).whole > 0
+            and (itype := first_label(labels_of(node), INSTANCE_TYPE_LABELS))
+        }
+
+    def errors(self) -> int:
+        """Failed lists/watches so far (each retried after a back-off)."""
+        return sum(r.errors for r in self._all())
+
+    # --- writes we made ourselves --------------------------------------------------------------
+    def assume(self, resource: Resource, obj: Obj) -> None:
+        """Hold an object we just created or patched until its watch event catches up, so the
+        next snapshot already sees it (no second scaler for the same need)."""
+        reflector = self._owner(resource, key_of(obj))
+        if reflector is not None:
+            reflector.assume(obj)
+
+    # --- internals -----------------------------------------------------------------------------
+    def _all(self) -> list[Reflector]:
+        return [r for scopes in self._reflectors.values() for r in scopes.values()]
+
+    def _owner(self, resource: Resource, key: str) -> Reflector | None:
+        scopes = self._reflectors[resource]
+        if None in scopes:
+            return scopes[None]
+        return scopes.get(key.split("/", 1)[0]) if "/" in key else None
+
+    def _changed(self, resource: Resource, changes: Changes) -> None:
+        if self._wake is None or not self.synced():
+            return  # the initial lists are not news; the first pass reads them all
+        for old, new in changes:
+            if signature(resource, old, self._settings) != signature(resource, new, self._settings):
+                obj = new if new is not None else old
+                assert obj is not None
+                what = "deleted" if new is None else "added" if old is None else "changed"
+                try:
+                    self._wake(f"{resource.kind} {key_of(obj)} {what}")
+                except Exception as exc:  # the daemon's callback must not kill a watch thread
+                    log.warning("wake_failed", error=f"{type(exc).__name__}: {exc}")
+                return
+
+
+def _keeper(
+    resource: Resource, namespace: str | None, job_labels: LabelMatcher | None
+) -> Callable[[Obj], bool]:
+    """The client-side filter for one reflector."""
+
+    def keep(obj: Obj) -> bool:
+        meta = obj.get("metadata") or {}
+        if namespace is not None and meta.get("namespace") != namespace:
+            return False
+        if job_labels is not None and not job_labels(labels_of(obj)):
+            return False
+        if resource is PODS:
+            return (obj.get("status") or {}).get("phase") not in TERMINATED_PHASES
+        if resource is AI_TRAINING_JOBS:
+            return is_elastic_cce(obj)
+        return True
+
+    return keep

@@ -1,0 +1,155 @@
+"""et-operator: a decision becomes one ScaleOut or ScaleIn object with a deterministic name.
+
+The name hashes the state the decision was made from, so a restarted daemon that makes the same
+decision again gets 409 AlreadyExists instead of a second scaler. The last finished scaler is part
+of that state: after a ScaleOut fails (or a pod index is reused), the retry gets a fresh name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import structlog
+from kubernetes.client.exceptions import ApiException
+
+from autoscaler.adapters.kube.cache import KubeCache
+from autoscaler.adapters.kube.events import EventRecorder
+from autoscaler.adapters.kube.jobs import job_phase
+from autoscaler.adapters.kube.objects import ObjectApi
+from autoscaler.adapters.kube.outcomes import already_done, refuse, summary
+from autoscaler.adapters.kube.resources import (
+    MANAGED_BY_LABEL,
+    MANAGER,
+    PODS,
+    SCALE_INS,
+    SCALE_OUTS,
+    Obj,
+    Resource,
+    key_of,
+)
+from autoscaler.adapters.kube.scalers import ScalerState, scaler_facts, scaler_state
+from autoscaler.core.model import Decision
+from autoscaler.core.policy import PolicySet, ScaleOutRules
+
+log = structlog.get_logger()
+
+REASON_ANNOTATION = "spot-autoscaler.io/reason"
+# et-operator copies a ScaleOut's name into a label of the pods it adds: label values are <= 63.
+_MAX_NAME = 63
+_DIGEST = 10
+
+
+def scaler_name(job: str, tag: str, state: list[str]) -> str:
+    digest = hashlib.sha256("\x00".join(state).encode()).hexdigest()[:_DIGEST]
+    prefix = job[: _MAX_NAME - len(tag) - _DIGEST - 2].rstrip("-.")
+    return f"{prefix}-{tag}-{digest}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    resource: Resource
+    name: str
+    spec: Obj
+    event_reason: str
+    message: str
+
+
+class EtOperatorActuator:
+    def __init__(
+        self, objects: ObjectApi, cache: KubeCache, policies: PolicySet, recorder: EventRecorder
+    ) -> None:
+        self._objects = objects
+        self._cache = cache
+        self._policies = {p.name: p for p in policies.policies}
+        self._recorder = recorder
+
+    def scale_out(self, job: Obj, decision: Decision, now: datetime) -> None:
+        if decision.count <= 0:
+            refuse(decision, "nothing_to_add")
+            return
+        state = self._state(job)
+        name = scaler_name(
+            job["metadata"]["name"], "out",
+            ["ScaleOut", decision.job, str(decision.from_workers), str(decision.to_workers),
+             state.latest_finished],
+        )
+        spec = {
+            "selector": {"name": job["metadata"]["name"]},
+            "toAdd": {"count": decision.count},
+            "timeout": max(1, int(self._timeout(decision.policy).total_seconds())),
+        }
+        message = f"ScaleOut {name}: add {decision.count} worker(s), {summary(decision)}"
+        request = _Request(SCALE_OUTS, name, spec, "ScaleOutCreated", message)
+        self._create(job, state, decision, request, now)
+
+    def scale_in(self, job: Obj, decision: Decision, now: datetime) -> None:
+        namespace = job["metadata"]["namespace"]
+        # et-operator silently drops names it does not know; a pod already gone needs no ScaleIn
+        victims = sorted(p for p in decision.pods if self._cache.get(PODS, f"{namespace}/{p}"))
+        if not victims:  # never fall back to a count: it removes the highest indices instead
+            refuse(decision, "no_known_victims", pods=list(decision.pods))
+            return
+        state = self._state(job)
+        name = scaler_name(
+            job["metadata"]["name"], "in",
+            ["ScaleIn", decision.job, *victims, state.latest_finished],
+        )
+        spec = {"selector": {"name": job["metadata"]["name"]}, "toDelete": {"podNames": victims}}
+        message = f"ScaleIn {name}: remove {', '.join(victims)}, {summary(decision)}"
+        request = _Request(SCALE_INS, name, spec, "ScaleInCreated", message)
+        self._create(job, state, decision, request, now)
+
+    def _state(self, job: Obj) -> ScalerState:
+        key = key_of(job)
+        facts = [
+            f
+            for resource in (SCALE_OUTS, SCALE_INS)
+            for obj in self._cache.items(resource)
+            if (f := scaler_facts(resource, obj)).job == key
+        ]
+        return scaler_state(job, key, facts)
+
+    def _timeout(self, policy: str) -> timedelta:
+        rules = self._policies[policy].scale_out if policy in self._policies else ScaleOutRules()
+        return rules.timeout
+
+    def _create(
+        self, job: Obj, state: ScalerState, decision: Decision, request: _Request, now: datetime
+    ) -> None:
+        resource, name = request.resource, request.name
+        if any(s.name == name for s in state.in_flight):
+            already_done(decision, name)
+            return
+        if state.in_flight:  # et-operator runs one at a time, newest first: never queue another
+            refuse(decision, "scaler_in_flight", scalers=[s.name for s in state.in_flight])
+            return
+        if job_phase(job) != "Running":  # scalers run only while Running; a queued one goes LIFO
+            refuse(decision, "job_not_running", phase=job_phase(job))
+            return
+        namespace = job["metadata"]["namespace"]
+        body = {
+            "apiVersion": resource.api_version,
+            "kind": resource.kind,
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "labels": {MANAGED_BY_LABEL: MANAGER},
+                "annotations": {REASON_ANNOTATION: decision.reason.value},
+            },
+            "spec": request.spec,
+        }
+        try:
+            created = self._objects.create(resource, namespace, body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            # made before a restart, or by a pass whose watch event has not arrived yet
+            self._cache.assume(resource, self._objects.get(resource, namespace, name))
+            already_done(decision, name)
+            return
+        self._cache.assume(resource, created)
+        self._recorder.record(job, request.event_reason, request.message, now)
+        log.info("scaler_created", job=decision.job, kind=resource.kind, scaler=name,
+                 count=decision.count, pods=list(decision.pods))

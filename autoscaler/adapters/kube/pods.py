@@ -1,0 +1,124 @@
+"""What a pod means to the autoscaler: the GPUs it holds on its node, and whose worker it is."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes.utils.quantity import parse_quantity
+
+from autoscaler.adapters.kube.resources import Obj
+from autoscaler.config.kubernetes import KubernetesSettings
+from autoscaler.core.model import Backend
+
+TERMINATED_PHASES = frozenset({"Succeeded", "Failed"})
+# Pods in these phases hold no resources: the server-side filter of the pod watch.
+NOT_TERMINATED_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
+
+# et-operator's worker pod labels (pkg/controllers: GenLabels + labelTrainingRoleType)
+ET_JOB_LABEL = "training-job-name"
+ET_ROLE_LABEL = "training-job-role"
+_INDEX_SUFFIX = re.compile(r"-(\d+)$")
+
+
+@dataclass(frozen=True, slots=True)
+class PodFacts:
+    namespace: str
+    name: str
+    node: str | None  # spec.nodeName: bound, even while Pending
+    phase: str
+    gpus: float  # effective request of whole-GPU resources
+    gpu_memory: float  # effective request of shared-GPU memory (GiB)
+    job: str | None  # `ns/name` of the elastic job this pod is a worker of
+    backend: Backend | None
+    index: int
+
+
+def quantity(value: Any) -> float:
+    """A Kubernetes quantity ("2", "500m", "16Gi") as a float; malformed counts as 0."""
+    if value is None:
+        return 0.0
+    try:
+        return float(parse_quantity(value))
+    except (ValueError, TypeError, ArithmeticError):
+        return 0.0
+
+
+def _container_request(container: Obj, resource: str) -> float:
+    # Extended resources are often given only as limits: requests then default to the limit.
+    res = container.get("resources") or {}
+    requests, limits = res.get("requests") or {}, res.get("limits") or {}
+    return quantity(requests[resource] if resource in requests else limits.get(resource))
+
+
+def effective_request(spec: Obj, resource: str) -> float:
+    """The scheduler's view of a pod's request: max(app containers + sidecars, the peak while init
+    containers run), plus the pod overhead."""
+    app = sum(_container_request(c, resource) for c in spec.get("containers") or ())
+    sidecars = init_peak = 0.0
+    for c in spec.get("initContainers") or ():
+        amount = _container_request(c, resource)
+        if c.get("restartPolicy") == "Always":  # a sidecar keeps running next to the app
+            sidecars += amount
+            init_peak = max(init_peak, sidecars)
+        else:
+            init_peak = max(init_peak, sidecars + amount)
+    return max(app + sidecars, init_peak) + quantity((spec.get("overhead") or {}).get(resource))
+
+
+def gpu_requests(spec: Obj, settings: KubernetesSettings) -> tuple[float, float]:
+    """(whole GPUs, shared-GPU memory) a pod spec or template requests."""
+    gpus = sum(effective_request(spec, r) for r in settings.gpu_resources)
+    shared = settings.shared_gpu
+    memory = effective_request(spec, shared.memory_resource) if shared else 0.0
+    return gpus, memory
+
+
+def _controller(meta: Obj) -> Obj | None:
+    return next((o for o in meta.get("ownerReferences") or () if o.get("controller")), None)
+
+
+def _worker_of(meta: Obj, name: str, labels: dict[str, str]) -> tuple[Backend, str] | None:
+    """(backend, job name) if the pod is a worker of an et-operator or CCE elastic job."""
+    if labels.get(ET_ROLE_LABEL) == "worker" and labels.get(ET_JOB_LABEL):
+        return Backend.ET_OPERATOR, labels[ET_JOB_LABEL]
+    owner = _controller(meta)
+    if owner is None:
+        return None
+    job = str(owner.get("name", ""))
+    if owner.get("kind") == "TrainingJob" and re.fullmatch(rf"{re.escape(job)}-worker-\d+", name):
+        return Backend.ET_OPERATOR, job
+    # CCE names its replica types in the pod name and labels; only trainers are elastic workers.
+    if owner.get("kind") == "AITrainingJob" and (
+        "-trainer-" in name or "trainer" in labels.values()
+    ):
+        return Backend.CCE, job
+    return None
+
+
+def _index(name: str, labels: dict[str, str]) -> int:
+    if m := _INDEX_SUFFIX.search(name):
+        return int(m.group(1))
+    value = labels.get("replica-index", "")
+    return int(value) if value.isdigit() else 0
+
+
+def pod_facts(pod: Obj, settings: KubernetesSettings) -> PodFacts:
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    name, namespace = str(meta.get("name", "")), str(meta.get("namespace", ""))
+    labels = meta.get("labels") or {}
+    gpus, memory = gpu_requests(spec, settings)
+    worker = _worker_of(meta, name, labels)
+    return PodFacts(
+        namespace=namespace,
+        name=name,
+        node=spec.get("nodeName") or None,
+        phase=str((pod.get("status") or {}).get("phase", "Pending")),
+        gpus=gpus,
+        gpu_memory=memory,
+        job=f"{namespace}/{worker[1]}" if worker else None,
+        backend=worker[0] if worker else None,
+        index=_index(name, labels),
+    )

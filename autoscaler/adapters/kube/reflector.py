@@ -1,0 +1,207 @@
+"""List, then watch from the list's resourceVersion, forever: one kind in one scope, one thread.
+
+Errors back off (doubling, capped) and resume the watch where it stopped; 410 Gone means the
+server forgot that far back, so the reflector lists again. Watches carry a server timeout and a
+slightly longer client read timeout, so a silent connection cannot hang the thread.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+import urllib3
+from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
+
+from autoscaler.adapters.kube.resources import Obj, Resource, key_of
+
+# (old, new) per changed object: old None = added, new None = deleted
+Changes = list[tuple[Obj | None, Obj | None]]
+OnChange = Callable[[Resource, Changes], None]
+
+_PAGE = 500
+_CONNECT_TIMEOUT = 10.0
+_READ_GRACE = 15.0  # client read timeout = server watch timeout + this
+
+log = structlog.get_logger()
+
+
+def _rv(obj: Obj) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+
+
+def _older(candidate: Obj, stored: Obj) -> bool:
+    """True if `candidate` is known to predate `stored`. resourceVersions are opaque in the API
+    contract but numeric in practice; when either is not, nothing is assumed."""
+    a, b = _rv(candidate), _rv(stored)
+    return a.isdigit() and b.isdigit() and int(a) < int(b)
+
+
+class Reflector:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        resource: Resource,
+        namespace: str | None,
+        keep: Callable[[Obj], bool],
+        on_change: OnChange,
+        stop: threading.Event,
+        *,
+        label_selector: str = "",
+        field_selector: str = "",
+        watch_timeout: float = 300.0,
+        backoff: tuple[float, float] = (0.5, 30.0),
+    ) -> None:
+        self.resource = resource
+        self.namespace = namespace
+        self._list_fn = resource.lister(api, namespace)
+        self._keep = keep  # client-side filter: servers (and emulators) may ignore selectors
+        self._on_change = on_change
+        self._stop = stop
+        selectors = (("label_selector", label_selector), ("field_selector", field_selector))
+        self._selectors = {k: v for k, v in selectors if v}
+        self._watch_timeout = max(1, int(watch_timeout))
+        self._backoff = backoff
+        self._lock = threading.Lock()
+        self._items: dict[str, Obj] = {}
+        self._watch: watch.Watch | None = None
+        self.synced = threading.Event()
+        self.errors = 0
+        self._log = log.bind(kind=resource.kind, namespace=namespace or "*")
+
+    # --- reads (any thread) --------------------------------------------------------------------
+    def items(self) -> list[Obj]:
+        with self._lock:
+            return list(self._items.values())
+
+    def get(self, key: str) -> Obj | None:
+        with self._lock:
+            return self._items.get(key)
+
+    def assume(self, obj: Obj) -> None:
+        """Take in an object we just wrote, before its watch event arrives (write-through). Our
+        own writes are no news: no change is reported, and the matching watch event then
+        changes nothing either."""
+        if self._keep(obj):
+            self._apply("MODIFIED", obj, report=False)
+
+    # --- the loop ------------------------------------------------------------------------------
+    def run(self) -> None:
+        rv: str | None = None
+        delay = self._backoff[0]
+        while not self._stop.is_set():
+            try:
+                if rv is None:
+                    rv = self._list()
+                rv = self._watch_once(rv)
+                delay = self._backoff[0]
+            except ApiException as exc:
+                if exc.status == 410:  # expired: our resourceVersion is older than the server keeps
+                    self._log.info("watch_expired_relisting")
+                    rv = None
+                    continue
+                delay = self._failed(exc, delay)
+            except (urllib3.exceptions.ReadTimeoutError, TimeoutError):
+                # the server ignored timeoutSeconds and went quiet: just watch again
+                continue
+            except Exception as exc:  # connection drops, bad payloads: never end the thread
+                delay = self._failed(exc, delay)
+
+    def stop_watch(self) -> None:
+        """Unblock a watch waiting for data (the stop event must be set first)."""
+        w = self._watch
+        if w is not None:
+            w.stop()
+
+    def _failed(self, exc: Exception, delay: float) -> float:
+        if self._stop.is_set():  # stop_watch() broke the connection on purpose
+            return delay
+        self.errors += 1
+        error = f"{type(exc).__name__}: {exc}"[:300]
+        self._log.warning("watch_failed", error=error, retry_in=delay)
+        self._stop.wait(delay)
+        return min(delay * 2, self._backoff[1])
+
+    def _list(self) -> str:
+        items: dict[str, Obj] = {}
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = dict(self._selectors, limit=_PAGE, _preload_content=False,
+                                          _request_timeout=(_CONNECT_TIMEOUT, 60.0))
+            if token:
+                kwargs["_continue"] = token
+            page = json.loads(self._list_fn(**kwargs).data)
+            for obj in page.get("items") or ():
+                obj.setdefault("kind", self.resource.kind)  # typed lists omit it on items
+                if self._keep(obj):
+                    items[key_of(obj)] = obj
+            meta = page.get("metadata") or {}
+            token = meta.get("continue")
+            if not token:
+                break
+        with self._lock:
+            old, self._items = self._items, items
+        if self.synced.is_set():  # a relist: report what changed while we were not watching
+            self._on_change(self.resource, _diff(old, items))
+        self.synced.set()
+        return str(meta.get("resourceVersion") or "")
+
+    def _watch_once(self, rv: str) -> str:
+        """Watch until the server ends the stream; the resourceVersion to resume from."""
+        w = watch.Watch(return_type="object")  # plain dicts: no model deserialisation
+        self._watch = w
+        try:
+            stream = w.stream(
+                self._list_fn,
+                resource_version=rv,
+                allow_watch_bookmarks=True,
+                timeout_seconds=self._watch_timeout,
+                _request_timeout=(_CONNECT_TIMEOUT, self._watch_timeout + _READ_GRACE),
+                **self._selectors,
+            )
+            for event in stream:
+                if self._stop.is_set():
+                    break
+                kind, obj = event.get("type"), event.get("raw_object")
+                if not isinstance(obj, dict):
+                    continue
+                rv = _rv(obj) or rv
+                if kind in ("ADDED", "MODIFIED", "DELETED"):
+                    self._apply(kind, obj)
+        finally:
+            self._watch = None
+        return rv
+
+    def _apply(self, kind: str, obj: Obj, report: bool = True) -> None:
+        key = key_of(obj)
+        obj.setdefault("kind", self.resource.kind)
+        keep = kind != "DELETED" and self._keep(obj)
+        with self._lock:
+            old = self._items.get(key)
+            if keep:
+                if old is not None and _older(obj, old):
+                    return  # a late event for something we already hold a newer copy of
+                self._items[key] = obj
+            elif old is not None:
+                del self._items[key]
+            else:
+                return
+        if report:
+            self._on_change(self.resource, [(old, obj if keep else None)])
+
+
+def _same(a: Obj, b: Obj) -> bool:
+    ra, rb = _rv(a), _rv(b)
+    return ra == rb if ra and rb else a == b
+
+
+def _diff(old: dict[str, Obj], new: dict[str, Obj]) -> Changes:
+    changes: Changes = [
+        (o, new.get(k)) for k, o in old.items() if k not in new or not _same(o, new[k])
+    ]
+    changes += [(None, n) for k, n in new.items() if k not in old]
+    return changes

@@ -1,0 +1,74 @@
+"""The Kubernetes kinds the adapter reads and writes, and how the official client lists them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client
+
+Obj = dict[str, Any]
+
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGER = "spot-autoscaler"
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    kind: str
+    group: str  # "" for the core group
+    version: str
+    plural: str
+    namespaced: bool
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def lister(self, api: client.ApiClient, namespace: str | None) -> Callable[..., Any]:
+        """The client's list function for this kind, bound to a namespace (None = all)."""
+        if not self.group:
+            core = client.CoreV1Api(api)
+            if not self.namespaced:
+                return getattr(core, f"list_{self.kind.lower()}")
+            if namespace is None:
+                return getattr(core, f"list_{self.kind.lower()}_for_all_namespaces")
+            fn = getattr(core, f"list_namespaced_{self.kind.lower()}")
+            return lambda **kw: fn(namespace, **kw)
+        custom = client.CustomObjectsApi(api)
+        if namespace is None:
+            fn = custom.list_cluster_custom_object
+            return lambda **kw: fn(self.group, self.version, self.plural, **kw)
+        fn = custom.list_namespaced_custom_object
+        return lambda **kw: fn(self.group, self.version, namespace, self.plural, **kw)
+
+
+NODES = Resource("Node", "", "v1", "nodes", namespaced=False)
+PODS = Resource("Pod", "", "v1", "pods", namespaced=True)
+TRAINING_JOBS = Resource("TrainingJob", "kai.alibabacloud.com", "v1alpha1", "trainingjobs", True)
+SCALE_OUTS = Resource("ScaleOut", "kai.alibabacloud.com", "v1alpha1", "scaleouts", True)
+SCALE_INS = Resource("ScaleIn", "kai.alibabacloud.com", "v1alpha1", "scaleins", True)
+# The group's misspelling ("baiudbce") is the real one.
+AI_TRAINING_JOBS = Resource(
+    "AITrainingJob", "kongming.cce.baiudbce.com", "v1", "aitrainingjobs", namespaced=True
+)
+
+JOB_RESOURCES = (TRAINING_JOBS, AI_TRAINING_JOBS)
+SCALER_RESOURCES = (SCALE_OUTS, SCALE_INS)
+ALL_RESOURCES = (NODES, PODS, *JOB_RESOURCES, *SCALER_RESOURCES)
+
+
+def key_of(obj: Obj) -> str:
+    """`ns/name` (or `name` for cluster-scoped objects): the cache key and the core's job key."""
+    meta = obj.get("metadata") or {}
+    ns = meta.get("namespace")
+    return f"{ns}/{meta.get('name', '')}" if ns else str(meta.get("name", ""))
+
+
+def labels_of(obj: Obj) -> dict[str, str]:
+    return (obj.get("metadata") or {}).get("labels") or {}
+
+
+def annotations_of(obj: Obj) -> dict[str, str]:
+    return (obj.get("metadata") or {}).get("annotations") or {}

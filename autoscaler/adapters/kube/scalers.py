@@ -1,0 +1,119 @@
+"""et-operator ScaleOut/ScaleIn objects read as facts: whose they are, and how they ended."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from autoscaler.adapters.kube.nodes import parse_time
+from autoscaler.adapters.kube.resources import SCALE_INS, Obj, Resource
+from autoscaler.core.model import Scaler, ScalerKind
+
+SUCCEEDED = "ScaleSucceeded"
+FAILED = "ScaleFailed"
+_FINISHED = (SUCCEEDED, FAILED)
+_EPOCH = datetime.min.replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class ScalerFacts:
+    kind: ScalerKind
+    name: str
+    job: str  # `ns/name` of the TrainingJob in spec.selector.name
+    created_at: datetime | None
+    pods: tuple[str, ...]  # ScaleIn: its victims; ScaleOut: the pods it added
+    outcome: str | None  # ScaleSucceeded | ScaleFailed; None while it has not finished
+    finished_at: datetime | None
+
+    def as_scaler(self) -> Scaler:
+        return Scaler(self.kind, self.name, self.created_at, self.pods)
+
+    @property
+    def order(self) -> tuple[datetime, str]:
+        """Newest last: et-operator runs the newest pending scaler first (LIFO, 1 s resolution)."""
+        return (self.created_at or _EPOCH, self.name)
+
+    @property
+    def finish_order(self) -> tuple[datetime, datetime, str]:
+        return (self.finished_at or _EPOCH, self.created_at or _EPOCH, self.name)
+
+
+def _last_condition(status: Obj) -> Obj | None:
+    conditions = [c for c in status.get("conditions") or () if isinstance(c, dict)]
+    return conditions[-1] if conditions else None
+
+
+def scaler_facts(resource: Resource, obj: Obj) -> ScalerFacts:
+    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+    kind = ScalerKind.SCALE_IN if resource is SCALE_INS else ScalerKind.SCALE_OUT
+    if kind is ScalerKind.SCALE_IN:
+        pods = status.get("toDeletePods") or ((spec.get("toDelete") or {}).get("podNames")) or ()
+    else:
+        pods = status.get("addPods") or ()
+    last = _last_condition(status)
+    state = (last or {}).get("type") or status.get("phase")
+    outcome = state if state in _FINISHED else None
+    created = parse_time(meta.get("creationTimestamp"))
+    finished = None
+    if outcome is not None:
+        finished = (
+            parse_time((last or {}).get("lastTransitionTime"))
+            or parse_time((last or {}).get("lastUpdateTime"))
+            or created
+        )
+    return ScalerFacts(
+        kind=kind,
+        name=str(meta.get("name", "")),
+        job=f"{meta.get('namespace', '')}/{(spec.get('selector') or {}).get('name', '')}",
+        created_at=created,
+        pods=tuple(str(p) for p in pods),
+        outcome=outcome,
+        finished_at=finished,
+    )
+
+
+def by_job(facts: Iterable[ScalerFacts]) -> dict[str, list[ScalerFacts]]:
+    out: dict[str, list[ScalerFacts]] = defaultdict(list)
+    for f in facts:
+        out[f.job].append(f)
+    return out
+
+
+def current_scaler(job: Obj, job_key: str) -> ScalerFacts | None:
+    """status.currentScaler (`ScaleOut:<ns>/<name>`) as an unfinished scaler, if a scale runs."""
+    value = str((job.get("status") or {}).get("currentScaler") or "")
+    kind, _, ref = value.partition(":")
+    if not ref or kind not in (ScalerKind.SCALE_OUT.value, ScalerKind.SCALE_IN.value):
+        return None
+    return ScalerFacts(ScalerKind(kind), ref.rsplit("/", 1)[-1], job_key, None, (), None, None)
+
+
+@dataclass(frozen=True, slots=True)
+class ScalerState:
+    """A job's scalers summed up for the core."""
+
+    in_flight: tuple[ScalerFacts, ...]  # unfinished, newest last
+    last_scaled_at: datetime | None
+    last_failed_scale_out_at: datetime | None
+    latest_finished: str  # name of the scaler that finished last ("" if none): a naming input
+
+
+def scaler_state(job: Obj, job_key: str, scalers: list[ScalerFacts]) -> ScalerState:
+    finished = sorted((s for s in scalers if s.outcome), key=lambda s: s.finish_order)
+    running = [s for s in scalers if not s.outcome]
+    # The job's own pointer covers a scaler this cache does not hold (yet); a pointer to a scaler
+    # we know has finished is stale.
+    pointer = current_scaler(job, job_key)
+    if pointer is not None and all(s.name != pointer.name for s in scalers):
+        running.append(pointer)
+    running.sort(key=lambda s: s.order)
+    failed_outs = [s for s in finished if s.kind is ScalerKind.SCALE_OUT and s.outcome == FAILED]
+    return ScalerState(
+        in_flight=tuple(running),
+        last_scaled_at=finished[-1].finished_at if finished else None,
+        last_failed_scale_out_at=failed_outs[-1].finished_at if failed_outs else None,
+        latest_finished=finished[-1].name if finished else "",
+    )
+

@@ -1,0 +1,79 @@
+"""Which cache changes are worth a reconcile pass now rather than at the next tick.
+
+Each kind has a signature of the fields decisions depend on; a change wakes the daemon only when
+the signature changes. Nodes send a MODIFIED every few seconds for heartbeats alone: those must not.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Hashable
+
+from autoscaler.adapters.kube.pods import TERMINATED_PHASES, gpu_requests
+from autoscaler.adapters.kube.resources import (
+    JOB_RESOURCES,
+    NODES,
+    PODS,
+    Obj,
+    Resource,
+    annotations_of,
+    labels_of,
+)
+from autoscaler.config.kubernetes import KubernetesSettings
+from autoscaler.signals import DRAINED_ANNOTATION, NOTICE_ANNOTATION
+
+
+def _frozen(value: object) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _node(node: Obj) -> Hashable:
+    spec, status = node.get("spec") or {}, node.get("status") or {}
+    # type=status only: lastHeartbeatTime changes every few seconds and means nothing here
+    conditions = sorted(f"{c.get('type')}={c.get('status')}" for c in status.get("conditions", []))
+    return (
+        _frozen(spec.get("taints") or []),
+        bool(spec.get("unschedulable")),
+        annotations_of(node).get(NOTICE_ANNOTATION),
+        tuple(conditions),
+        _frozen(status.get("allocatable") or {}),
+        _frozen(labels_of(node)),
+    )
+
+
+def _pod(pod: Obj, settings: KubernetesSettings) -> Hashable:
+    gpus, memory = gpu_requests(pod.get("spec") or {}, settings)
+    if not gpus and not memory:
+        return None  # pods without GPUs change nothing we decide on
+    phase = (pod.get("status") or {}).get("phase")
+    return ((pod.get("spec") or {}).get("nodeName"), phase, phase in TERMINATED_PHASES)
+
+
+def _job(job: Obj) -> Hashable:
+    status = job.get("status") or {}
+    return (
+        _frozen(job.get("spec") or {}),
+        status.get("phase"),
+        status.get("currentScaler"),
+        annotations_of(job).get(DRAINED_ANNOTATION),
+        _frozen(labels_of(job)),
+    )
+
+
+def _scaler(scaler: Obj) -> Hashable:
+    status = scaler.get("status") or {}
+    conditions = status.get("conditions") or [{}]
+    return (status.get("phase"), (conditions[-1] or {}).get("type"))
+
+
+def signature(resource: Resource, obj: Obj | None, settings: KubernetesSettings) -> Hashable:
+    """What about `obj` decisions depend on; None for an absent object."""
+    if obj is None:
+        return None
+    if resource is NODES:
+        return _node(obj)
+    if resource is PODS:
+        return _pod(obj, settings)
+    if resource in JOB_RESOURCES:
+        return _job(obj)
+    return _scaler(obj)

@@ -1,0 +1,107 @@
+"""The watch cache survives what API servers do: dropped watches, 410 Gone, 5xx, restarts; and it
+wakes the daemon for changes that matter, not for heartbeats."""
+
+from __future__ import annotations
+
+from kube_fixtures import (
+    NS,
+    Kube,
+    kube_fixture,  # noqa: F401  (the `kube` fixture)
+    node,
+    now,
+    pod,
+    scaler,
+    training_job,
+    wait_for,
+)
+
+from autoscaler.adapters.kube.resources import NODES, PODS, SCALE_OUTS, TRAINING_JOBS
+
+
+def names(k: Kube, cache, resource) -> set[str]:  # noqa: ANN001
+    return {o["metadata"]["name"] for o in cache.items(resource)}
+
+
+def test_lists_then_follows_changes(kube: Kube) -> None:
+    kube.server.seed(node("a"), training_job("bert"))
+    cache = kube.cache()
+    assert cache.synced() and names(kube, cache, NODES) == {"a"}
+    kube.server.seed(node("b"), scaler("ScaleOut", "bert-out-1", "bert"))
+    kube.server.delete("Node", "a")
+    wait_for(lambda: names(kube, cache, NODES) == {"b"}, what="node changes")
+    wait_for(lambda: cache.get(SCALE_OUTS, f"{NS}/bert-out-1"), what="the scaler")
+    assert kube.server.count("GET", "nodes", watch=False) == 1  # one list, then watch only
+
+
+def test_terminated_pods_leave_the_cache(kube: Kube) -> None:
+    kube.server.seed(node("a"), pod("p", "a"))
+    cache = kube.cache()
+    kube.server.patch("Pod", "p", {"status": {"phase": "Succeeded"}}, NS)
+    wait_for(lambda: cache.items(PODS) == [], what="the finished pod to go")
+
+
+def test_dropped_watches_resume_where_they_stopped(kube: Kube) -> None:
+    cache = kube.cache()
+    for abrupt in (True, False):
+        kube.server.drop_watches(abrupt=abrupt)
+        kube.server.seed(node(f"after-{abrupt}"))
+        wait_for(lambda a=abrupt: f"after-{a}" in names(kube, cache, NODES), what="the later node")
+    assert kube.server.count("GET", "nodes", watch=False) == 1  # resumed, never re-listed
+
+
+def test_410_gone_relists_and_reports_what_changed_meanwhile(kube: Kube) -> None:
+    kube.server.seed(node("a"), node("b"))
+    cache = kube.cache()
+    kube.server.wait_until(lambda: kube.server.watch_count >= 6)
+    kube.server.latency = 0.2  # the re-watch arrives after the changes below
+    kube.server.drop_watches()
+    kube.server.seed(node("c"))
+    kube.server.delete("Node", "a")
+    kube.server.compact()  # the server forgets them: resuming from our resourceVersion is 410
+    wait_for(lambda: names(kube, cache, NODES) == {"b", "c"}, what="the relist")
+    assert kube.server.count("GET", "nodes", watch=False) >= 2  # listed again
+    wait_for(lambda: any("Node a deleted" in w for w in kube.wakes), what="the relist's news")
+
+
+def test_server_errors_back_off_and_recover(kube: Kube) -> None:
+    cache = kube.cache()
+    kube.server.fail_next(4, 500, path_contains="watch=")
+    kube.server.drop_watches()
+    kube.server.seed(training_job("late"))
+    wait_for(lambda: cache.get(TRAINING_JOBS, f"{NS}/late"), what="the job after the errors")
+    assert cache.errors() >= 1
+
+
+def test_a_failing_initial_list_is_retried(kube: Kube) -> None:
+    kube.server.seed(node("a"))
+    kube.server.fail_next(2, 503, path_contains="/nodes")
+    cache = kube.cache()
+    assert names(kube, cache, NODES) == {"a"} and cache.errors() == 2
+
+
+def test_wakes_for_notices_and_capacity_but_not_heartbeats(kube: Kube) -> None:
+    kube.server.seed(node("a"), pod("p", "a", 2), pod("cpu", "a", 0))
+    kube.cache()
+    assert kube.wakes == []  # the initial list is not news
+    ready = {"type": "Ready", "status": "True", "lastHeartbeatTime": "2020-01-01T00:00:00Z"}
+    heartbeat = {"status": {"conditions": [ready]}}
+    kube.server.patch("Node", "a", heartbeat)
+    kube.server.patch("Pod", "cpu", {"metadata": {"labels": {"x": "y"}}}, NS)  # no GPUs: no news
+    taint = {"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}
+    kube.server.patch("Node", "a", {"spec": {"taints": [taint]}})
+    kube.server.delete("Pod", "p", NS)
+    kube.server.seed(training_job("bert"))
+    kube.server.patch("TrainingJob", "bert", {"status": {"phase": "Scaling"}}, NS)
+    wait_for(lambda: len(kube.wakes) >= 4, what="four wakes")
+    # one thread per kind: order holds within a kind only
+    assert sorted(kube.wakes) == ["Node a changed", f"Pod {NS}/p deleted",
+                                  f"TrainingJob {NS}/bert added", f"TrainingJob {NS}/bert changed"]
+
+
+def test_stop_ends_every_watch_promptly(kube: Kube) -> None:
+    cache = kube.cache()
+    kube.server.wait_until(lambda: kube.server.watch_count >= 6)
+    started = now()
+    cache.stop(timeout=3)
+    assert (now() - started).total_seconds() < 1.5
+    kube.server.wait_until(lambda: kube.server.watch_count == 0, timeout=3)

@@ -1,0 +1,244 @@
+"""KubeObserver over the API emulator: nodes, idle GPUs, notices, capacity types, jobs, scalers."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from kube_fixtures import (
+    ET_API,
+    GPU,
+    NS,
+    Kube,
+    ai_training_job,
+    container,
+    kube_fixture,  # noqa: F401  (the `kube` fixture)
+    node,
+    now,
+    pod,
+    scaler,
+    trainer,
+    training_job,
+    worker,
+)
+
+from autoscaler.core import Backend, CapacityType, Notice, NoticeKind, ScalerKind, Snapshot
+from autoscaler.signals import DRAINED_ANNOTATION, NOTICE_ANNOTATION, encode_drained, encode_notice
+
+
+def snap(k: Kube) -> Snapshot:
+    return k.observer(k.cache()).snapshot(now())
+
+
+def by_name(items, attr: str = "name") -> dict:  # noqa: ANN001
+    return {getattr(i, attr): i for i in items}
+
+
+def test_idle_gpus_follow_the_scheduler_rules(kube: Kube) -> None:
+    kube.server.seed(
+        node("limits"), node("init"), node("pending"), node("done"), node("overhead"),
+        node("sidecar"),
+        pod("a", "limits", 2),  # limits only: requests default to the limit
+        pod("b", "limits", containers=[container(1, limits_only=False), container(1, name="x")]),
+        # init containers: max(init) vs sum(app)
+        pod("c", "init", containers=[container(1)], init_containers=[container(3, name="i")]),
+        pod("d", "pending", 4, phase="Pending"),  # bound but not running: holds its GPUs
+        pod("e", None, 4, phase="Pending"),  # unbound: holds nothing
+        pod("f", "done", 4, phase="Succeeded"), pod("g", "done", 2, phase="Failed"),
+        pod("h", "overhead", 1, overhead={GPU: "1"}),
+        # a sidecar (restartable init container) runs next to the app: it adds up
+        pod("i", "sidecar", containers=[container(2)],
+            init_containers=[container(1, name="s", restartPolicy="Always"),
+                             container(2, name="j")]),
+        pod("cpu-only", "limits", 0,
+            containers=[{"name": "c", "resources": {"requests": {"cpu": "2"}}}]),
+    )
+    nodes = by_name(snap(kube).nodes)
+    assert {n: nodes[n].gpus_requested for n in nodes} == {
+        "limits": 4, "init": 3, "pending": 4, "done": 0, "overhead": 2, "sidecar": 3,
+    }
+    assert nodes["limits"].idle_gpus == 4 and nodes["limits"].gpus_allocatable == 8
+
+
+def test_node_schedulability_and_kubernetes_side_notices(kube: Kube) -> None:
+    nth = {"key": "aws-node-termination-handler/spot-itn", "value": "evt-1", "effect": "NoSchedule",
+           "timeAdded": "2026-03-02T12:00:00Z"}
+    persisted = Notice("annotated", NoticeKind.REBALANCE, "aws-sqs", "m-7",
+                       received_at=now() - timedelta(seconds=5))
+    expired = {"type": "InstanceExpired", "status": "True",
+               "lastTransitionTime": "2026-03-02T12:00:00Z"}
+    kube.server.seed(
+        node("ok"), node("cordoned", unschedulable=True), node("notready", ready=False),
+        node("nth", taints=[nth]),
+        node("gpu-taint",  # GPU nodes often carry this one: it is no notice
+             taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]),
+        node("annotated", annotations={NOTICE_ANNOTATION: encode_notice(persisted)}),
+        node("expired", conditions=[expired]),
+        node("garbage", annotations={NOTICE_ANNOTATION: "{not json"}),
+    )
+    kube.board.post(Notice("ok", NoticeKind.INTERRUPTION, "alibaba-ecs", "r-1", received_at=now()))
+    s = snap(kube)
+    nodes = by_name(s.nodes)
+    unschedulable = {n for n, v in nodes.items() if not v.schedulable}
+    assert unschedulable == {"cordoned", "notready", "nth", "expired"}
+    notices = {(n.node, n.kind, n.source) for n in s.notices}
+    assert notices == {
+        ("nth", NoticeKind.INTERRUPTION, "k8s-taint"),
+        ("annotated", NoticeKind.REBALANCE, "aws-sqs"),
+        ("expired", NoticeKind.INTERRUPTION, "k8s-condition"),
+        ("ok", NoticeKind.INTERRUPTION, "alibaba-ecs"),
+    }
+    taint_notice = next(n for n in s.notices if n.source == "k8s-taint")
+    assert taint_notice.id.endswith("evt-1") and taint_notice.received_at is not None
+
+
+@pytest.mark.parametrize("kube", [{"cordon_is_notice": True}], indirect=True)
+def test_cordon_counts_as_a_notice_when_configured(kube: Kube) -> None:
+    kube.server.seed(node("cordoned", unschedulable=True))
+    assert [(n.node, n.kind) for n in snap(kube).notices] == [("cordoned", NoticeKind.MAINTENANCE)]
+
+
+@pytest.mark.parametrize(
+    "kube", [{"capacity_type_override": {"reserved-*": "on-demand"}}], indirect=True
+)
+def test_capacity_types_and_prices_from_labels(kube: Kube) -> None:
+    def labelled(name: str, labels: dict[str, str]) -> dict:
+        n = node(name, labels=labels)
+        n["metadata"]["labels"].pop("karpenter.sh/capacity-type")
+        return n
+
+    kube.server.seed(
+        node("karpenter-spot"),
+        node("karpenter-od", labels={"karpenter.sh/capacity-type": "on-demand"}),
+        labelled("eks", {"eks.amazonaws.com/capacityType": "SPOT"}),
+        labelled("eks-od", {"eks.amazonaws.com/capacityType": "ON_DEMAND"}),
+        labelled("ack", {"node.alibabacloud.com/spot-strategy": "SpotAsPriceGo"}),
+        labelled("ack-od", {"node.alibabacloud.com/spot-strategy": "NoSpot"}),
+        labelled("gke", {"cloud.google.com/gke-spot": "true"}),
+        labelled("plain", {}),
+        node("reserved-1"),  # spot label, but the override wins
+    )
+    kube.price_book.update({("p3.16xlarge", "us-east-1a"): 6.5}, now())
+    nodes = by_name(snap(kube).nodes)
+    spot = {n for n, v in nodes.items() if v.capacity_type is CapacityType.SPOT}
+    assert spot == {"karpenter-spot", "eks", "ack", "gke"}
+    assert nodes["karpenter-spot"].price_per_hour == 6.5  # live spot price by type and zone
+    assert nodes["plain"].price_per_hour == 24.48  # on-demand: from the config
+    assert nodes["karpenter-spot"].zone == "us-east-1a"
+    assert nodes["karpenter-spot"].instance_type == "p3.16xlarge"
+
+
+def test_shared_gpu_nodes_count_memory_as_gpu_equivalents(kube: Kube) -> None:
+    shared = node("share", 0, labels={"ack.node.gpu.schedule": "share"},
+                  allocatable={"aliyun.com/gpu-mem": "64", "aliyun.com/gpu-count": "4"})
+    limits = {"limits": {"aliyun.com/gpu-mem": "24"}}
+    mem_pod = pod("p", "share", 0, containers=[{"name": "m", "resources": limits}])
+    job = training_job("small", gpus=0)
+    template = job["spec"]["etReplicaSpecs"]["worker"]["template"]
+    template["spec"]["containers"][0]["resources"] = limits
+    kube.server.seed(node("cpu", 0), shared, mem_pod, job)
+    s = snap(kube)
+    nodes = by_name(s.nodes)
+    assert set(nodes) == {"share"}  # nodes without GPUs are not GpuNodes
+    assert (nodes["share"].gpus_allocatable, nodes["share"].gpus_requested) == (4, 1.5)
+    assert s.jobs[0].gpus_per_worker == 1.5  # 24 GiB of 16 GiB GPUs
+
+
+def test_training_jobs_become_core_jobs(kube: Kube) -> None:
+    kube.server.seed(
+        node("a"), node("b"),
+        training_job("bert", min_workers=2, max_workers=8, gpus=2,
+                     labels={"spot-autoscaler.io/policy": "default",
+                             "spot-autoscaler.io/priority": "5"},
+                     annotations={DRAINED_ANNOTATION: encode_drained({"bert-worker-1"})}),
+        training_job("gpt", min_workers=None, max_workers=None, replicas=3, gpus=0, slots=4),
+        training_job("old", phase="Succeeded"),
+        worker("bert", 0, "a", gpus=2), worker("bert", 10, "b", gpus=2),
+        worker("bert", 1, "b", phase="Pending", gpus=2),  # bound, still starting
+        worker("bert", 2, None, phase="Pending", gpus=2),  # not scheduled yet
+        worker("bert", 3, "a", phase="Failed", gpus=2),  # gone from the job
+        pod("bert-launcher", "a", 0,
+            labels={"training-job-name": "bert", "training-job-role": "launcher"}),
+        # no operator labels: the controller reference and the name say it is a worker
+        pod("bert-worker-11", "a", 2, owner={"apiVersion": ET_API, "kind": "TrainingJob",
+                                             "name": "bert", "uid": "u", "controller": True}),
+    )
+    jobs = by_name(snap(kube).jobs)
+    assert set(jobs) == {"bert", "gpt"}
+    bert = jobs["bert"]
+    assert (bert.min_workers, bert.max_workers, bert.gpus_per_worker) == (2, 8, 2)
+    assert bert.backend is Backend.ET_OPERATOR and bert.running and bert.scaler is None
+    assert [(w.pod, w.node, w.index, w.pending) for w in bert.workers] == [
+        ("bert-worker-0", "a", 0, False), ("bert-worker-1", "b", 1, True),
+        ("bert-worker-2", None, 2, True), ("bert-worker-10", "b", 10, False),
+        ("bert-worker-11", "a", 11, False),
+    ]
+    assert bert.workers[0].host == "bert-worker-0"
+    assert bert.priority == 5 and bert.labels["spot-autoscaler.io/policy"] == "default"
+    assert bert.drained_hosts == {"bert-worker-1"}
+    gpt = jobs["gpt"]
+    assert (gpt.min_workers, gpt.max_workers, gpt.gpus_per_worker) == (3, 3, 4)  # replicas, slots
+
+
+def test_scalers_in_flight_finished_and_failed(kube: Kube) -> None:
+    t0 = now() - timedelta(minutes=30)
+    kube.server.seed(
+        training_job("a"), training_job("b"), training_job("c", current_scaler="ScaleIn:ml/c-in-x"),
+        training_job("d", phase="Scaling", current_scaler="ScaleOut:ml/d-out-1"),
+        scaler("ScaleOut", "a-out-1", "a", outcome="ScaleFailed", at=t0),
+        scaler("ScaleIn", "a-in-1", "a", outcome="ScaleSucceeded", at=t0 + timedelta(minutes=5),
+               pods=["a-worker-3"]),
+        scaler("ScaleOut", "b-out-1", "b", at=t0),
+        scaler("ScaleOut", "b-out-2", "b", at=t0 + timedelta(seconds=5)),  # newest runs first
+        scaler("ScaleOut", "d-out-1", "d", outcome="ScaleSucceeded", at=t0),  # stale pointer
+    )
+    jobs = by_name(snap(kube).jobs)
+    a = jobs["a"]
+    assert a.scaler is None
+    assert a.last_failed_scale_out_at is not None and a.last_scaled_at is not None
+    assert a.last_scaled_at - a.last_failed_scale_out_at == timedelta(minutes=5)
+    assert jobs["b"].scaler is not None and jobs["b"].scaler.name == "b-out-2"
+    # status.currentScaler names a scaler this cache does not hold: still in flight
+    assert jobs["c"].scaler is not None and jobs["c"].scaler.kind is ScalerKind.SCALE_IN
+    assert jobs["d"].scaler is None and not jobs["d"].running
+
+
+def test_cce_jobs_only_when_fault_tolerant(kube: Kube) -> None:
+    kube.server.seed(
+        node("a"),
+        ai_training_job("ernie", replicas=2, min_workers=1, max_workers=6),
+        ai_training_job("rigid", fault_tolerant=False),
+        ai_training_job("moving", phase="Scaling", replicas=3),
+        trainer("ernie", 0, "a"), trainer("ernie", 1, "a"), trainer("moving", 0, "a"),
+    )
+    jobs = by_name(snap(kube).jobs)
+    assert set(jobs) == {"ernie", "moving"}
+    ernie = jobs["ernie"]
+    assert ernie.backend is Backend.CCE and (ernie.min_workers, ernie.max_workers) == (1, 6)
+    assert [w.pod for w in ernie.workers] == ["ernie-trainer-0", "ernie-trainer-1"]
+    assert jobs["moving"].scaler is not None and jobs["moving"].scaler.kind is ScalerKind.SCALE_OUT
+
+
+@pytest.mark.parametrize("kube", [{"namespaces": [NS], "label_selector": "team=ml"}], indirect=True)
+def test_namespaces_and_label_selector_scope_jobs_but_not_pods(kube: Kube) -> None:
+    kube.server.seed(
+        node("a"),
+        training_job("mine", labels={"team": "ml"}),
+        training_job("unlabelled"),
+        training_job("elsewhere", namespace="other", labels={"team": "ml"}),
+        pod("someone-else", "a", 3, namespace="other"),  # still uses GPUs on a shared node
+    )
+    s = snap(kube)
+    assert [j.name for j in s.jobs] == ["mine"]
+    assert s.nodes[0].gpus_requested == 3
+
+
+def test_node_for_instance_reads_provider_ids(kube: Kube) -> None:
+    kube.server.seed(
+        node("ip-10-0-0-1.ec2.internal", provider_id="aws:///us-east-1a/i-0abc"),
+        node("cn-hangzhou.10.0.0.2", provider_id="cn-hangzhou.i-bp1xyz"),
+    )
+    cache = kube.cache()
+    assert cache.node_for_instance("i-0abc") == "ip-10-0-0-1.ec2.internal"
+    assert cache.node_for_instance("i-bp1xyz") == "cn-hangzhou.10.0.0.2"
+    assert cache.node_for_instance("i-missing") is None
