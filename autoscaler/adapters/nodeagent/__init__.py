@@ -1,0 +1,1 @@
+"""The node agent: instance metadata (AWS IMDSv2, Alibaba) -> the notice annotation on its Node."""

@@ -1,0 +1,75 @@
+"""`spot-autoscaler node-agent`: run on every spot GPU node (a DaemonSet with hostNetwork)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from types import FrameType
+
+import structlog
+
+from autoscaler.core.policy import parse_duration
+from autoscaler.logs import configure
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "node-agent",
+        help="report this node's spot notices from instance metadata onto its Node",
+        description="Poll the instance metadata service (AWS IMDSv2 or Alibaba) and write a notice "
+        "to the Node's spot-autoscaler.io/notice annotation, once per notice.",
+    )
+    p.add_argument(
+        "--node", default=os.environ.get("NODE_NAME"),
+        help="this Node's name (default: $NODE_NAME, from the downward API)",
+    )
+    p.add_argument("--provider", choices=["aws", "alibaba", "auto"], default="auto")
+    p.add_argument("--interval", type=_duration, default=parse_duration("5s"), help="poll period")
+    p.add_argument("--metadata-url", help="metadata service base URL (default: the provider's)")
+    p.add_argument("--kubeconfig", help="default: the pod's in-cluster service account")
+    p.set_defaults(func=cmd_node_agent)
+
+
+def _duration(value: str) -> object:
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def cmd_node_agent(args: argparse.Namespace) -> int:
+    # Imported here: the kubernetes client is slow to import, and other commands never need it.
+    from autoscaler.adapters.kube.client import api_client
+    from autoscaler.adapters.nodeagent.agent import NodeAgent
+    from autoscaler.adapters.nodeagent.annotator import NodeAnnotator
+    from autoscaler.adapters.nodeagent.metadata import MetadataError, detect
+
+    if not args.node:
+        print("error: --node (or $NODE_NAME) is required", file=sys.stderr)
+        return 2
+    configure()
+    log = structlog.get_logger().bind(source="node-agent", node=args.node)
+    try:
+        metadata = detect(args.provider, args.metadata_url)
+    except MetadataError as exc:
+        log.error("metadata_unavailable", error=str(exc))
+        return 1
+    agent = NodeAgent(metadata, NodeAnnotator(api_client(args.kubeconfig), args.node),
+                      interval=args.interval)
+    stop = threading.Event()
+
+    def _stop(signum: int, _frame: FrameType | None) -> None:
+        log.info("stopping", signal=signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    log.info(
+        "node_agent_started", provider=type(metadata).__name__,
+        interval_s=args.interval.total_seconds(),
+    )
+    agent.run(stop)
+    return 0

@@ -1,0 +1,97 @@
+"""`spot-autoscaler run`: the daemon's command line. Exit 0 on a clean stop or a good `--once`.
+
+Decision lines go to stdout (pipe them into `spot-autoscaler decisions`); everything else the
+daemon says goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import structlog
+
+from autoscaler.config import Config, load_config
+from autoscaler.daemon.loop import WakeSignal
+from autoscaler.daemon.metrics import Metrics
+from autoscaler.daemon.service import Daemon
+from autoscaler.daemon.wiring import build_parts
+from autoscaler.logs import configure, processors
+
+EXIT_OK, EXIT_FAILED = 0, 1
+_JSON_LINES = {"json": True, "console": False, "auto": None}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "run",
+        help="run the autoscaler daemon against a cluster (or standalone hosts)",
+        description="Watch the cluster and cloud notices, reconcile every elastic job's worker "
+        "count, serve /metrics, /healthz and /readyz. Stops cleanly on SIGTERM or SIGINT.",
+    )
+    p.add_argument("--config", type=Path, required=True, help="config YAML (re-read while running)")
+    p.add_argument(
+        "--kubeconfig", type=Path, help="default: in-cluster service account, else ~/.kube/config"
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="decide and log, change nothing (not even the Lease)"
+    )
+    p.add_argument(
+        "--once", action="store_true", help="one pass once caches have synced, then exit"
+    )
+    p.set_defaults(func=cmd_run)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    config = load_config(args.config)  # a bad file at start is fatal: the CLI lists its problems
+    settings = config.daemon
+    json_lines = _JSON_LINES[settings.log_format]
+    configure(json_lines, settings.log_level)
+    # Our scheduled jobs catch and log their own errors (structlog, JSON); apscheduler's plain-text
+    # stdlib warnings would only break the log format.
+    logging.getLogger("apscheduler").setLevel(logging.ERROR)
+    logger = structlog.get_logger("spot-autoscaler")
+    wake, metrics = WakeSignal(), Metrics()
+    try:
+        parts = build_parts(
+            config, wake, logger, metrics.error, kubeconfig=args.kubeconfig, dry_run=args.dry_run
+        )
+    except Exception as exc:  # no cluster to talk to, missing credentials: say so, exit non-zero
+        logger.error("startup_failed", error=f"{type(exc).__name__}: {exc}")
+        return EXIT_FAILED
+    daemon = Daemon(
+        config, parts, wake, logger, _decision_logger(config, json_lines), args.config, metrics
+    )
+    if args.once:
+        return EXIT_OK if daemon.run_once() else EXIT_FAILED
+    stop = threading.Event()
+
+    def handle(signum: int, _: FrameType | None) -> None:
+        logger.info("signal_received", signal=signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)
+    try:
+        daemon.run_until(stop)
+    except Exception as exc:  # start-up failed (e.g. the metrics port is taken); stop() ran
+        logger.error("daemon_failed", error=f"{type(exc).__name__}: {exc}")
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def _decision_logger(config: Config, json_lines: bool | None) -> Any:
+    """Decisions on stdout, in the same format and level as the rest."""
+    return structlog.wrap_logger(
+        structlog.WriteLogger(sys.stdout),
+        processors=processors(not sys.stdout.isatty() if json_lines is None else json_lines),
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.getLevelName(config.daemon.log_level.upper())
+        ),
+    )

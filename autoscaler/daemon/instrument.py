@@ -1,0 +1,87 @@
+"""Wrappers around the observer and actuator: metrics, and no action without the lease."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+
+from autoscaler.core import Action, Decision, Notice, Snapshot
+from autoscaler.daemon.metrics import Metrics
+from autoscaler.reconcile import Actuator, Observer
+
+NoticeKey = tuple[str, str]  # (source, id): what makes a notice distinct
+
+
+class NotLeader(RuntimeError):
+    """The lease lapsed during a pass: the rest of its actions are left to the new leader."""
+
+
+class NoticeTracker:
+    """Counts each notice once, and times it until a drain or scale-in on its node is applied."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+        self._open: dict[NoticeKey, Notice] = {}  # seen, not yet answered
+        self._known: set[NoticeKey] = set()
+
+    def seen(self, notices: Iterable[Notice]) -> None:
+        current: set[NoticeKey] = set()
+        for notice in notices:
+            key = (notice.source, notice.id)
+            current.add(key)
+            if key not in self._known:
+                self._metrics.notices.labels(notice.source, notice.kind.value).inc()
+                self._open[key] = notice
+        self._known = current  # withdrawn or expired notices are forgotten: memory stays bounded
+        self._open = {k: n for k, n in self._open.items() if k in current}
+
+    def answered(self, nodes: Iterable[str], at: datetime) -> None:
+        nodes = set(nodes)
+        for key, notice in list(self._open.items()):
+            if notice.node in nodes:
+                del self._open[key]
+                if notice.received_at is not None:
+                    self._metrics.reaction.observe(
+                        max(0.0, (at - notice.received_at).total_seconds())
+                    )
+
+
+class MeasuredObserver:
+    def __init__(self, inner: Observer, metrics: Metrics, tracker: NoticeTracker) -> None:
+        self._inner = inner
+        self._metrics = metrics
+        self._tracker = tracker
+
+    def snapshot(self, now: datetime) -> Snapshot:
+        snapshot = self._inner.snapshot(now)
+        self._tracker.seen(snapshot.notices)
+        self._metrics.set_workers(snapshot.jobs)
+        return snapshot
+
+
+class GuardedActuator:
+    """Applies a decision only while this replica leads; counts failures; times notice reactions."""
+
+    def __init__(
+        self,
+        inner: Actuator,
+        is_leader: Callable[[], bool],
+        metrics: Metrics,
+        tracker: NoticeTracker,
+    ) -> None:
+        self._inner = inner
+        self.dry_run = inner.dry_run
+        self._is_leader = is_leader
+        self._metrics = metrics
+        self._tracker = tracker
+
+    def apply(self, decision: Decision, now: datetime) -> None:
+        if not self._is_leader():
+            raise NotLeader("the lease lapsed during this pass")
+        try:
+            self._inner.apply(decision, now)
+        except Exception:
+            self._metrics.error("actuator")
+            raise
+        if decision.action in (Action.DRAIN, Action.SCALE_IN):
+            self._tracker.answered(decision.nodes, datetime.now(UTC))

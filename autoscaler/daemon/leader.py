@@ -1,0 +1,115 @@
+"""Who may act: leadership from a lock, kept only while renewals keep succeeding.
+
+`is_leader()` is computed from the time of the last successful renewal, not from a flag a thread
+sets: if the renewing call hangs, leadership still lapses after `renew_deadline`, which is shorter
+than the lease duration others wait, so two replicas never act at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from autoscaler.config.daemon import LeaderElectionSettings
+
+
+class LeaderLock(Protocol):
+    identity: str
+    holder: str | None
+
+    def try_acquire_or_renew(self) -> bool: ...
+
+    def release(self) -> bool: ...
+
+
+class Leadership(Protocol):
+    def is_leader(self) -> bool: ...
+
+    def step(self) -> None: ...
+
+    def release(self) -> None: ...
+
+
+class AlwaysLeader:
+    """Leader election off (standalone mode, dry run, or disabled): this process acts alone."""
+
+    def is_leader(self) -> bool:
+        return True
+
+    def step(self) -> None:
+        pass
+
+    def release(self) -> None:
+        pass
+
+
+class LeaderElector:
+    def __init__(
+        self,
+        lock: LeaderLock,
+        settings: LeaderElectionSettings,
+        logger: Any,
+        on_change: Callable[[bool], None],
+        on_error: Callable[[], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._lock = lock
+        self._renew_deadline = settings.renew_deadline.total_seconds()
+        self._logger = logger
+        self._on_change = on_change  # called with the new state whenever it flips
+        self._on_error = on_error
+        self._clock = clock
+        self._renewed_at: float | None = None
+        self._was_leader = False
+        self._guard = threading.Lock()  # step() and release() never interleave
+        self._released = False  # after release, a late step must not take the Lease again
+
+    def is_leader(self) -> bool:
+        renewed = self._renewed_at
+        return renewed is not None and self._clock() - renewed < self._renew_deadline
+
+    def step(self) -> None:
+        """One acquire-or-renew attempt; call every retry period."""
+        with self._guard:
+            if self._released:
+                return
+            started = self._clock()
+            try:
+                if self._lock.try_acquire_or_renew():
+                    # the attempt's start, not its end: the lease was valid from before the call
+                    self._renewed_at = started
+            except Exception as exc:  # API down: leadership lapses by the deadline, we retry
+                self._on_error()
+                self._logger.warning("lease_error", error=f"{type(exc).__name__}: {exc}")
+            self._publish()
+
+    def release(self) -> None:
+        """Step down and free the Lease so a standby takes over at once."""
+        with self._guard:
+            was = self._renewed_at is not None
+            self._renewed_at, self._released = None, True
+            if was:
+                try:
+                    if self._lock.release():
+                        self._logger.info("lease_released", identity=self._lock.identity)
+                except Exception as exc:  # it will expire on its own
+                    self._on_error()
+                    self._logger.warning(
+                        "lease_release_failed", error=f"{type(exc).__name__}: {exc}"
+                    )
+            self._publish(quiet=True)
+
+    def _publish(self, quiet: bool = False) -> None:
+        leader = self.is_leader()
+        if leader == self._was_leader:
+            return
+        self._was_leader = leader
+        if leader:
+            self._logger.info("leader_elected", identity=self._lock.identity)
+        elif not quiet:  # lost, not given up
+            self._logger.warning(
+                "leader_lost", identity=self._lock.identity, holder=self._lock.holder
+            )
+        self._on_change(leader)

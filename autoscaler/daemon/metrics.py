@@ -1,0 +1,110 @@
+"""Prometheus metrics on a registry of our own (no process-global state; tests build many)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+from autoscaler.core import Action, Decision, Job
+
+PREFIX = "spot_autoscaler"
+# A spot notice gives 2 minutes (AWS) or less: resolve the first seconds finely.
+_REACTION_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 90, 120, 300)
+_RECONCILE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.decisions = Counter(
+            f"{PREFIX}_decisions",
+            "Decisions other than noop, by action and primary reason.",
+            ["action", "reason"],
+            registry=r,
+        )
+        self.notices = Counter(
+            f"{PREFIX}_notices",
+            "Distinct interruption/rebalance/maintenance notices seen.",
+            ["source", "kind"],
+            registry=r,
+        )
+        self.reaction = Histogram(
+            f"{PREFIX}_reaction_latency_seconds",
+            "From a notice being received to the drain or scale-in that answers it being applied.",
+            buckets=_REACTION_BUCKETS,
+            registry=r,
+        )
+        self.workers = Gauge(
+            f"{PREFIX}_workers", "Running workers per elastic job.", ["job"], registry=r
+        )
+        self._errors = _Errors()
+        r.register(self._errors)
+        self.reconcile = Histogram(
+            f"{PREFIX}_reconcile_duration_seconds",
+            "One observe-decide-act pass.",
+            buckets=_RECONCILE_BUCKETS,
+            registry=r,
+        )
+        self.leader = Gauge(
+            f"{PREFIX}_leader", "1 while this replica holds the lease and acts.", registry=r
+        )
+        self._jobs: set[str] = set()
+
+    def track_leader(self, is_leader: Callable[[], bool]) -> None:
+        """Read at scrape time, so a lapsed lease shows even while a renewal call hangs."""
+        self.leader.set_function(lambda: 1.0 if is_leader() else 0.0)
+
+    def decided(self, decision: Decision) -> None:
+        if decision.action is not Action.NOOP:  # noops repeat every pass; the log explains them
+            self.decisions.labels(decision.action.value, decision.reason.value).inc()
+
+    def error(self, component: str) -> None:
+        self._errors.inc(component)
+
+    def count_errors_from(self, component: str, count: Callable[[], int]) -> None:
+        """Errors another part counts itself (e.g. the watch caches' failed lists and watches)."""
+        self._errors.external[component] = count
+
+    def set_workers(self, jobs: Iterable[Job]) -> None:
+        seen = set()
+        for job in jobs:
+            seen.add(job.key)
+            self.workers.labels(job.key).set(sum(1 for w in job.workers if not w.pending))
+        for gone in self._jobs - seen:  # a finished job's series must not linger at its last value
+            self.workers.remove(gone)
+        self._jobs = seen
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _Errors(Collector):
+    """`errors_total{component}`: our own counts plus counts other parts keep, read at scrape."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = {}
+        self.external: dict[str, Callable[[], int]] = {}
+
+    def inc(self, component: str) -> None:
+        with self._lock:
+            self._counts[component] = self._counts.get(component, 0) + 1
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            f"{PREFIX}_errors",
+            "Failures that were logged and survived, by component.",
+            labels=["component"],
+        )
+        with self._lock:
+            counts = dict(self._counts)
+        for component, count in self.external.items():
+            counts[component] = counts.get(component, 0) + count()
+        for component, value in sorted(counts.items()):
+            family.add_metric([component], value)
+        yield family

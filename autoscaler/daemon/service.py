@@ -1,0 +1,237 @@
+"""The daemon: a mode's parts (observer, actuator, caches, sources, lock) around one reconcile loop.
+
+apscheduler drives the clockwork (periodic ticks, config reload, lease renewal); the reconcile
+worker does the work. `start`/`stop` run it as a service; `run_once` is `--once`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from autoscaler.config import Config
+from autoscaler.daemon.endpoints import Endpoints
+from autoscaler.daemon.instrument import GuardedActuator, MeasuredObserver, NoticeTracker
+from autoscaler.daemon.leader import AlwaysLeader, LeaderElector, LeaderLock, Leadership
+from autoscaler.daemon.loop import ReconcileLoop, WakeSignal
+from autoscaler.daemon.metrics import Metrics
+from autoscaler.daemon.reload import ConfigReloader
+from autoscaler.daemon.supervise import NamedSource, Supervisor
+from autoscaler.reconcile import Actuator, Observer, Reconciler
+
+_STOP_TIMEOUT = (
+    10.0  # seconds a part gets to finish on shutdown (a pass's actions, a source's poll)
+)
+
+
+@dataclass
+class Parts:
+    """What a mode (kubernetes, standalone) plugs into the daemon; built by `wiring`."""
+
+    observer: Observer
+    actuator: Actuator  # already the dry-run one under --dry-run
+    synced: Callable[[], bool] = lambda: True  # caches hold the whole world
+    start: Callable[[], None] = lambda: None  # begin watches
+    stop: Callable[[], None] = lambda: None
+    sources: list[NamedSource] = field(default_factory=list)  # notice and price feeds
+    lock: LeaderLock | None = None  # None: this mode runs alone (no leader election)
+    watch_errors: Callable[[], int] = lambda: 0  # failed lists/watches, retried by the caches
+
+
+class Daemon:
+    def __init__(
+        self,
+        config: Config,
+        parts: Parts,
+        wake: WakeSignal,
+        logger: Any,
+        decision_logger: Any,
+        config_path: Path | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.config = config
+        self.settings = config.daemon
+        self.parts = parts
+        self.wake = wake
+        self.metrics = metrics or Metrics()
+        self._logger = logger
+        self.leadership = self._leadership(parts.lock)
+        self.metrics.track_leader(self.leadership.is_leader)
+        self.metrics.count_errors_from("watch", parts.watch_errors)
+        tracker = NoticeTracker(self.metrics)
+        self.reconciler = Reconciler(
+            MeasuredObserver(parts.observer, self.metrics, tracker),
+            GuardedActuator(parts.actuator, self.leadership.is_leader, self.metrics, tracker),
+            config,
+            decision_logger,
+        )
+        backoff_max = self.settings.error_backoff_max.total_seconds()
+        self.loop = ReconcileLoop(
+            self.reconciler,
+            wake,
+            self.leadership,
+            parts.synced,
+            self.metrics,
+            logger,
+            coalesce=self.settings.wake_coalesce.total_seconds(),
+            backoff_max=backoff_max,
+        )
+        self.reloader = (
+            ConfigReloader(
+                config_path,
+                config,
+                self.loop.set_policies,
+                logger,
+                lambda: self.metrics.error("config"),
+            )
+            if config_path is not None
+            else None
+        )
+        self.supervisor = Supervisor(parts.sources, logger, self.metrics.error, backoff_max)
+        self.scheduler = BackgroundScheduler(timezone=UTC)
+        self.endpoints: Endpoints | None = None
+        self._stopped = False
+
+    def _leadership(self, lock: LeaderLock | None) -> Leadership:
+        election = self.settings.leader_election
+        if lock is None or not election.enabled or self.parts.actuator.dry_run:
+            return AlwaysLeader()  # a dry run writes nothing, not even the Lease
+
+        def changed(leader: bool) -> None:
+            if leader:
+                self.wake("leader elected")
+
+        return LeaderElector(
+            lock, election, self._logger, changed, lambda: self.metrics.error("lease")
+        )
+
+    # --- health ------------------------------------------------------------------------------
+    def liveness(self) -> str | None:
+        stale = time.monotonic() - self.loop.heartbeat
+        limit = self.settings.effective_liveness_timeout.total_seconds()
+        return (
+            None
+            if stale < limit
+            else f"reconcile loop silent for {stale:.0f}s (limit {limit:.0f}s)"
+        )
+
+    def readiness(self) -> str | None:
+        # the config is loaded before the daemon exists; a bad reload keeps the old one
+        return None if self.parts.synced() else "caches not synced"
+
+    # --- service -----------------------------------------------------------------------------
+    def start(self) -> None:
+        s = self.settings
+        self.endpoints = Endpoints(
+            s.metrics_bind_address, s.metrics_port, self.metrics, self.liveness, self.readiness
+        )
+        self.endpoints.start()
+        self.parts.start()
+        self.supervisor.start()
+        self.loop.start()
+        now = datetime.now(UTC)
+        self._every("tick", s.tick_interval, lambda: self.wake("tick"), now)
+        if self.reloader is not None and s.config_reload_interval > timedelta(0):
+            self._every(
+                "reload",
+                s.config_reload_interval,
+                self.reloader.check,
+                now + s.config_reload_interval,
+            )
+        if isinstance(self.leadership, LeaderElector):
+            self._every("lease", s.leader_election.retry_period, self.leadership.step, now)
+        self.scheduler.start()
+        self._logger.info(
+            "daemon_started",
+            mode=s.mode,
+            dry_run=self.parts.actuator.dry_run,
+            port=self.endpoints.port,
+            leader_election=isinstance(self.leadership, LeaderElector),
+            tick_s=s.tick_interval.total_seconds(),
+        )
+
+    def _every(
+        self, name: str, interval: timedelta, job: Callable[[], object], first: datetime
+    ) -> None:
+        def guarded() -> None:
+            try:
+                job()
+            except Exception as exc:  # a scheduled job never takes the daemon down
+                self.metrics.error(name)
+                self._logger.error(
+                    "job_failed", job=name, error=f"{type(exc).__name__}: {exc}", exc_info=exc
+                )
+
+        self.scheduler.add_job(
+            guarded,
+            "interval",
+            seconds=interval.total_seconds(),
+            id=name,
+            next_run_time=first,
+            max_instances=1,
+            coalesce=True,
+            misfire_grace_time=None,
+        )
+
+    def stop(self) -> None:
+        """Stop acting first, then give up the Lease, then stop watching and serving.
+        Safe to call twice, and after a start that failed half way."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self.scheduler.running:
+            self.scheduler.shutdown(wait=False)
+        self.loop.stop(_STOP_TIMEOUT)
+        self.leadership.release()
+        self.supervisor.stop(_STOP_TIMEOUT)
+        self.parts.stop()
+        if self.endpoints is not None:
+            self.endpoints.stop()
+        self._logger.info("daemon_stopped")
+
+    def run_until(self, stop: threading.Event) -> None:
+        try:
+            self.start()
+            stop.wait()
+        finally:
+            self.stop()
+
+    # --- --once ------------------------------------------------------------------------------
+    def run_once(self) -> bool:
+        """Sync caches, lead (unless dry run), one pass, let go. False on any failure."""
+        deadline = time.monotonic() + self.settings.sync_timeout.total_seconds()
+        self.parts.start()
+        try:
+            if not _wait_for(self.parts.synced, deadline):
+                self._logger.error(
+                    "caches_not_synced", timeout_s=self.settings.sync_timeout.total_seconds()
+                )
+                return False
+            if not _wait_for(
+                self._try_lead, deadline, self.settings.leader_election.retry_period.total_seconds()
+            ):
+                self._logger.error("not_leader", why="another replica holds the lease")
+                return False
+            return self.loop.run_pass({"once"})
+        finally:
+            self.leadership.release()
+            self.parts.stop()
+
+    def _try_lead(self) -> bool:
+        self.leadership.step()
+        return self.leadership.is_leader()
+
+
+def _wait_for(condition: Callable[[], bool], deadline: float, poll: float = 0.05) -> bool:
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll)
+    return True

@@ -1,0 +1,62 @@
+"""Run each notice/price source on its own thread; one that fails is restarted after a back-off."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+
+class Source(Protocol):
+    def run(self, stop: threading.Event) -> None: ...
+
+
+NamedSource = tuple[str, Source]  # the name is the errors_total component label, e.g. "aws-sqs"
+
+
+class Supervisor:
+    def __init__(
+        self,
+        sources: list[NamedSource],
+        logger: Any,
+        on_error: Callable[[str], None],
+        backoff_max: float,
+    ) -> None:
+        self._sources = sources
+        self._logger = logger
+        self._on_error = on_error
+        self._backoff_max = backoff_max
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        for name, source in self._sources:
+            thread = threading.Thread(
+                target=self._keep_running, args=(name, source), name=name, daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self, timeout: float) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout)
+
+    def _keep_running(self, name: str, source: Source) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                source.run(self._stop)
+                if self._stop.is_set():
+                    return
+                self._logger.warning("source_returned", source=name)
+            except Exception as exc:
+                self._logger.error(
+                    "source_failed", source=name, error=f"{type(exc).__name__}: {exc}", exc_info=exc
+                )
+            self._on_error(name)
+            # a source that ran a good while before failing starts its back-off afresh
+            failures = 1 if time.monotonic() - started > self._backoff_max else failures + 1
+            self._stop.wait(min(2.0 ** (failures - 1), self._backoff_max))

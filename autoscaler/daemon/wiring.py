@@ -1,0 +1,114 @@
+"""Which adapters make up each mode: the ONE place that knows the other packages' class names.
+
+kubernetes: watch caches feed the observer, the actuator writes ScaleOut/ScaleIn objects and
+AITrainingJob patches, a Lease elects the one replica that acts, cloud sources post notices
+(persisted on their Nodes) and spot prices.
+standalone: a fixed host list and the Horovod discovery file, one process, no API server.
+
+Adapters are imported inside the mode that needs them: `spot-autoscaler simulate` and a
+standalone daemon never load the Kubernetes or cloud SDKs.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from autoscaler.config import Config
+from autoscaler.daemon.persist import PersistingBoard
+from autoscaler.daemon.service import Parts
+from autoscaler.signals import NoticeBoard, PriceBook, Wake
+
+OnError = Callable[[str], None]  # counts a survived failure by component
+
+
+def build_parts(
+    config: Config,
+    wake: Wake,
+    logger: Any,
+    on_error: OnError,
+    *,
+    kubeconfig: Path | None,
+    dry_run: bool,
+) -> Parts:
+    if config.daemon.mode == "standalone":
+        return _standalone(config, wake, dry_run)
+    return _kubernetes(config, wake, logger, on_error, kubeconfig, dry_run)
+
+
+def identity(configured: str | None) -> str:
+    """Who holds the Lease: unique per process (two daemons on one host must differ)."""
+    return configured or os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _kubernetes(
+    config: Config,
+    wake: Wake,
+    logger: Any,
+    on_error: OnError,
+    kubeconfig: Path | None,
+    dry_run: bool,
+) -> Parts:
+    from autoscaler.adapters.alibaba.setup import alibaba_sources
+    from autoscaler.adapters.aws.setup import aws_sources
+    from autoscaler.adapters.kube import (
+        DryRunActuator,
+        EventRecorder,
+        KubeActuator,
+        KubeCache,
+        KubeObserver,
+    )
+    from autoscaler.adapters.kube.client import api_client, own_namespace
+    from autoscaler.adapters.kube.lease import LeaseLock
+
+    api = api_client(kubeconfig)
+    election = config.daemon.leader_election
+    me = identity(election.identity)
+    cache = KubeCache(api, config.kubernetes, wake)
+    actuator = (
+        DryRunActuator()
+        if dry_run
+        else KubeActuator(api, config, EventRecorder(api, host=me), cache)
+    )
+    board = PersistingBoard(actuator.persist_notice, logger, lambda: on_error("notices"))
+    prices = PriceBook()
+    sources = [
+        *aws_sources(config.aws, board, prices, wake, cache, cache.instance_types),
+        *alibaba_sources(config.alibaba, board, prices, wake, cache, cache.instance_types),
+    ]
+    lock = LeaseLock(
+        api,
+        election.lease_namespace or own_namespace(),
+        election.lease_name,
+        me,
+        election.lease_duration,
+        request_timeout=election.renew_deadline.total_seconds() / 2,  # two tries fit in a deadline
+    )
+    return Parts(
+        observer=KubeObserver(cache, config.kubernetes, config.prices, board, prices),
+        actuator=actuator,
+        synced=cache.synced,
+        start=cache.start,
+        stop=cache.stop,
+        sources=sources,
+        lock=lock,
+        watch_errors=cache.errors,
+    )
+
+
+def _standalone(config: Config, wake: Wake, dry_run: bool) -> Parts:
+    from autoscaler.adapters.standalone import OwnedDiscoveryActuator, StandaloneObserver
+
+    # Notices come from the notice directory (the node agent or a cloud hook writes files there);
+    # no cloud source posts here: without a cluster there is no instance -> host index.
+    observer = StandaloneObserver(config.standalone, NoticeBoard(), wake)
+    return Parts(
+        observer=observer,
+        actuator=OwnedDiscoveryActuator(config.standalone, dry_run=dry_run),
+        synced=observer.synced,
+        start=observer.start,
+        stop=observer.stop,
+    )

@@ -1,0 +1,206 @@
+"""The daemon as a service over a simulated cluster: wake-ups, metrics, probes, config reload."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+from test_daemon_support import (
+    CONFIG,
+    Recorder,
+    World,
+    config,
+    daemon,
+    events,
+    http_get,
+    metric,
+    wait_for,
+)
+
+from autoscaler.core import Snapshot
+from autoscaler.daemon.loop import WakeSignal
+from autoscaler.daemon.service import Daemon, Parts
+
+
+@pytest.fixture
+def running() -> Iterator[tuple[Daemon, World, Recorder]]:
+    world = World()
+    recorder = Recorder(world)
+    wake = WakeSignal()
+    d, _ = daemon(config(), Parts(observer=world, actuator=recorder), wake)
+    d.start()
+    try:
+        wait_for(lambda: recorder.applied, what="the first pass to scale out")
+        yield d, world, recorder
+    finally:
+        d.stop()
+
+
+def test_a_wake_reconciles_at_once_and_notices_are_measured(
+    running: tuple[Daemon, World, Recorder],
+) -> None:
+    d, world, recorder = running
+    assert recorder.actions() == ["scale_out"]  # 4 workers onto idle GPUs, from the start-up pass
+    passes = d.loop.passes
+    world.notice("node-0")
+    woke = time.monotonic()
+    d.wake("test: notice on node-0")
+    wait_for(
+        lambda: "scale_in" in recorder.actions(),
+        timeout=2,
+        what="the scale-in answering the notice",
+    )
+    acted = next(t for dec, t in recorder.applied if dec.action.value == "scale_in")
+    assert acted - woke < 1.0  # the tick interval is 30 s: only the wake can explain this
+    assert d.loop.passes == passes + 1
+
+    status, text = http_get(d.endpoints.port, "/metrics")  # type: ignore[union-attr]
+    assert status == 200
+    assert (
+        metric(text, "spot_autoscaler_decisions_total", action="scale_out", reason="below_min") == 1
+    )
+    assert (
+        metric(text, "spot_autoscaler_decisions_total", action="drain", reason="preemption_notice")
+        == 1
+    )
+    scale_in = {"action": "scale_in", "reason": "preemption_notice"}
+    assert metric(text, "spot_autoscaler_decisions_total", **scale_in) == 1
+    assert metric(text, "spot_autoscaler_notices_total", source="test", kind="interruption") == 1
+    assert metric(text, "spot_autoscaler_reaction_latency_seconds_count") == 1
+    assert metric(text, "spot_autoscaler_reaction_latency_seconds_bucket", le="1.0") == 1
+    # as seen by the last pass, before the scale-in took effect
+    assert metric(text, "spot_autoscaler_workers", job="default/bert") == 4
+    assert metric(text, "spot_autoscaler_reconcile_duration_seconds_count") == d.loop.passes
+    assert metric(text, "spot_autoscaler_leader") == 1  # no lock in these parts: it acts alone
+    assert metric(text, "spot_autoscaler_errors_total", component="actuator") is None
+
+
+def test_a_burst_of_wakes_is_one_pass(running: tuple[Daemon, World, Recorder]) -> None:
+    d, _, _ = running
+    wait_for(lambda: d.loop.passes >= 1)
+    before = d.loop.passes
+    for i in range(50):
+        d.wake(f"pod event {i}")
+    wait_for(lambda: d.loop.passes > before, what="a pass after the burst")
+    time.sleep(0.2)  # would-be extra passes have had ten coalescing windows to show up
+    assert d.loop.passes - before <= 2
+
+
+class Stuck:
+    """An observer that blocks until released, like a hung API call; counts the calls."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.release = threading.Event()
+        self.block = False
+        self.calls = 0
+
+    def snapshot(self, now: datetime) -> Snapshot:
+        self.calls += 1
+        if self.block:
+            self.release.wait(10)
+        return self.world.snapshot(now)
+
+
+def test_probes_follow_cache_sync_and_loop_liveness() -> None:
+    world = World()
+    stuck = Stuck(world)
+    synced = threading.Event()
+    # ticks every 0.2 s; /healthz gives up after 0.5 s of silence
+    cfg = config(
+        tick_interval=timedelta(seconds=0.2),
+        liveness_timeout=timedelta(seconds=0.5),
+        error_backoff_max=timedelta(seconds=0.1),
+    )
+    d, _ = daemon(
+        cfg, Parts(observer=stuck, actuator=Recorder(world), synced=synced.is_set), WakeSignal()
+    )
+    d.start()
+    try:
+        port = d.endpoints.port  # type: ignore[union-attr]
+        assert http_get(port, "/readyz") == (503, "caches not synced\n")
+        assert http_get(port, "/healthz")[0] == 200  # alive while it waits for the caches
+        assert stuck.calls == 0  # and it decides nothing on a half-filled cache
+        synced.set()
+        wait_for(lambda: http_get(port, "/readyz")[0] == 200, what="ready once synced")
+        wait_for(lambda: stuck.calls > 0, what="a pass once synced")
+        stuck.block = True
+        stalled = wait_for(
+            lambda: http_get(port, "/healthz")[0] == 503 and http_get(port, "/healthz"),
+            what="healthz to fail while the loop hangs",
+        )
+        assert "reconcile loop silent" in stalled[1]
+        stuck.block = False
+        stuck.release.set()
+        wait_for(lambda: http_get(port, "/healthz")[0] == 200, what="healthz to recover")
+        assert http_get(port, "/nope")[0] == 404
+    finally:
+        stuck.release.set()
+        d.stop()
+
+
+def test_reload_applies_new_policies_and_keeps_the_old_on_a_broken_file(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(CONFIG)
+    world = World()
+    d, log = daemon(
+        config(), Parts(observer=world, actuator=Recorder(world)), WakeSignal(), config_path=path
+    )
+    d.start()
+    try:
+        path.write_text(CONFIG + "bogus_section: 1\npolicies: [\n")
+        wait_for(lambda: "config_rejected" in events(log), what="the broken file to be rejected")
+        rejected = next(c for c in log.calls if c.args and c.args[0] == "config_rejected")
+        assert rejected.kwargs["problems"] and rejected.kwargs["kept"] == "the previous config"
+        assert [p.name for p in d.reconciler.policies.policies] == ["default"]
+        assert d.reconciler.policies.policies[0].scale_out.cooldown.total_seconds() == 0
+        # the same broken file is reported once, not every reload interval
+        time.sleep(0.3)
+        assert events(log).count("config_rejected") == 1
+        _, text = http_get(d.endpoints.port, "/metrics")  # type: ignore[union-attr]
+        assert metric(text, "spot_autoscaler_errors_total", component="config") == 1
+
+        changed = CONFIG.replace("cooldown: 0s}\n", "cooldown: 7m}\n  - name: gold\n")
+        path.write_text(changed)
+        wait_for(lambda: len(d.reconciler.policies.policies) == 2, what="the new policies")
+        assert d.reconciler.policies.policies[0].scale_out.cooldown.total_seconds() == 420
+        assert "config_reloaded" in events(log)
+
+        path.write_text(changed + "kubernetes: {namespaces: [ml]}\n")
+        wait_for(lambda: "config_change_needs_restart" in events(log), what="a restart-only change")
+        needs = next(c for c in log.calls if c.args and c.args[0] == "config_change_needs_restart")
+        assert needs.kwargs["sections"] == ["kubernetes"]
+    finally:
+        d.stop()
+
+
+def test_a_failing_observer_backs_off_and_recovers_without_ticks() -> None:
+    world = World()
+
+    class Flaky:
+        calls = 0
+
+        def snapshot(self, now: datetime) -> Snapshot:
+            Flaky.calls += 1
+            if Flaky.calls <= 2:
+                raise ConnectionError("apiserver unreachable")
+            return world.snapshot(now)
+
+    recorder = Recorder(world)
+    d, log = daemon(
+        config(error_backoff_max=timedelta(seconds=0.05)),
+        Parts(observer=Flaky(), actuator=recorder),
+        WakeSignal(),
+    )
+    d.start()
+    try:  # the tick is 30 s: only the loop's own retries can get it to the scale-out
+        wait_for(lambda: recorder.applied, what="a pass after two failures")
+        text = http_get(d.endpoints.port, "/metrics")[1]  # type: ignore[union-attr]
+    finally:
+        d.stop()
+    assert metric(text, "spot_autoscaler_errors_total", component="reconcile") == 2
+    assert events(log).count("reconcile_failed") == 2 and events(log).count("backing_off") == 2

@@ -1,0 +1,57 @@
+"""`daemon.mode: standalone` through the same daemon: a notice file makes a host leave discovery."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from structlog.testing import CapturingLogger
+from test_daemon_support import http_get, metric, wait_for
+
+from autoscaler.config import parse_config
+from autoscaler.daemon.leader import AlwaysLeader
+from autoscaler.daemon.loop import WakeSignal
+from autoscaler.daemon.metrics import Metrics
+from autoscaler.daemon.service import Daemon
+from autoscaler.daemon.wiring import build_parts
+
+
+def test_a_notice_file_drains_its_host_from_the_discovery_file(tmp_path: Path) -> None:
+    (tmp_path / "notices").mkdir()
+    hosts = tmp_path / "hosts"
+    cfg = parse_config(f"""
+policies: [{{name: default, scale_out: {{min_idle: 0s, cooldown: 0s}}}}]
+daemon: {{mode: standalone, tick_interval: 30s, wake_coalesce: 0.02s, metrics_port: 0,
+          metrics_bind_address: 127.0.0.1}}
+standalone:
+  hosts: [{{name: host-a, slots: 2}}, {{name: host-b, slots: 2}}]
+  job: {{name: bert, min_workers: 1, max_workers: 4}}
+  discovery_file: {hosts}
+  notice_dir: {tmp_path / "notices"}
+  notice_poll: 0.05s
+""")
+    wake, metrics, log = WakeSignal(), Metrics(), CapturingLogger()
+    parts = build_parts(cfg, wake, log, metrics.error, kubeconfig=None, dry_run=False)
+    assert parts.lock is None  # one process owns the file: no Lease, no API server
+    d = Daemon(cfg, parts, wake, log, log, metrics=metrics)
+    assert isinstance(d.leadership, AlwaysLeader)
+    d.start()
+    try:
+        wait_for(
+            lambda: hosts.exists() and hosts.read_text().split() == ["host-a:2", "host-b:2"],
+            what="the first pass to fill the discovery file",
+        )
+        (tmp_path / "notices" / "host-a.json").write_text('{"kind": "interruption", "id": "i-1"}')
+        noticed = time.monotonic()
+        wait_for(lambda: "host-a" not in hosts.read_text(), what="host-a to leave discovery")
+        assert time.monotonic() - noticed < 1.5  # poll 0.05 s + one pass; the tick is 30 s
+        assert hosts.read_text().split() == ["host-b:2"]
+        text = http_get(d.endpoints.port, "/metrics")[1]  # type: ignore[union-attr]
+        assert (
+            metric(text, "spot_autoscaler_notices_total", source="notice-dir", kind="interruption")
+            == 1
+        )
+        assert metric(text, "spot_autoscaler_reaction_latency_seconds_count") == 1
+        assert http_get(d.endpoints.port, "/readyz")[0] == 200  # type: ignore[union-attr]
+    finally:
+        d.stop()

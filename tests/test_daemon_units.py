@@ -1,0 +1,224 @@
+"""The daemon's parts one by one, with fakes of the protocols and a hand-driven clock."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from structlog.testing import CapturingLogger
+from test_daemon_support import metric, wait_for
+
+from autoscaler.config import ConfigError, parse_config
+from autoscaler.config.daemon import DaemonSettings, LeaderElectionSettings
+from autoscaler.core import Action, Decision, Job, Notice, NoticeKind, Reason, Worker
+from autoscaler.daemon.instrument import GuardedActuator, NoticeTracker, NotLeader
+from autoscaler.daemon.leader import LeaderElector
+from autoscaler.daemon.loop import WakeSignal
+from autoscaler.daemon.metrics import Metrics
+from autoscaler.daemon.persist import PersistingBoard
+from autoscaler.daemon.supervise import Supervisor
+from autoscaler.daemon.wiring import identity
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class FakeLock:
+    """A LeaderLock whose answers the test scripts: True, False (lost the race) or an exception."""
+
+    identity = "me"
+
+    def __init__(self) -> None:
+        self.answer: bool | Exception = True
+        self.holder: str | None = None
+        self.released = 0
+
+    def try_acquire_or_renew(self) -> bool:
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        self.holder = "me" if self.answer else "other"
+        return self.answer
+
+    def release(self) -> bool:
+        self.released += 1
+        return True
+
+
+def elector(lock: FakeLock, clock: Clock, changes: list[bool], errors: list[int]) -> LeaderElector:
+    settings = LeaderElectionSettings(lease_duration=15, renew_deadline=10, retry_period=2)
+    return LeaderElector(
+        lock, settings, CapturingLogger(), changes.append, lambda: errors.append(1), clock
+    )
+
+
+def test_leadership_lapses_by_the_renew_deadline_even_if_no_call_returns() -> None:
+    lock, clock, changes, errors = FakeLock(), Clock(), [], []
+    e = elector(lock, clock, changes, errors)
+    assert not e.is_leader()
+    e.step()
+    assert e.is_leader() and changes == [True]
+    clock.t += 9.9
+    assert e.is_leader()
+    clock.t += 0.2  # 10.1 s since the last successful renewal, no step ran (a hung call)
+    assert not e.is_leader()
+    e.step()  # a renewal that works again restores it: we still held the Lease
+    assert e.is_leader()
+
+
+def test_failed_or_lost_renewals_step_down() -> None:
+    lock, clock, changes, errors = FakeLock(), Clock(), [], []
+    e = elector(lock, clock, changes, errors)
+    e.step()
+    lock.answer = ConnectionError("api down")
+    for _ in range(5):
+        clock.t += 2
+        e.step()
+    assert not e.is_leader() and changes == [True, False] and len(errors) == 5
+    lock.answer = False  # someone else holds it now (a 409, or not expired)
+    clock.t += 2
+    e.step()
+    assert not e.is_leader() and changes == [True, False]
+
+
+def test_release_gives_the_lease_up_once_and_for_good() -> None:
+    lock, clock, changes, errors = FakeLock(), Clock(), [], []
+    e = elector(lock, clock, changes, errors)
+    e.step()
+    e.release()
+    assert not e.is_leader() and lock.released == 1 and changes == [True, False]
+    e.step()  # a scheduled step that was already on its way must not take it back
+    assert not e.is_leader()
+    e.release()
+    assert lock.released == 1
+
+
+def test_wake_signal_batches_reasons() -> None:
+    wake = WakeSignal()
+    assert not wake.wait(0)
+    for i in range(3):
+        wake(f"r{i}")
+    assert wake.wait(0)
+    assert wake.take() == {"r0", "r1", "r2"}
+    assert not wake.wait(0) and wake.take() == set()
+
+
+def test_a_failing_source_is_restarted_and_counted() -> None:
+    runs: list[int] = []
+    done = threading.Event()
+
+    class Flaky:
+        def run(self, stop: threading.Event) -> None:
+            runs.append(1)
+            if len(runs) < 3:
+                raise RuntimeError("queue unreachable")
+            done.set()
+            stop.wait()
+
+    errors: list[str] = []
+    sup = Supervisor([("flaky", Flaky())], CapturingLogger(), errors.append, backoff_max=0.01)
+    sup.start()
+    try:
+        wait_for(done.is_set, what="the third run")
+    finally:
+        sup.stop(timeout=2)
+    assert errors == ["flaky", "flaky"] and len(runs) == 3
+
+
+def test_the_board_persists_new_notices_and_survives_a_failed_write() -> None:
+    written: list[tuple[str, str]] = []
+    errors: list[int] = []
+
+    def persist(node: str, notice: Notice) -> bool:
+        if node == "bad":
+            raise ConnectionError("api down")
+        written.append((node, notice.id))
+        return True
+
+    board = PersistingBoard(persist, CapturingLogger(), lambda: errors.append(1))
+    notice = Notice("n1", NoticeKind.INTERRUPTION, "aws-sqs", "e-1", received_at=NOW)
+    assert board.post(notice) and not board.post(notice)  # a redelivery is not persisted again
+    assert board.post(Notice("bad", NoticeKind.INTERRUPTION, "aws-sqs", "e-2", received_at=NOW))
+    assert written == [("n1", "e-1")] and errors == [1]
+    assert {n.id for n in board.active(NOW)} == {"e-1", "e-2"}  # in memory it acts all the same
+
+
+def test_actions_need_the_lease_and_notice_reactions_are_timed_once() -> None:
+    metrics = Metrics()
+    tracker = NoticeTracker(metrics)
+    leader = [True]
+    applied: list[Decision] = []
+
+    class Inner:
+        dry_run = False
+
+        def apply(self, decision: Decision, now: datetime) -> None:
+            applied.append(decision)
+
+    guarded = GuardedActuator(Inner(), lambda: leader[0], metrics, tracker)
+    received = datetime.now(UTC) - timedelta(seconds=3)
+    notice = Notice("n1", NoticeKind.INTERRUPTION, "aws-sqs", "e-1", received_at=received)
+    tracker.seen([notice])
+    tracker.seen([notice])  # seen again next pass: still one notice
+    drain = Decision("ns/job", Action.DRAIN, Reason.PREEMPTION_NOTICE, "p", 2, 1, 1, nodes=("n1",))
+    guarded.apply(drain, NOW)
+    guarded.apply(drain, NOW)  # the scale-in after the drain: the notice is answered already
+    text = metrics.exposition().decode()
+    assert metric(text, "spot_autoscaler_notices_total", source="aws-sqs", kind="interruption") == 1
+    assert metric(text, "spot_autoscaler_reaction_latency_seconds_count") == 1
+    assert 3 <= (metric(text, "spot_autoscaler_reaction_latency_seconds_sum") or 0) < 10
+    leader[0] = False
+    with pytest.raises(NotLeader):
+        guarded.apply(drain, NOW)
+    assert len(applied) == 2
+
+
+def test_worker_series_of_finished_jobs_disappear() -> None:
+    metrics = Metrics()
+    running, pending = Worker("w0", "n1", "w0"), Worker("w1", None, "w1", 1, pending=True)
+    metrics.set_workers([Job("ns", "a", 1, 4, workers=(running, pending)), Job("ns", "b", 1, 4)])
+    metrics.set_workers([Job("ns", "a", 1, 4, workers=(running,))])
+    text = metrics.exposition().decode()
+    assert metric(text, "spot_autoscaler_workers", job="ns/a") == 1
+    assert metric(text, "spot_autoscaler_workers", job="ns/b") is None
+
+
+def test_daemon_settings_defaults_and_checks() -> None:
+    s = DaemonSettings()
+    assert (s.tick_interval, s.metrics_port, s.mode, s.log_format) == (
+        timedelta(seconds=15),
+        9090,
+        "kubernetes",
+        "auto",
+    )
+    le = s.leader_election
+    assert (le.enabled, le.lease_duration, le.renew_deadline, le.retry_period) == (
+        True,
+        timedelta(seconds=15),
+        timedelta(seconds=10),
+        timedelta(seconds=2),
+    )
+    assert DaemonSettings(tick_interval=90).effective_liveness_timeout == timedelta(minutes=3)
+    with pytest.raises(ConfigError, match="lease_duration > renew_deadline > retry_period"):
+        parse_config("daemon: {leader_election: {lease_duration: 10s, renew_deadline: 10s}}")
+    with pytest.raises(ConfigError, match="daemon.tick_interval"):
+        parse_config("daemon: {tick_interval: 0s}")
+    with pytest.raises(ConfigError, match="daemon.mode"):
+        parse_config("daemon: {mode: swarm}")
+
+
+def test_identity_prefers_config_then_pod_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POD_NAME", "spot-autoscaler-7d9f-x2")
+    assert identity("explicit") == "explicit"
+    assert identity(None) == "spot-autoscaler-7d9f-x2"
+    monkeypatch.delenv("POD_NAME")
+    assert identity(None) == f"{socket.gethostname()}-{os.getpid()}"

@@ -1,0 +1,256 @@
+"""deploy/ and the Dockerfile, read as a reviewer would (no cluster, no docker engine here).
+
+The RBAC test also runs the daemon against the API emulator and checks that every request it
+made is allowed by deploy/rbac.yaml: least privilege that is still enough.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from structlog.testing import CapturingLogger
+from test_daemon_support import JOB, KUBE_CONFIG, node, wait_for, worker
+
+from autoscaler.cli import main
+from autoscaler.config import parse_config
+from autoscaler.core import Notice, NoticeKind
+from autoscaler.core.policy import POLICY_LABEL
+from autoscaler.daemon.loop import WakeSignal
+from autoscaler.daemon.metrics import Metrics
+from autoscaler.daemon.service import Daemon
+from autoscaler.daemon.wiring import build_parts
+from tests.support.kube_api import KubeApiServer
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "deploy"
+KUSTOMIZATION = DEPLOY / "kustomization.yaml"
+NAMESPACE = "spot-autoscaler"
+Doc = dict[str, Any]
+
+
+# The daemon's manifests (deploy/ also holds the node agent's and the launcher sidecar's).
+DAEMON_FILES = (
+    "namespace.yaml",
+    "serviceaccount.yaml",
+    "rbac.yaml",
+    "configmap.yaml",
+    "deployment.yaml",
+    "service.yaml",
+    "pdb.yaml",
+    "example-trainingjob.yaml",
+)
+
+
+def docs(files: Iterable[Path] | None = None) -> list[Doc]:
+    paths = files if files is not None else [DEPLOY / f for f in DAEMON_FILES]
+    return [d for f in paths for d in yaml.safe_load_all(f.read_text()) if d is not None]
+
+
+def one(kind: str, name: str | None = None) -> Doc:
+    [doc] = [d for d in docs() if d["kind"] == kind and name in (None, d["metadata"]["name"])]
+    return doc
+
+
+def embedded_config_text() -> str:
+    return one("ConfigMap", "spot-autoscaler-config")["data"]["config.yaml"]
+
+
+def test_every_manifest_parses_and_is_named() -> None:
+    all_docs = docs(sorted(set(DEPLOY.glob("*.yaml")) - {KUSTOMIZATION}))
+    assert all_docs
+    for d in all_docs:
+        assert d.get("apiVersion") and d.get("kind") and d["metadata"].get("name"), d
+    kinds = {d["kind"] for d in docs()}
+    assert {
+        "Namespace",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "ConfigMap",
+        "Deployment",
+        "Service",
+        "TrainingJob",
+    } <= kinds
+
+
+def test_kustomization_lists_existing_files_and_installs_no_example() -> None:
+    kustomization = yaml.safe_load(KUSTOMIZATION.read_text())
+    assert kustomization["namespace"] == NAMESPACE
+    for resource in kustomization["resources"]:
+        assert (DEPLOY / resource).is_file(), resource
+    assert "example-trainingjob.yaml" not in kustomization["resources"]
+    assert set(DAEMON_FILES) - {"example-trainingjob.yaml"} <= set(kustomization["resources"])
+
+
+def test_the_configmap_config_passes_the_loader_and_check_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = parse_config(embedded_config_text(), "configmap.yaml")
+    assert config.daemon.mode == "kubernetes" and config.daemon.leader_election.enabled
+    path = tmp_path / "config.yaml"
+    path.write_text(embedded_config_text())
+    assert main(["check-config", str(path)]) == 0
+    assert "OK" in capsys.readouterr().out
+
+
+RULES = {  # (apiGroup, resource) -> verbs, exactly what the daemon does
+    ("", "nodes"): {"get", "list", "watch", "patch"},
+    ("", "pods"): {"get", "list", "watch"},
+    ("", "events"): {"create", "patch"},
+    ("kai.alibabacloud.com", "trainingjobs"): {"get", "list", "watch", "patch"},
+    ("kai.alibabacloud.com", "scaleouts"): {"get", "list", "watch", "create"},
+    ("kai.alibabacloud.com", "scaleins"): {"get", "list", "watch", "create"},
+    ("kongming.cce.baiudbce.com", "aitrainingjobs"): {"get", "list", "watch", "patch"},
+}
+
+
+def granted(kind: str) -> dict[tuple[str, str], set[str]]:
+    out: dict[tuple[str, str], set[str]] = {}
+    for rule in one(kind)["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                out.setdefault((group, resource), set()).update(rule["verbs"])
+    return out
+
+
+def test_rbac_is_least_privilege() -> None:
+    assert granted("ClusterRole") == RULES
+    role = one("Role")
+    assert role["metadata"]["namespace"] == NAMESPACE  # the Lease, in our namespace only
+    assert granted("Role") == {("coordination.k8s.io", "leases"): {"get", "create", "update"}}
+    for binding in (one("ClusterRoleBinding"), one("RoleBinding")):
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "spot-autoscaler", "namespace": NAMESPACE}
+        ]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert one("ClusterRoleBinding")["roleRef"]["name"] == one("ClusterRole")["metadata"]["name"]
+
+
+def request_rights(method: str, path: str, watch: bool) -> tuple[str, str, str] | None:
+    """(apiGroup, resource, verb) RBAC checks for one request; None for non-resource URLs."""
+    parts = [p for p in path.split("/") if p]
+    if parts[:1] == ["api"] and len(parts) > 2:
+        group, rest = "", parts[2:]
+    elif parts[:1] == ["apis"] and len(parts) > 3:
+        group, rest = parts[1], parts[3:]
+    else:
+        return None
+    if rest[0] == "namespaces" and len(rest) > 2:
+        rest = rest[2:]
+    resource = rest[0] + (f"/{rest[2]}" if len(rest) > 2 else "")
+    named = len(rest) > 1
+    verb = {
+        "GET": "get" if named else "watch" if watch else "list",
+        "POST": "create",
+        "PUT": "update",
+        "PATCH": "patch",
+        "DELETE": "delete" if named else "deletecollection",
+    }[method]
+    return group, resource, verb
+
+
+def test_every_request_of_a_working_daemon_is_allowed_by_rbac(tmp_path: Path) -> None:
+    allowed = {**granted("ClusterRole"), **granted("Role")}
+    with KubeApiServer() as api:
+        workers = [worker(i, f"node-{i % 2}") for i in range(4)]
+        api.seed(node(0), node(1), *workers, {**JOB, "status": {"phase": "Running"}})
+        api.kubeconfig(str(tmp_path / "kubeconfig"))
+        cfg = parse_config(
+            KUBE_CONFIG.replace("retry_period: 0.1s}", "retry_period: 0.1s, identity: r}")
+        )
+        wake, metrics, log = WakeSignal(), Metrics(), CapturingLogger()
+        parts = build_parts(
+            cfg, wake, log, metrics.error, kubeconfig=tmp_path / "kubeconfig", dry_run=False
+        )
+        d = Daemon(cfg, parts, wake, log, log, metrics=metrics)
+        d.start()
+        try:
+            wait_for(lambda: d.loop.passes >= 1, timeout=10, what="a first pass")
+            now = datetime.now(UTC)
+            notice = Notice(
+                "node-0",
+                NoticeKind.INTERRUPTION,
+                "aws-sqs",
+                "e-1",
+                deadline=now + timedelta(minutes=2),
+                received_at=now,
+            )
+            # what a cloud source does through the board: persist on the Node, then wake
+            assert parts.actuator.persist_notice("node-0", notice)  # type: ignore[attr-defined]
+            wake("aws-sqs: interruption on node-0")
+            api.wait_until(lambda: api.objects("scaleins"), timeout=5)
+        finally:
+            d.stop()
+        requests = {(r.method, r.path, r.watch) for r in api.request_log}
+    used = {rights for request in requests if (rights := request_rights(*request))}
+    verbs = {v for _, _, v in used}
+    assert {"list", "watch", "create", "patch", "update", "get"} <= verbs  # a real workout
+    denied = sorted(u for u in used if u[2] not in allowed.get((u[0], u[1]), set()))
+    assert denied == []
+
+
+def test_deployment_runs_two_safe_replicas_with_probes_on_the_metrics_port() -> None:
+    deployment = one("Deployment")
+    config = parse_config(embedded_config_text())
+    spec = deployment["spec"]
+    pod = spec["template"]["spec"]
+    [container] = pod["containers"]
+    assert spec["replicas"] == 2
+    assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
+    assert pod["serviceAccountName"] == one("ServiceAccount")["metadata"]["name"]
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
+    assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["metrics"] == config.daemon.metrics_port
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] and not security["allowPrivilegeEscalation"]
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] != 0
+    # the config file the args name is the ConfigMap's key, mounted where the args look
+    config_path = Path(container["args"][container["args"].index("--config") + 1])
+    [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == str(config_path.parent)]
+    [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["configMap"]["name"] == "spot-autoscaler-config"
+    assert config_path.name in one("ConfigMap", "spot-autoscaler-config")["data"]
+
+    service = one("Service")
+    assert service["spec"]["selector"].items() <= spec["template"]["metadata"]["labels"].items()
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == ["metrics"]
+
+
+def test_the_example_job_is_managed_by_the_shipped_config() -> None:
+    job = one("TrainingJob")
+    config = parse_config(embedded_config_text())
+    assert job["apiVersion"] == "kai.alibabacloud.com/v1alpha1"
+    labels = job["metadata"]["labels"]
+    key, _, value = config.kubernetes.label_selector.partition("=")
+    assert labels[key] == value  # selected by kubernetes.label_selector
+    assert labels[POLICY_LABEL] in {p.name for p in config.policies}
+    worker_spec = job["spec"]["etReplicaSpecs"]["worker"]
+    assert 1 <= worker_spec["minReplicas"] <= worker_spec["replicas"] <= worker_spec["maxReplicas"]
+
+
+def test_the_dockerfile_builds_a_non_root_daemon_image() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    froms = re.findall(r"^FROM (\S+)", text, re.M)
+    assert froms and all(f.startswith("python:3.11-slim") for f in froms)
+    assert re.search(r"^USER (?!0\b|root\b)\S+", text, re.M)
+    assert 'ENTRYPOINT ["spot-autoscaler"]' in text
+    assert 'CMD ["run", "--config", "/etc/spot-autoscaler/config.yaml"]' in text
+    assert "horovod" not in text.lower().replace("horovod is not needed", "")
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".git", ".venv", "tests"} <= set(ignored)
+    for copied in re.findall(r"^COPY (?!--from)(.+) \S+$", text, re.M):
+        for source in copied.split():
+            assert (ROOT / source).exists(), source
