@@ -44,19 +44,20 @@ def _timestamp(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
     return event
 
 
+def _renderer(json_lines: bool) -> Any:
+    if json_lines:
+        return structlog.processors.JSONRenderer(sort_keys=False)
+    return structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+
+
 def processors(json_lines: bool) -> list[Any]:
-    renderer: Any = (
-        structlog.processors.JSONRenderer(sort_keys=False)
-        if json_lines
-        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
-    )
     return [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         _timestamp,
         structlog.processors.format_exc_info,
         redact,
-        renderer,
+        _renderer(json_lines),
     ]
 
 
@@ -71,6 +72,19 @@ def configure(json_lines: bool | None = None, level: str = "info", stream: TextI
         logger_factory=structlog.WriteLoggerFactory(file=stream),
         cache_logger_on_first_use=False,
     )
+    # Libraries (kubernetes, urllib3, botocore) log through stdlib: same format, same redaction.
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[structlog.stdlib.add_logger_name, structlog.processors.add_log_level,
+                               _timestamp],
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                        structlog.processors.format_exc_info, redact, _renderer(json_lines)],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers = [handler]
+    root.setLevel(logging.WARNING)  # their INFO is chatter; warnings and errors matter
 
 
 def file_logger(stream: TextIO) -> structlog.typing.FilteringBoundLogger:

@@ -148,6 +148,7 @@ def test_the_board_persists_new_notices_and_survives_a_failed_write() -> None:
     notice = Notice("n1", NoticeKind.INTERRUPTION, "aws-sqs", "e-1", received_at=NOW)
     assert board.post(notice) and not board.post(notice)  # a redelivery is not persisted again
     assert board.post(Notice("bad", NoticeKind.INTERRUPTION, "aws-sqs", "e-2", received_at=NOW))
+    board.close()  # writes run on a background thread: wait for the queued ones
     assert written == [("n1", "e-1")] and errors == [1]
     assert {n.id for n in board.active(NOW)} == {"e-1", "e-2"}  # in memory it acts all the same
 

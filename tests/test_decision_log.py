@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import io
 import json
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 from core_fixtures import NOW
 
 from autoscaler.cli import main
 from autoscaler.core import Action, Decision, Reason
 from autoscaler.decisionlog import log_decision
-from autoscaler.logs import file_logger
+from autoscaler.logs import configure, file_logger
 
 REQUIRED = {"ts", "event", "job", "action", "count", "from_workers", "to_workers", "pods", "hosts",
             "reason", "policy", "dry_run"}
@@ -85,3 +88,21 @@ def test_table_counts_skipped_lines(log_file: Path, capsys: pytest.CaptureFixtur
 def test_reads_stdin(log_file: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("sys.stdin", io.StringIO(log_file.read_text()))
     assert len(run_json(["--action", "noop"], capsys)) == 1
+
+
+@pytest.fixture
+def global_logging() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    structlog.reset_defaults()
+    root.handlers, root.level = handlers, level
+
+
+def test_library_logs_come_out_as_redacted_json_lines(global_logging: None) -> None:
+    out = io.StringIO()
+    configure(json_lines=True, stream=out)
+    logging.getLogger("urllib3.connectionpool").warning("retrying https://x/?Signature=s3cr3t after error")
+    line = json.loads(out.getvalue().splitlines()[-1])
+    assert line["level"] == "warning" and line["logger"] == "urllib3.connectionpool"
+    assert "s3cr3t" not in line["event"] and "[redacted]" in line["event"]

@@ -141,12 +141,13 @@ def _growth_decision(
         )
     grant = grant_of(claim, pool, at_max=claim.target == hi)
     if grant.count == 0:
-        reason = Reason.COOLDOWN if _cooling_down(job, policy, now) and not below else grant.why_not
-        assert reason is not None
+        why_not = grant.why_not or Reason.NO_CAPACITY
+        if _cooling_down(job, policy, now) and not below:
+            why_not = Reason.COOLDOWN
         return Decision(
-            job=job.key, action=Action.NOOP, reason=reason, policy=policy.name,
+            job=job.key, action=Action.NOOP, reason=why_not, policy=policy.name,
             from_workers=n, to_workers=n, tags=below + grant.tags,
-            message=_NOOP_MESSAGES.get(reason, ""),
+            message=_NOOP_MESSAGES.get(why_not, ""),
         )
     message = f"{grant.count} worker(s) of {job.gpus_per_worker:g} GPU fit on idle capacity"
     tags = grant.tags

@@ -92,7 +92,7 @@ def _kubernetes(
         actuator=actuator,
         synced=cache.synced,
         start=cache.start,
-        stop=cache.stop,
+        stop=lambda: (board.close(), cache.stop()),
         sources=sources,
         lock=lock,
         watch_errors=cache.errors,
