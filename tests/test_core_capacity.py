@@ -201,3 +201,8 @@ def test_unbound_pending_workers_keep_their_room() -> None:
                       scaler=Scaler(ScalerKind.SCALE_OUT, "gpt-out", NOW, ("gpt-worker-1",)))
     ds = run(snapshot([node("x", gpus=1, used=1), node("n", gpus=1)], [scaling, job("bert", hi=8, placement=["x"])]))
     assert grown(ds, "ml/bert") == 0
+
+
+def test_scale_out_carries_the_policy_timeout() -> None:
+    ds = run(snapshot([node("a", gpus=2)], [job(placement=["x"])]), policies(scale_out={"timeout": "90s"}))
+    assert only(ds, Action.SCALE_OUT)[0].timeout == timedelta(seconds=90)

@@ -163,6 +163,7 @@ def _growth_decision(
         reason=Reason.BELOW_MIN if below else Reason.IDLE_CAPACITY, policy=policy.name,
         from_workers=n, to_workers=n + grant.count, count=grant.count,
         nodes=tuple(sorted(set(grant.nodes))), tags=tags, message=message,
+        timeout=policy.scale_out.timeout,
     )
 
 

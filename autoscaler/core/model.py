@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 
 
@@ -169,6 +169,8 @@ class Decision:
     nodes: tuple[str, ...] = ()  # nodes involved: noticed nodes, or where new workers fit
     tags: tuple[Reason, ...] = ()  # secondary reasons, e.g. below_min on a preemption scale-in
     message: str = ""
+    # scale_out: how long the new workers may take to run before the operator rolls them back
+    timeout: timedelta | None = None
 
     @property
     def changes_workers(self) -> bool:

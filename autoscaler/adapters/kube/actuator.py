@@ -39,7 +39,7 @@ class KubeActuator:
         self._cache = cache
         self._objects = ObjectApi(api_client, config.kubernetes.write_retries)
         self._recorder = recorder
-        self._et = EtOperatorActuator(self._objects, cache, config, recorder)
+        self._et = EtOperatorActuator(self._objects, cache, recorder)
         self._cce = CceActuator(self._objects, cache, recorder)
 
     def apply(self, decision: Decision, now: datetime) -> None:

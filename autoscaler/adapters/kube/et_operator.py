@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
 import structlog
 from kubernetes.client.exceptions import ApiException
@@ -31,7 +31,7 @@ from autoscaler.adapters.kube.resources import (
 )
 from autoscaler.adapters.kube.scalers import ScalerState, scaler_facts, scaler_state
 from autoscaler.core.model import Decision
-from autoscaler.core.policy import PolicySet, ScaleOutRules
+from autoscaler.core.policy import ScaleOutRules
 
 log = structlog.get_logger()
 
@@ -58,11 +58,10 @@ class _Request:
 
 class EtOperatorActuator:
     def __init__(
-        self, objects: ObjectApi, cache: KubeCache, policies: PolicySet, recorder: EventRecorder
+        self, objects: ObjectApi, cache: KubeCache, recorder: EventRecorder
     ) -> None:
         self._objects = objects
         self._cache = cache
-        self._policies = {p.name: p for p in policies.policies}
         self._recorder = recorder
 
     def scale_out(self, job: Obj, decision: Decision, now: datetime) -> None:
@@ -78,7 +77,7 @@ class EtOperatorActuator:
         spec = {
             "selector": {"name": job["metadata"]["name"]},
             "toAdd": {"count": decision.count},
-            "timeout": max(1, int(self._timeout(decision.policy).total_seconds())),
+            "timeout": max(1, int((decision.timeout or ScaleOutRules().timeout).total_seconds())),
         }
         message = f"ScaleOut {name}: add {decision.count} worker(s), {summary(decision)}"
         request = _Request(SCALE_OUTS, name, spec, "ScaleOutCreated", message)
@@ -110,10 +109,6 @@ class EtOperatorActuator:
             if (f := scaler_facts(resource, obj)).job == key
         ]
         return scaler_state(job, key, facts)
-
-    def _timeout(self, policy: str) -> timedelta:
-        rules = self._policies[policy].scale_out if policy in self._policies else ScaleOutRules()
-        return rules.timeout
 
     def _create(
         self, job: Obj, state: ScalerState, decision: Decision, request: _Request, now: datetime
