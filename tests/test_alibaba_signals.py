@@ -39,7 +39,7 @@ from autoscaler.adapters.alibaba.prices import ecs_spot_prices
 from autoscaler.adapters.alibaba.recycling import RecyclingPoller
 from autoscaler.adapters.alibaba.setup import alibaba_sources
 from autoscaler.adapters.alibaba.webhook import CloudMonitorWebhook
-from autoscaler.adapters.aws.sources import SpotPriceFeed
+from autoscaler.adapters.cloud_sources import SpotPriceFeed
 from autoscaler.config.cloud import AlibabaSettings
 from autoscaler.core import Action, CapacityType, GpuNode, NoticeKind, decide
 from autoscaler.signals import NoticeBoard, PriceBook

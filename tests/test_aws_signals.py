@@ -21,12 +21,12 @@ from moto.server import ThreadedMotoServer
 from structlog.testing import capture_logs
 
 from autoscaler.adapters.aws.clients import aws_clients
-from autoscaler.adapters.aws.loop import Backoff, run_every
+from autoscaler.adapters.polling import Backoff, run_every
 from autoscaler.adapters.aws.nodes import Ec2Nodes
 from autoscaler.adapters.aws.prices import ec2_spot_prices
 from autoscaler.adapters.aws.queue import SqsNoticeSource
 from autoscaler.adapters.aws.setup import aws_sources
-from autoscaler.adapters.aws.sources import SpotPriceFeed
+from autoscaler.adapters.cloud_sources import SpotPriceFeed
 from autoscaler.config.cloud import AwsSettings
 from autoscaler.core import Action, CapacityType, GpuNode, NoticeKind, Reason, decide
 from autoscaler.signals import NoticeBoard, PriceBook

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 
 import structlog
 
-from autoscaler.adapters.aws.sources import NodeIndex, post_notice
+from autoscaler.adapters.cloud_sources import NodeIndex, post_notice
 from autoscaler.core.model import Notice, NoticeKind
 from autoscaler.signals import NoticeBoard, Wake
 

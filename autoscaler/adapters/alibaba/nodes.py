@@ -6,7 +6,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from autoscaler.adapters.aws.sources import NodeIndex
+from autoscaler.adapters.cloud_sources import NodeIndex
 
 
 def private_ip(instance: dict[str, Any]) -> str | None:

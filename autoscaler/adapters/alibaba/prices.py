@@ -13,7 +13,7 @@ from aliyunsdkecs.request.v20140526.DescribeSpotPriceHistoryRequest import (
 )
 
 from autoscaler.adapters.alibaba.client import call
-from autoscaler.adapters.aws.sources import FetchPrices
+from autoscaler.adapters.cloud_sources import FetchPrices
 
 _MAX_PAGES = 100
 

@@ -14,7 +14,7 @@ from autoscaler.adapters.alibaba.prices import ecs_spot_prices
 from autoscaler.adapters.alibaba.recycling import RecyclingPoller
 from autoscaler.adapters.alibaba.webhook import CloudMonitorWebhook
 from autoscaler.adapters.aws.setup import Runnable
-from autoscaler.adapters.aws.sources import NodeIndex, SpotPriceFeed
+from autoscaler.adapters.cloud_sources import NodeIndex, SpotPriceFeed
 from autoscaler.config.cloud import AlibabaSettings
 from autoscaler.signals import NoticeBoard, PriceBook, Wake
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from autoscaler.adapters.aws.sources import NodeIndex
+from autoscaler.adapters.cloud_sources import NodeIndex
 
 # EC2 says these when the instance does not exist (any more): the instance is unknown, not an error.
 _NOT_FOUND = frozenset({"InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed"})

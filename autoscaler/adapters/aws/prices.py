@@ -8,7 +8,7 @@ from typing import Any
 
 import structlog
 
-from autoscaler.adapters.aws.sources import FetchPrices
+from autoscaler.adapters.cloud_sources import FetchPrices
 
 
 def ec2_spot_prices(ec2: Any, product_description: str = "Linux/UNIX") -> FetchPrices:

@@ -10,7 +10,7 @@ from autoscaler.adapters.aws.clients import aws_clients
 from autoscaler.adapters.aws.nodes import Ec2Nodes
 from autoscaler.adapters.aws.prices import ec2_spot_prices
 from autoscaler.adapters.aws.queue import SOURCE, SqsNoticeSource
-from autoscaler.adapters.aws.sources import NodeIndex, SpotPriceFeed
+from autoscaler.adapters.cloud_sources import NodeIndex, SpotPriceFeed
 from autoscaler.config.cloud import AwsSettings
 from autoscaler.signals import NoticeBoard, PriceBook, Wake
 

@@ -6,8 +6,8 @@ import threading
 from collections import Counter
 from datetime import timedelta
 
-from autoscaler.adapters.aws.loop import run_every
-from autoscaler.adapters.aws.sources import Clock, utcnow
+from autoscaler.adapters.polling import run_every
+from autoscaler.adapters.cloud_sources import Clock, utcnow
 from autoscaler.adapters.nodeagent.annotator import NodeAnnotator, hardest
 from autoscaler.adapters.nodeagent.metadata import Metadata
 from autoscaler.core.model import Notice

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from autoscaler.adapters.aws.loop import run_every
+from autoscaler.adapters.polling import run_every
 from autoscaler.core.model import Notice
 from autoscaler.signals import NoticeBoard, PriceBook, Wake
 
