@@ -84,3 +84,8 @@ def test_check_config_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     err = capsys.readouterr().err
     assert f"{bad}:3: policies[0].scale_out.quantum" in err and "1 problem(s)" in err
     assert main(["check-config", str(tmp_path / "missing.yaml")]) == 1
+
+
+def test_bad_label_selector_is_a_config_problem() -> None:
+    found = problems("kubernetes:\n  label_selector: 'team in (a,b), ==x'\n")
+    assert any(p.startswith("bad.yaml:2: kubernetes.label_selector: not a label selector term") for p in found)

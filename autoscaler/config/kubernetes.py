@@ -5,8 +5,9 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Annotated
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from autoscaler.config.selectors import label_matcher
 from autoscaler.core.model import CapacityType, NoticeKind
 from autoscaler.core.policy import Duration, StrictModel
 
@@ -88,6 +89,12 @@ class KubernetesSettings(StrictModel):
     namespaces: list[str] = []
     # Label selector (Kubernetes syntax) a job must match to be managed; "" = every job.
     label_selector: str = ""
+
+    @field_validator("label_selector")
+    @classmethod
+    def _selector(cls, value: str) -> str:
+        label_matcher(value)  # raises ValueError with the bad term: check-config reports it
+        return value
     # Extended resources that count as GPUs, in node allocatable and pod requests.
     gpu_resources: list[str] = ["nvidia.com/gpu"]
     # None turns shared-GPU (GPU memory) accounting off.

@@ -29,7 +29,7 @@ from autoscaler.adapters.kube.resources import (
     key_of,
     labels_of,
 )
-from autoscaler.adapters.kube.selectors import LabelMatcher, label_matcher
+from autoscaler.config.selectors import LabelMatcher, label_matcher
 from autoscaler.adapters.kube.wakes import signature
 from autoscaler.config.kubernetes import KubernetesSettings
 from autoscaler.signals import Wake
