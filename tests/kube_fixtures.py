@@ -19,7 +19,7 @@ from autoscaler.config.kubernetes import KubernetesSettings
 from autoscaler.core.policy import Policy, ScaleOutRules
 from autoscaler.reconcile import Reconciler
 from autoscaler.signals import NoticeBoard, PriceBook
-from tests.support.kube_api import KubeApiServer
+from support.kube_api import KubeApiServer
 
 Obj = dict[str, Any]
 NS = "ml"

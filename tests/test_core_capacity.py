@@ -206,3 +206,14 @@ def test_unbound_pending_workers_keep_their_room() -> None:
 def test_scale_out_carries_the_policy_timeout() -> None:
     ds = run(snapshot([node("a", gpus=2)], [job(placement=["x"])]), policies(scale_out={"timeout": "90s"}))
     assert only(ds, Action.SCALE_OUT)[0].timeout == timedelta(seconds=90)
+
+
+def test_room_for_a_below_min_refill_is_held_while_its_scale_in_runs() -> None:
+    # bert loses both workers on `a` (min 2): its ScaleIn is this pass's scaler, so it cannot grow
+    # yet; gpt must not take the two GPUs bert's refill needs
+    bert = job("bert", lo=2, hi=8, placement=["a", "a"])
+    gpt = job("gpt", lo=1, hi=8, placement=["x"])
+    nodes = [node("a", gpus=2, used=2), node("b", gpus=3), node("x", gpus=1, used=1)]
+    ds = run(snapshot(nodes, [bert, gpt], [notice("a")]), policies(preemption={"keep_last_host": False}))
+    assert only(ds, Action.SCALE_IN)[0].job == "ml/bert"
+    assert grown(ds, "ml/gpt") == 1  # 3 idle GPUs - 2 held for bert

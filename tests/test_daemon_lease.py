@@ -13,7 +13,7 @@ from test_daemon_support import Recorder, World, config, daemon, http_get, metri
 from autoscaler.adapters.kube.lease import LeaseLock
 from autoscaler.daemon.loop import WakeSignal
 from autoscaler.daemon.service import Daemon, Parts
-from tests.support.kube_api import KubeApiServer
+from support.kube_api import KubeApiServer
 
 LEASE = "spot-autoscaler"
 

@@ -25,7 +25,7 @@ from autoscaler.daemon.loop import WakeSignal
 from autoscaler.daemon.metrics import Metrics
 from autoscaler.daemon.service import Daemon
 from autoscaler.daemon.wiring import build_parts
-from tests.support.kube_api import KubeApiServer
+from support.kube_api import KubeApiServer
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"

@@ -29,8 +29,8 @@ from autoscaler.adapters.nodeagent.metadata import (
 )
 from autoscaler.core import NoticeKind
 from autoscaler.signals import NOTICE_ANNOTATION, decode_notice
-from tests.support.fixtures import kube_api, kube_client  # noqa: F401 - pytest fixtures
-from tests.support.kube_api import KubeApiServer
+from support.fixtures import kube_api, kube_client  # noqa: F401 - pytest fixtures
+from support.kube_api import KubeApiServer
 
 NODE = "ip-10-0-1-7.ec2.internal"
 ROOT = Path(__file__).resolve().parents[1]

@@ -29,6 +29,7 @@ def decide(snapshot: Snapshot, policies: PolicySet, now: datetime) -> list[Decis
     nodes = {n.name: n for n in snapshot.nodes}
     risks: dict[PreemptionRules, NodeRisk] = {}
     plans: list[tuple[Job, Policy, list[Decision], Claim | None, Reason | None]] = []
+    held: list[Claim] = []  # refills that must wait for the job's own scaler: room kept, no decision
     cluster_spend = 0.0
     effective: dict[str, Policy] = {}  # each policy's windows evaluated once per pass
 
@@ -53,6 +54,9 @@ def decide(snapshot: Snapshot, policies: PolicySet, now: datetime) -> list[Decis
             claim = Claim(job, policy, len(staying), hi, spend)
         elif blocked is None:
             blocked = Reason.CLAMP_MAX
+        elif len(staying) < lo and blocked not in _NOT_SOON and policy.scale_out.enabled:
+            # below min and waiting only for its own scaler: others must not take its refill
+            held.append(Claim(job, policy, len(staying), hi, spend))
         plans.append((job, policy, departures.decisions, claim, blocked))
 
     pool = CapacityPool(
@@ -69,7 +73,7 @@ def decide(snapshot: Snapshot, policies: PolicySet, now: datetime) -> list[Decis
                 pool.hold_for_unbound(job.gpus_per_worker)
     claims = [c for *_, c, _ in plans if c is not None]
     # A job below min is refilled first, without waiting for cooldown or settled idle capacity.
-    refills = [c for c in claims if c.current < c.policy.bounds(c.job)[0]]
+    refills = [c for c in claims if c.current < c.policy.bounds(c.job)[0]] + held
     for c in refills:
         c.target, c.skip_min_idle = _refill_target(c), True
     fill(pool, refills)
@@ -85,6 +89,10 @@ def decide(snapshot: Snapshot, policies: PolicySet, now: datetime) -> list[Decis
             continue  # departures already say what happens to this job now
         decisions.append(_growth_decision(job, policy, claim, blocked, pool, now))
     return decisions
+
+
+# Growth blocks that do not lift within a scaler's lifetime: no room is held for these.
+_NOT_SOON = frozenset({Reason.JOB_NOT_RUNNING, Reason.SCALE_OUT_DISABLED, Reason.BACKOFF})
 
 
 def _growth_blocked(job: Job, policy: Policy, now: datetime) -> Reason | None:
