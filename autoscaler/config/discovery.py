@@ -1,13 +1,85 @@
-"""`discovery:` and `standalone:` sections: Horovod host-discovery files and the operator-less mode."""
+"""`discovery:` and `standalone:` sections: Horovod host-discovery files, operator-less mode."""
 
 from __future__ import annotations
 
-from autoscaler.core.policy import StrictModel
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, StringConstraints, model_validator
+
+from autoscaler.core.model import CapacityType
+from autoscaler.core.policy import Duration, Price, StrictModel, Workers
+
+# What Horovod's strict parser accepts as a hostname (`^[\w.-]+:[0-9]+$`), ASCII only.
+HOSTNAME_PATTERN = r"^[A-Za-z0-9_.-]+$"
+HostName = Annotated[str, StringConstraints(pattern=HOSTNAME_PATTERN)]
 
 
 class DiscoverySettings(StrictModel):
-    """Filled in by the discovery work (issue 5)."""
+    """`discovery:` the overlay on et-operator's hostfile (defaults of `discovery-sidecar`).
+
+    The launcher's sidecar writes `dir/drain_file` from the job's drained-hosts annotation;
+    the shipped `discover_hosts.sh` prints the operator's hostfile minus those hosts.
+    """
+
+    dir: Path = Path("/etc/edl")  # the launcher's shared emptyDir (et-operator mounts it there)
+    drain_file: str = "drained-hosts"  # = the script's SPOT_DRAIN_FILE default, under /etc/edl
+    watch_timeout: Duration = timedelta(minutes=5)  # server-side watch timeout, then resume
+    backoff_max: Duration = timedelta(seconds=30)  # cap of the retry delay after API errors
+
+    @property
+    def drain_path(self) -> Path:
+        return self.dir / self.drain_file
+
+
+class StandaloneHost(StrictModel):
+    """A machine Horovod can run on; `slots` = its GPUs (processes Horovod may start there)."""
+
+    name: HostName
+    slots: Annotated[int, Field(ge=1)] = 1
+    capacity_type: CapacityType = CapacityType.SPOT
+    price_per_hour: Price | None = None
+
+
+class StandaloneJob(StrictModel):
+    name: str
+    namespace: str = "standalone"  # only for policy matching and the decision log (`ns/name`)
+    min_workers: Workers = 1
+    max_workers: Workers
+    gpus_per_worker: Annotated[int, Field(ge=1)] = 1  # slots per worker
+    labels: dict[str, str] = {}
+
+    @model_validator(mode="after")
+    def _ordered(self) -> StandaloneJob:
+        if self.min_workers > self.max_workers:
+            raise ValueError(f"min_workers {self.min_workers} > max_workers {self.max_workers}")
+        return self
 
 
 class StandaloneSettings(StrictModel):
-    """Filled in by the discovery work (issue 5)."""
+    """`standalone:` horovodrun on plain machines: we own the whole discovery file."""
+
+    hosts: list[StandaloneHost] = []
+    job: StandaloneJob | None = None
+    discovery_file: Path = Path("/var/lib/spot-autoscaler/hosts")  # horovodrun cats this file
+    notice_dir: Path | None = None  # `<host>.json` in it = a notice for that host
+    notice_poll: Annotated[Duration, Field(gt=timedelta(0), le=timedelta(seconds=0.5))] = timedelta(
+        seconds=0.25
+    )
+    # A host added to the file counts as joining this long: Horovod's new processes still start
+    # and sync state, so the file keeps a settled host until then (see adapters.discovery.owned).
+    join_grace: Duration = timedelta(seconds=30)
+
+    @model_validator(mode="after")
+    def _unique_hosts(self) -> StandaloneSettings:
+        names = [h.name for h in self.hosts]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate host names: {', '.join(dupes)}")
+        return self
+
+    @property
+    def joined_file(self) -> Path:
+        """When each host entered the discovery file (JSON), beside it."""
+        return self.discovery_file.with_name(self.discovery_file.name + ".joined.json")

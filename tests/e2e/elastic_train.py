@@ -1,0 +1,78 @@
+"""A tiny elastic Horovod training loop for the end-to-end test (run by horovodrun, not pytest).
+
+Commits every step and appends JSON lines to $E2E_LOG (one O_APPEND write each, so ranks do not
+interleave): `resume` when a rank (re)starts training after a reset or its first sync, with the
+step it resumes from and the world size; `reset` from the reset callback; `step` from rank 0
+after each committed step; `rollback` if Horovod restores the last commit (only after a failure,
+never after a graceful removal). Stops when $E2E_STOP exists (all ranks agree via an allreduce).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import horovod.torch as hvd
+import torch
+
+LOG = os.environ["E2E_LOG"]
+STOP = os.environ["E2E_STOP"]
+STEP_SECONDS = float(os.environ.get("E2E_STEP_SECONDS", "0.05"))
+
+
+def record(event: str, **fields: Any) -> None:
+    line = json.dumps({
+        "event": event, "t": time.time(), "host": os.environ.get("HOROVOD_HOSTNAME"),
+        "pid": os.getpid(), **fields,
+    })
+    fd = os.open(LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+class RecordedState(hvd.elastic.TorchState):
+    def restore(self) -> None:  # Horovod calls it only after a HorovodInternalError
+        record("rollback", step=self.step, rank=hvd.rank())
+        super().restore()
+
+
+def main() -> None:
+    hvd.init()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.01), named_parameters=model.named_parameters()
+    )
+    state = RecordedState(model=model, optimizer=optimizer, step=0)
+    state.register_reset_callbacks(
+        [lambda: record("reset", step=state.step, size=hvd.size(), rank=hvd.rank())]
+    )
+    x, y = torch.randn(16, 8), torch.randn(16, 1)
+
+    @hvd.elastic.run
+    def train(state: RecordedState) -> None:
+        record("resume", step=state.step, size=hvd.size(), rank=hvd.rank())
+        while True:
+            stop = hvd.allreduce(torch.tensor([float(os.path.exists(STOP))]), name="stop")
+            if stop.item() > 0:
+                return
+            optimizer.zero_grad()
+            loss = ((model(x) - y) ** 2).mean()
+            loss.backward()
+            optimizer.step()
+            state.step += 1
+            state.commit()
+            if hvd.rank() == 0:
+                record("step", step=state.step, size=hvd.size())
+            time.sleep(STEP_SECONDS)
+
+    train(state)
+    record("done", step=state.step, rank=hvd.rank())
+
+
+if __name__ == "__main__":
+    main()
