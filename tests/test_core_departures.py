@@ -157,3 +157,26 @@ def test_a_window_lowering_max_scales_in() -> None:
     assert only(run(snapshot([node("a", used=3)], [j]), ps), Action.SCALE_IN)[0].to_workers == 1
     night = NOW.replace(hour=22)
     assert not only(run(snapshot([node("a", used=3)], [j]), ps, now=night), Action.SCALE_IN)
+
+
+def test_a_replacement_that_just_joined_does_not_free_the_kept_host() -> None:
+    # worker-0 on doomed `a` was kept; its replacement worker-1 has run for 10 s only
+    fresh = Worker("bert-worker-1", "b", "bert-worker-1", 1, ready_since=NOW - timedelta(seconds=10))
+    j = replace(job(placement=["a"]), workers=(*workers("bert", ["a"]), fresh))
+    ds = run(snapshot([node("a"), node("b")], [j], [notice("a")]))
+    assert not only(ds, Action.DRAIN) and not only(ds, Action.SCALE_IN)
+    kept = next(d for d in ds if d.reason is Reason.LAST_HOST_KEPT)
+    assert kept.action is Action.NOOP and kept.hosts == ("bert-worker-0",)
+    assert Reason.PREEMPTION_NOTICE in kept.tags
+    settled = replace(fresh, ready_since=NOW - timedelta(seconds=45))
+    j = replace(j, workers=(*workers("bert", ["a"]), settled))
+    assert only(run(snapshot([node("a"), node("b")], [j], [notice("a")])), Action.DRAIN)[0].hosts == ("bert-worker-0",)
+
+
+def test_a_kept_doomed_host_is_refilled_as_if_gone() -> None:
+    # the job's only host is doomed and kept; the refill must not wait for cooldown or min_idle
+    j = job(lo=1, hi=4, placement=["a"], last_scaled_at=NOW)
+    ds = run(snapshot([node("a", used=1), node("b", gpus=2)], [j], [notice("a")], idle_since=NOW))
+    assert only(ds, Action.NOOP)[0].reason is Reason.LAST_HOST_KEPT
+    out = only(ds, Action.SCALE_OUT)[0]
+    assert out.reason is Reason.BELOW_MIN and out.count == 1

@@ -110,7 +110,7 @@ def write_config(run: Run) -> Path:
     hosts = ", ".join(f"{{name: '{h}', price_per_hour: 1.0}}" for h in HOSTS)
     config = run.tmp / "config.yaml"
     config.write_text(f"""
-policies: [{{name: e2e, scale_out: {{min_idle: 0s, cooldown: 0s}}}}]
+policies: [{{name: e2e, scale_out: {{min_idle: 0s, cooldown: 0s}}, preemption: {{join_grace: 5s}}}}]
 default_policy: e2e
 daemon: {{mode: standalone, tick_interval: 2s, wake_coalesce: 0.01s, metrics_port: 0,
           metrics_bind_address: 127.0.0.1, config_reload_interval: 0s, log_format: json}}

@@ -18,7 +18,7 @@ from autoscaler.reconcile import Reconciler
 from autoscaler.signals import NoticeBoard
 
 POLICIES = """
-policies: [{name: e2e, scale_out: {min_idle: 0s, cooldown: 0s}}]
+policies: [{name: e2e, scale_out: {min_idle: 0s, cooldown: 0s}, preemption: {join_grace: 0s}}]
 default_policy: e2e
 """
 
@@ -168,7 +168,7 @@ def test_every_noticed_host_but_one_leaves(three: Standalone) -> None:
 def test_the_file_guard_holds_without_the_core_keeping_a_host(tmp_path: Path) -> None:
     s = settings(tmp_path, "[{name: a}, {name: b}]", "{name: j, max_workers: 2}", join_grace="0s")
     reckless = parse_config(
-        POLICIES.replace("cooldown: 0s}", "cooldown: 0s}, preemption: {keep_last_host: false}")
+        POLICIES.replace("join_grace: 0s}", "join_grace: 0s, keep_last_host: false}")
     )
     mode = Standalone(s, reckless)
     mode.tick()

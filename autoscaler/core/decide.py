@@ -7,10 +7,11 @@ idle capacity shared between all jobs. Every job gets at least one decision, a n
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 
 from autoscaler.core.capacity import CapacityPool, Claim, fill, grant_of
-from autoscaler.core.departures import plan_departures
+from autoscaler.core.departures import Departures, plan_departures
 from autoscaler.core.model import (
     Action,
     Backend,
@@ -25,10 +26,22 @@ from autoscaler.core.notices import NodeRisk, classify
 from autoscaler.core.policy import Policy, PolicySet, PreemptionRules
 
 
+@dataclass(slots=True)
+class _Plan:
+    """One job's pass: its effective policy, its departures, and its claim on idle GPUs."""
+
+    job: Job
+    policy: Policy
+    departures: Departures
+    ceiling: int  # max workers, less a doomed host kept in discovery (it still counts)
+    claim: Claim | None = None
+    blocked: Reason | None = None
+
+
 def decide(snapshot: Snapshot, policies: PolicySet, now: datetime) -> list[Decision]:
     nodes = {n.name: n for n in snapshot.nodes}
     risks: dict[PreemptionRules, NodeRisk] = {}
-    plans: list[tuple[Job, Policy, list[Decision], Claim | None, Reason | None]] = []
+    plans: list[_Plan] = []
     held: list[Claim] = []  # refills that must wait for the job's own scaler: room kept, no decision
     cluster_spend = 0.0
     effective: dict[str, Policy] = {}  # each policy's windows evaluated once per pass
@@ -44,20 +57,23 @@ def decide(snapshot: Snapshot, policies: PolicySet, now: datetime) -> list[Decis
         if rules not in risks:
             risks[rules] = classify(snapshot.notices, rules, now)
         lo, hi = policy.bounds(job)
-        departures = plan_departures(job, policy, risks[rules], nodes, (lo, hi))
-        staying = [w for w in job.workers if w not in departures.leaving]
+        departures = plan_departures(job, policy, risks[rules], nodes, (lo, hi), now)
+        plan = _Plan(job, policy, departures, hi - (departures.kept is not None))
+        # a doomed host kept for Horovod's sake counts towards max, not towards min: refill it
+        staying = [
+            w for w in job.workers if w not in departures.leaving and w is not departures.kept
+        ]
         spend = _spend(job, staying, nodes)
         cluster_spend += spend
-        blocked = departures.blocks_scale_out or _growth_blocked(job, policy, now)
-        claim = None
-        if blocked is None and len(staying) < hi:
-            claim = Claim(job, policy, len(staying), hi, spend)
-        elif blocked is None:
-            blocked = Reason.CLAMP_MAX
-        elif len(staying) < lo and blocked not in _NOT_SOON and policy.scale_out.enabled:
+        plan.blocked = departures.blocks_scale_out or _growth_blocked(job, policy, now)
+        if plan.blocked is None and len(staying) < plan.ceiling:
+            plan.claim = Claim(job, policy, len(staying), plan.ceiling, spend)
+        elif plan.blocked is None:
+            plan.blocked = Reason.CLAMP_MAX
+        elif len(staying) < lo and plan.blocked not in _NOT_SOON and policy.scale_out.enabled:
             # below min and waiting only for its own scaler: others must not take its refill
-            held.append(Claim(job, policy, len(staying), hi, spend))
-        plans.append((job, policy, departures.decisions, claim, blocked))
+            held.append(Claim(job, policy, len(staying), plan.ceiling, spend))
+        plans.append(plan)
 
     pool = CapacityPool(
         snapshot.nodes,
@@ -71,23 +87,22 @@ def decide(snapshot: Snapshot, policies: PolicySet, now: datetime) -> list[Decis
         for w in job.workers:
             if w.node is None:
                 pool.hold_for_unbound(job.gpus_per_worker)
-    claims = [c for *_, c, _ in plans if c is not None]
+    claims = [p.claim for p in plans if p.claim is not None]
     # A job below min is refilled first, without waiting for cooldown or settled idle capacity.
     refills = [c for c in claims if c.current < c.policy.bounds(c.job)[0]] + held
     for c in refills:
-        c.target, c.skip_min_idle = _refill_target(c), True
+        c.target, c.skip_min_idle = min(_refill_target(c), c.target), True
     fill(pool, refills)
-    growing = [c for c in claims if not _cooling_down(c.job, c.policy, now)]
+    ceilings = {p.job.key: p.ceiling for p in plans}
     for c in claims:
-        c.target, c.skip_min_idle = c.policy.bounds(c.job)[1], False
-    fill(pool, growing)
+        c.target, c.skip_min_idle = ceilings[c.job.key], False
+    fill(pool, [c for c in claims if not _cooling_down(c.job, c.policy, now)])
 
     decisions: list[Decision] = []
-    for job, policy, departed, claim, blocked in plans:
-        decisions.extend(departed)
-        if any(d.action is not Action.UNDRAIN for d in departed):
-            continue  # departures already say what happens to this job now
-        decisions.append(_growth_decision(job, policy, claim, blocked, pool, now))
+    for plan in plans:
+        decisions.extend(plan.departures.decisions)
+        if plan.departures.blocks_scale_out is None:  # else departures say what happens now
+            decisions.append(_growth_decision(plan, pool, now))
     return decisions
 
 
@@ -130,24 +145,19 @@ def _spend(job: Job, workers: list[Worker], nodes: Mapping[str, GpuNode]) -> flo
     return total
 
 
-def _growth_decision(
-    job: Job,
-    policy: Policy,
-    claim: Claim | None,
-    blocked: Reason | None,
-    pool: CapacityPool,
-    now: datetime,
-) -> Decision:
+def _growth_decision(plan: _Plan, pool: CapacityPool, now: datetime) -> Decision:
+    job, policy, claim, blocked = plan.job, plan.policy, plan.claim, plan.blocked
     n = len(job.workers)
-    lo, hi = policy.bounds(job)
-    below = (Reason.BELOW_MIN,) if n < lo else ()
+    lo, _ = policy.bounds(job)
+    staying = claim.current if claim is not None else n  # without doomed workers kept for now
+    below = (Reason.BELOW_MIN,) if staying < lo else ()
     if claim is None:
         reason = blocked or Reason.STEADY
         return Decision(
             job=job.key, action=Action.NOOP, reason=reason, policy=policy.name,
             from_workers=n, to_workers=n, tags=below, message=_NOOP_MESSAGES.get(reason, ""),
         )
-    grant = grant_of(claim, pool, at_max=claim.target == hi)
+    grant = grant_of(claim, pool, at_max=claim.target == plan.ceiling)
     if grant.count == 0:
         why_not = grant.why_not or Reason.NO_CAPACITY
         if _cooling_down(job, policy, now) and not below:

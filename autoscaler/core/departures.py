@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from autoscaler.core.model import (
     Action,
     Decision,
@@ -29,6 +30,7 @@ _URGENCY = (Reason.PREEMPTION_NOTICE, Reason.MAINTENANCE, Reason.REBALANCE, Reas
 class Departures:
     decisions: list[Decision] = field(default_factory=list)
     leaving: tuple[Worker, ...] = ()
+    kept: Worker | None = None  # doomed, but kept in discovery until a replacement has synced
     # set when this job must not scale out this tick, and why
     blocks_scale_out: Reason | None = None
 
@@ -39,28 +41,42 @@ def plan_departures(
     risk: NodeRisk,
     nodes: Mapping[str, GpuNode],
     bounds: tuple[int, int],
+    now: datetime,
 ) -> Departures:
     lo, hi = bounds
     why, held_at_min = _leaving_with_reasons(job, risk, nodes, lo, hi)
     tags: list[Reason] = [Reason.CLAMP_MIN] if held_at_min else []
+    kept = None
     if why and policy.preemption.keep_last_host:
-        kept = _last_host_to_keep(job, why, risk)
-        if kept is not None:
-            del why[kept.pod]
-            tags.append(Reason.LAST_HOST_KEPT)
+        kept = _last_host_to_keep(job, why, risk, now - policy.preemption.join_grace)
+    reason = min(why.values(), key=_URGENCY.index) if why else None
+    if kept is not None:
+        del why[kept.pod]
+        tags.append(Reason.LAST_HOST_KEPT)
     leaving = tuple(w for w in job.workers if w.pod in why)
-    if len(job.workers) - len(leaving) < lo and leaving:
+    n = len(job.workers)
+    if n - len(leaving) - (kept is not None) < lo and (leaving or kept):
         tags.append(Reason.BELOW_MIN)
 
-    out = Departures(leaving=leaving)
+    out = Departures(leaving=leaving, kept=kept)
     out.decisions.extend(_undrains(job, policy, leaving, nodes))
+    if kept is not None and not leaving:
+        assert reason is not None
+        out.decisions.append(
+            Decision(
+                job=job.key, action=Action.NOOP, reason=Reason.LAST_HOST_KEPT, policy=policy.name,
+                from_workers=n, to_workers=n, pods=(kept.pod,), hosts=(kept.host,),
+                nodes=(kept.node,) if kept.node else (),
+                tags=(reason, *(t for t in tags if t is not Reason.LAST_HOST_KEPT)),
+                message="the only settled host stays in discovery until a replacement has synced",
+            )
+        )
     if not leaving:
         return out
-    reason = min(why.values(), key=_URGENCY.index)
+    assert reason is not None
     victims = tuple(w.pod for w in leaving)
     hosts = tuple(w.host for w in leaving)
     departing_nodes = tuple(sorted({w.node for w in leaving if w.node}))
-    n = len(job.workers)
     to_drain = tuple(h for h in hosts if h not in job.drained_hosts)
     if to_drain:
         out.decisions.append(
@@ -131,15 +147,19 @@ def _clamp_victim_order(w: Worker, risk: NodeRisk, nodes: Mapping[str, GpuNode])
     return (not w.pending, w.node not in risk.soft, -(price or 0.0), -w.index)
 
 
-def _last_host_to_keep(job: Job, why: dict[str, Reason], risk: NodeRisk) -> Worker | None:
-    """If no running host would stay in discovery, keep the one that lives longest.
+def _last_host_to_keep(
+    job: Job, why: dict[str, Reason], risk: NodeRisk, settled_by: datetime
+) -> Worker | None:
+    """If no settled host would stay in discovery, keep the one that lives longest.
 
-    Horovod stops the job when no host of the previous set remains; keeping one alive until the
-    refill lands lets the job shrink and grow instead of failing.
+    Horovod stops the job when no host of the previous set remains, and a replacement that joined
+    moments ago has not been sent the state yet; keeping one old host until the refill has synced
+    lets the job shrink and grow instead of failing or starting over.
     """
     survivors = [
         w for w in job.workers
         if w.pod not in why and not w.pending and w.host not in job.drained_hosts
+        and (w.ready_since is None or w.ready_since <= settled_by)
     ]
     if survivors:
         return None

@@ -107,6 +107,8 @@ class Worker:
     host: str  # the name Horovod discovery knows it by (pod name, or node hostname standalone)
     index: int = 0
     pending: bool = False
+    # when it started running; a new worker holds no training state until Horovod syncs it
+    ready_since: datetime | None = None  # None: long enough ago / unknown
 
 
 @dataclass(frozen=True, slots=True)

@@ -109,6 +109,9 @@ class PreemptionRules(StrictModel):
     maintenance_horizon: Duration = timedelta(minutes=10)
     # Horovod stops a job when no host of the previous set remains: keep one while we refill
     keep_last_host: bool = True
+    # a replacement holds the training state only after Horovod's next reset synced it (a join
+    # takes ~5-7 s plus start-up): until then it does not count as a surviving host
+    join_grace: Duration = timedelta(seconds=30)
 
 
 class CostRules(StrictModel):

@@ -82,7 +82,8 @@ def gpus_per_worker(
 def _workers(pods: Sequence[PodFacts]) -> tuple[Worker, ...]:
     ordered = sorted(pods, key=lambda p: (p.index, p.name))
     return tuple(
-        Worker(pod=p.name, node=p.node, host=p.name, index=p.index, pending=p.phase != "Running")
+        Worker(pod=p.name, node=p.node, host=p.name, index=p.index, pending=p.phase != "Running",
+               ready_since=p.ready_since)
         for p in ordered
     )
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from autoscaler.adapters.kube.pods import quantity
-from autoscaler.adapters.kube.resources import Obj, annotations_of, labels_of
+from autoscaler.adapters.kube.resources import Obj, annotations_of, labels_of, parse_time
 from autoscaler.config.kubernetes import KubernetesSettings
 from autoscaler.core.model import CapacityType, Notice, NoticeKind
 from autoscaler.signals import NOTICE_ANNOTATION, decode_notice
@@ -21,15 +21,6 @@ INSTANCE_TYPE_LABELS = ("node.kubernetes.io/instance-type", "beta.kubernetes.io/
 class NodeGpus:
     whole: float  # allocatable whole GPUs, shared GPUs included
     memory_per_gpu: float | None  # GiB per shared GPU; None on nodes without GPU sharing
-
-
-def parse_time(value: object) -> datetime | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value)
-    except ValueError:
-        return None
 
 
 def first_label(labels: dict[str, str], keys: tuple[str, ...]) -> str:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity
 
-from autoscaler.adapters.kube.resources import Obj
+from autoscaler.adapters.kube.resources import Obj, parse_time
 from autoscaler.config.kubernetes import KubernetesSettings
 from autoscaler.core.model import Backend
 
@@ -33,6 +34,7 @@ class PodFacts:
     job: str | None  # `ns/name` of the elastic job this pod is a worker of
     backend: Backend | None
     index: int
+    ready_since: datetime | None  # Ready condition's transition, else the container's start
 
 
 def quantity(value: Any) -> float:
@@ -121,4 +123,16 @@ def pod_facts(pod: Obj, settings: KubernetesSettings) -> PodFacts:
         job=f"{namespace}/{worker[1]}" if worker else None,
         backend=worker[0] if worker else None,
         index=_index(name, labels),
+        ready_since=_ready_since(pod.get("status") or {}),
     )
+
+
+def _ready_since(status: Obj) -> datetime | None:
+    for cond in status.get("conditions") or ():
+        if cond.get("type") == "Ready" and cond.get("status") == "True":
+            return parse_time(cond.get("lastTransitionTime"))
+    for c in status.get("containerStatuses") or ():
+        started = parse_time(((c.get("state") or {}).get("running") or {}).get("startedAt"))
+        if started is not None:
+            return started
+    return None

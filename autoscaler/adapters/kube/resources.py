@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -72,3 +74,12 @@ def labels_of(obj: Obj) -> dict[str, str]:
 
 def annotations_of(obj: Obj) -> dict[str, str]:
     return (obj.get("metadata") or {}).get("annotations") or {}
+
+
+def parse_time(value: object) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        return None

@@ -56,7 +56,7 @@ class StandaloneObserver:
             namespace=spec.namespace, name=spec.name, min_workers=spec.min_workers,
             max_workers=spec.max_workers, gpus_per_worker=float(spec.gpus_per_worker),
             backend=Backend.STANDALONE, labels=spec.labels,
-            workers=workers_of(hosts, spec.gpus_per_worker),
+            workers=workers_of(hosts, spec.gpus_per_worker, self.file.joined()),
             last_scaled_at=self.file.modified_at(),
             # a drained host leaves the file at once, with its workers: nothing stays drained
             drained_hosts=frozenset(),

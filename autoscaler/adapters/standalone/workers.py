@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 
 from autoscaler.adapters.discovery.hostlines import HostSlots
 from autoscaler.adapters.discovery.owned import OwnedHostsFile
@@ -25,7 +26,9 @@ def job_of(settings: StandaloneSettings) -> StandaloneJob:
     return settings.job
 
 
-def workers_of(hosts: Sequence[HostSlots], gpus_per_worker: int) -> tuple[Worker, ...]:
+def workers_of(
+    hosts: Sequence[HostSlots], gpus_per_worker: int, joined: Mapping[str, datetime]
+) -> tuple[Worker, ...]:
     """File order is join order, so indices grow with age like et-operator's pod indices.
 
     A listed worker is running, as a Running pod is for et-operator (never `pending`): Horovod
@@ -34,7 +37,9 @@ def workers_of(hosts: Sequence[HostSlots], gpus_per_worker: int) -> tuple[Worker
     workers: list[Worker] = []
     for h in hosts:
         for i in range(max(1, h.slots // gpus_per_worker)):
-            workers.append(Worker(f"{h.host}#{i}", h.host, h.host, len(workers)))
+            workers.append(
+                Worker(f"{h.host}#{i}", h.host, h.host, len(workers), ready_since=joined.get(h.host))
+            )
     return tuple(workers)
 
 
