@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -108,7 +109,8 @@ def render_table(events: Iterable[dict[str, Any]], console: Console) -> int:
         table.add_column(column, no_wrap=column != "pods/hosts/nodes", overflow="fold")
     shown = 0
     for e in events:
-        who = [str(w) for w in (e.get("pods") or e.get("hosts") or e.get("nodes") or [])]
+        names = Counter(str(w) for w in (e.get("pods") or e.get("hosts") or e.get("nodes") or []))
+        who = [f"{name} x{n}" if n > 1 else name for name, n in names.items()]
         if len(who) > 3:
             who = [*who[:3], f"+{len(who) - 3} more"]
         reason = e.get("reason", "")

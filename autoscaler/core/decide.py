@@ -180,7 +180,7 @@ def _growth_decision(plan: _Plan, pool: CapacityPool, now: datetime) -> Decision
         job=job.key, action=Action.SCALE_OUT,
         reason=Reason.BELOW_MIN if below else Reason.IDLE_CAPACITY, policy=policy.name,
         from_workers=n, to_workers=n + grant.count, count=grant.count,
-        nodes=tuple(sorted(set(grant.nodes))), tags=tags, message=message,
+        nodes=tuple(sorted(grant.nodes)), tags=tags, message=message,  # one entry per worker
         timeout=policy.scale_out.timeout,
     )
 

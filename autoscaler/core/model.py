@@ -168,7 +168,8 @@ class Decision:
     count: int = 0
     pods: tuple[str, ...] = ()
     hosts: tuple[str, ...] = ()
-    nodes: tuple[str, ...] = ()  # nodes involved: noticed nodes, or where new workers fit
+    # noticed nodes of departing workers, or where each new worker fits (a node once per worker)
+    nodes: tuple[str, ...] = ()
     tags: tuple[Reason, ...] = ()  # secondary reasons, e.g. below_min on a preemption scale-in
     message: str = ""
     # scale_out: how long the new workers may take to run before the operator rolls them back
