@@ -52,6 +52,26 @@ def decode_notice(node: str, value: str) -> Notice | None:
         return None
 
 
+# A Node holds one persisted notice: a harder one replaces a softer one, never the reverse.
+_HARDNESS = {
+    NoticeKind.REBALANCE: 0,
+    NoticeKind.MAINTENANCE: 1,
+    NoticeKind.INTERRUPTION: 2,
+    NoticeKind.STATE_CHANGE: 2,
+}
+
+
+def hardest(notices: list[Notice]) -> Notice | None:
+    return max(notices, key=lambda n: _HARDNESS[n.kind], default=None)
+
+
+def supersedes(new: Notice, held: Notice | None) -> bool:
+    """Whether `new` should replace the notice a Node holds: not the same one, not softer."""
+    if held is None:
+        return True
+    return (held.source, held.id) != (new.source, new.id) and _HARDNESS[new.kind] >= _HARDNESS[held.kind]
+
+
 def encode_drained(hosts: frozenset[str] | set[str]) -> str:
     return json.dumps(sorted(hosts))
 

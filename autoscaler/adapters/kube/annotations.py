@@ -8,7 +8,7 @@ from kubernetes.client.exceptions import ApiException
 
 from autoscaler.adapters.kube.objects import ObjectApi
 from autoscaler.adapters.kube.resources import Obj, Resource, annotations_of
-from autoscaler.core.model import Notice, NoticeKind
+from autoscaler.core.model import Notice
 from autoscaler.signals import (
     DRAINED_ANNOTATION,
     NOTICE_ANNOTATION,
@@ -16,16 +16,10 @@ from autoscaler.signals import (
     decode_notice,
     encode_drained,
     encode_notice,
+    supersedes,
 )
 
 _CONFLICT_RETRIES = 3
-# A node holds one persisted notice: a harder one replaces a softer one, never the reverse.
-_HARDNESS = {
-    NoticeKind.REBALANCE: 0,
-    NoticeKind.MAINTENANCE: 1,
-    NoticeKind.INTERRUPTION: 2,
-    NoticeKind.STATE_CHANGE: 2,
-}
 
 
 def update_drained(
@@ -61,9 +55,6 @@ def notice_patch(node: Obj, notice: Notice) -> Obj | None:
     name = str((node.get("metadata") or {}).get("name", ""))
     current = annotations_of(node).get(NOTICE_ANNOTATION)
     held = decode_notice(name, current) if current else None
-    if held is not None and (
-        (held.source, held.id) == (notice.source, notice.id)
-        or _HARDNESS[held.kind] > _HARDNESS[notice.kind]
-    ):
+    if not supersedes(notice, held):
         return None
     return {"metadata": {"annotations": {NOTICE_ANNOTATION: encode_notice(notice)}}}

@@ -6,11 +6,12 @@ import threading
 from collections import Counter
 from datetime import timedelta
 
-from autoscaler.adapters.polling import run_every
 from autoscaler.adapters.cloud_sources import Clock, utcnow
-from autoscaler.adapters.nodeagent.annotator import NodeAnnotator, hardest
+from autoscaler.adapters.nodeagent.annotator import NodeAnnotator
 from autoscaler.adapters.nodeagent.metadata import Metadata
+from autoscaler.adapters.polling import run_every
 from autoscaler.core.model import Notice
+from autoscaler.signals import hardest
 
 
 class NodeAgent:

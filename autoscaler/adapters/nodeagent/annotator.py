@@ -11,22 +11,10 @@ from typing import Any
 import structlog
 from kubernetes import client
 
-from autoscaler.core.model import Notice, NoticeKind
-from autoscaler.signals import NOTICE_ANNOTATION, decode_notice, encode_notice
+from autoscaler.core.model import Notice
+from autoscaler.signals import NOTICE_ANNOTATION, decode_notice, encode_notice, supersedes
 
 _REQUEST_TIMEOUT_S = 10
-_SEVERITY = {
-    NoticeKind.REBALANCE: 0,
-    NoticeKind.MAINTENANCE: 1,
-    NoticeKind.STATE_CHANGE: 2,
-    NoticeKind.INTERRUPTION: 2,
-}
-
-
-def hardest(notices: list[Notice]) -> Notice | None:
-    return max(notices, key=lambda n: _SEVERITY[n.kind], default=None)
-
-
 class NodeAnnotator:
     def __init__(self, api: client.ApiClient, node: str) -> None:
         self._core = client.CoreV1Api(api)
@@ -42,11 +30,7 @@ class NodeAnnotator:
         if not self._loaded:  # after a restart, the Node remembers what we reported
             self._current = self._read()
             self._loaded = True
-        current = self._current
-        if current is not None and (
-            (current.source, current.id) == (notice.source, notice.id)
-            or _SEVERITY[current.kind] > _SEVERITY[notice.kind]
-        ):
+        if not supersedes(notice, self._current):
             return False
         annotations = {NOTICE_ANNOTATION: encode_notice(notice)}
         body: dict[str, Any] = {"metadata": {"annotations": annotations}}
