@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
-import threading
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import structlog
@@ -23,6 +20,7 @@ from autoscaler.daemon.metrics import Metrics
 from autoscaler.daemon.service import Daemon
 from autoscaler.daemon.wiring import build_parts
 from autoscaler.logs import configure, processors
+from autoscaler.shutdown import stop_on_signals
 
 EXIT_OK, EXIT_FAILED = 0, 1
 _JSON_LINES = {"json": True, "console": False, "auto": None}
@@ -70,14 +68,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     if args.once:
         return EXIT_OK if daemon.run_once() else EXIT_FAILED
-    stop = threading.Event()
-
-    def handle(signum: int, _: FrameType | None) -> None:
-        logger.info("signal_received", signal=signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, handle)
-    signal.signal(signal.SIGINT, handle)
+    stop = stop_on_signals(logger)
     try:
         daemon.run_until(stop)
     except Exception as exc:  # start-up failed (e.g. the metrics port is taken); stop() ran

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
-import threading
-from types import FrameType
 
 import structlog
 
 from autoscaler.core.policy import parse_duration
 from autoscaler.logs import configure
+from autoscaler.shutdown import stop_on_signals
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -59,14 +57,7 @@ def cmd_node_agent(args: argparse.Namespace) -> int:
         return 1
     agent = NodeAgent(metadata, NodeAnnotator(api_client(args.kubeconfig), args.node),
                       interval=args.interval)
-    stop = threading.Event()
-
-    def _stop(signum: int, _frame: FrameType | None) -> None:
-        log.info("stopping", signal=signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    stop = stop_on_signals(log)
     log.info(
         "node_agent_started", provider=type(metadata).__name__,
         interval_s=args.interval.total_seconds(),
