@@ -3,8 +3,7 @@ emulator: the official client talks real HTTP to `tests.support.kube_api.KubeApi
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 import pytest
 import structlog
 from kubernetes.client import ApiClient
+from support.kube_api import KubeApiServer
 
 from autoscaler.adapters.kube import EventRecorder, KubeActuator, KubeCache, KubeObserver
 from autoscaler.config import Config, Prices
@@ -19,7 +19,6 @@ from autoscaler.config.kubernetes import KubernetesSettings
 from autoscaler.core.policy import Policy, ScaleOutRules
 from autoscaler.reconcile import Reconciler
 from autoscaler.signals import NoticeBoard, PriceBook
-from support.kube_api import KubeApiServer
 
 Obj = dict[str, Any]
 NS = "ml"
@@ -27,17 +26,6 @@ ET_API = "kai.alibabacloud.com/v1alpha1"
 CCE_API = "kongming.cce.baiudbce.com/v1"
 GPU = "nvidia.com/gpu"
 
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 5.0, what: str = "condition") -> Any:
-    """Poll until `predicate()` is truthy; its value, or AssertionError after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 def now() -> datetime:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from dataclasses import replace
+from datetime import timedelta
 
 from core_fixtures import NOW, job, node, notice, only, policies, run, snapshot, workers
 

@@ -13,14 +13,15 @@ from typing import Any
 
 import pytest
 from structlog.testing import CapturingLogger
-from test_daemon_support import JOB, KUBE_CONFIG, metric, node, wait_for, worker
+from support.kube_api import KubeApiServer
+from support.waiting import wait_for
+from test_daemon_support import JOB, KUBE_CONFIG, metric, node, worker
 
 from autoscaler.config import parse_config
 from autoscaler.daemon.loop import WakeSignal
 from autoscaler.daemon.metrics import Metrics
 from autoscaler.daemon.service import Daemon
 from autoscaler.daemon.wiring import build_parts
-from support.kube_api import KubeApiServer
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = Path(sys.executable).with_name("spot-autoscaler")

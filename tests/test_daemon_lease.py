@@ -8,12 +8,13 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
-from test_daemon_support import Recorder, World, config, daemon, http_get, metric, wait_for
+from support.kube_api import KubeApiServer
+from support.waiting import wait_for
+from test_daemon_support import Recorder, World, config, daemon, http_get, metric
 
 from autoscaler.adapters.kube.lease import LeaseLock
 from autoscaler.daemon.loop import WakeSignal
 from autoscaler.daemon.service import Daemon, Parts
-from support.kube_api import KubeApiServer
 
 LEASE = "spot-autoscaler"
 

@@ -9,17 +9,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from test_daemon_support import (
-    CONFIG,
-    Recorder,
-    World,
-    config,
-    daemon,
-    events,
-    http_get,
-    metric,
-    wait_for,
-)
+from support.waiting import wait_for
+from test_daemon_support import CONFIG, Recorder, World, config, daemon, events, http_get, metric
 
 from autoscaler.core import Snapshot
 from autoscaler.daemon.loop import WakeSignal

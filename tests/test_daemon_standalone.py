@@ -6,7 +6,8 @@ import time
 from pathlib import Path
 
 from structlog.testing import CapturingLogger
-from test_daemon_support import http_get, metric, wait_for
+from support.waiting import wait_for
+from test_daemon_support import http_get, metric
 
 from autoscaler.config import parse_config
 from autoscaler.daemon.leader import AlwaysLeader

@@ -10,7 +10,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -48,15 +47,6 @@ def config(**daemon: Any) -> Config:
     cfg = parse_config(CONFIG)
     return cfg.model_copy(update={"daemon": cfg.daemon.model_copy(update=daemon)})
 
-
-def wait_for(condition: Callable[[], Any], timeout: float = 5.0, what: str = "condition") -> Any:
-    """Poll until `condition()` is truthy; return its value. No fixed sleeps in tests."""
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)
-    return value
 
 
 class World:

@@ -9,7 +9,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from structlog.testing import CapturingLogger
-from test_daemon_support import metric, wait_for
+from support.waiting import wait_for
+from test_daemon_support import metric
 
 from autoscaler.config import ConfigError, parse_config
 from autoscaler.config.daemon import DaemonSettings, LeaderElectionSettings

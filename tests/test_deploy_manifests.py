@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 import yaml
 from structlog.testing import CapturingLogger
-from test_daemon_support import JOB, KUBE_CONFIG, node, wait_for, worker
+from support.kube_api import KubeApiServer
+from support.waiting import wait_for
+from test_daemon_support import JOB, KUBE_CONFIG, node, worker
 
 from autoscaler.cli import main
 from autoscaler.config import parse_config
@@ -25,7 +27,6 @@ from autoscaler.daemon.loop import WakeSignal
 from autoscaler.daemon.metrics import Metrics
 from autoscaler.daemon.service import Daemon
 from autoscaler.daemon.wiring import build_parts
-from support.kube_api import KubeApiServer
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"

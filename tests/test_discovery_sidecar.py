@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 from support.kube_api import KubeApiServer
+from support.waiting import seconds_until, wait_for
 
 from autoscaler.adapters.discovery.sidecar import DrainSidecar, JobRef
 from autoscaler.signals import DRAINED_ANNOTATION, encode_drained
@@ -38,15 +39,6 @@ def training_job(name: str = JOB, drained: set[str] | None = None) -> dict[str, 
 def annotate(api: KubeApiServer, value: str | None, name: str = JOB) -> None:
     api.patch("trainingjobs", name, {"metadata": {"annotations": {DRAINED_ANNOTATION: value}}}, NS)
 
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> float:
-    """Seconds until `predicate` held; fails the test after `timeout`."""
-    started = time.monotonic()
-    while not predicate():
-        if time.monotonic() - started > timeout:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.005)
-    return time.monotonic() - started
 
 
 def content(path: Path) -> str | None:
@@ -96,7 +88,7 @@ def test_changes_reach_the_file_within_a_second(kube_api: KubeApiServer, run: Ru
     run.thread.start()
     wait_for(lambda: run.says() and kube_api.watch_count == 1, what="the watch")
     annotate(kube_api, encode_drained({"bert-worker-2"}))
-    took = wait_for(lambda: run.says("bert-worker-2"), timeout=1.0, what="the drain")
+    took = seconds_until(lambda: run.says("bert-worker-2"), timeout=1.0, what="the drain")
     annotate(kube_api, encode_drained({"bert-worker-2", "bert-worker-0"}))
     wait_for(lambda: run.says("bert-worker-0", "bert-worker-2"), timeout=1.0, what="the second")
     annotate(kube_api, None)

@@ -18,9 +18,9 @@ from kube_fixtures import (
     scaler,
     trainer,
     training_job,
-    wait_for,
     worker,
 )
+from support.waiting import wait_for
 
 from autoscaler.core import Action, Decision, Notice, NoticeKind, Reason
 from autoscaler.signals import DRAINED_ANNOTATION, NOTICE_ANNOTATION, decode_drained, decode_notice

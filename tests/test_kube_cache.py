@@ -12,8 +12,8 @@ from kube_fixtures import (
     pod,
     scaler,
     training_job,
-    wait_for,
 )
+from support.waiting import wait_for
 
 from autoscaler.adapters.kube.resources import NODES, PODS, SCALE_OUTS, TRAINING_JOBS
 

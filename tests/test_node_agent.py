@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 from kubernetes.client import ApiClient
+from support.fixtures import kube_api, kube_client  # noqa: F401 - pytest fixtures
+from support.kube_api import KubeApiServer
 
 from autoscaler.adapters.nodeagent.agent import NodeAgent
 from autoscaler.adapters.nodeagent.annotator import NodeAnnotator
@@ -29,8 +31,6 @@ from autoscaler.adapters.nodeagent.metadata import (
 )
 from autoscaler.core import NoticeKind
 from autoscaler.signals import NOTICE_ANNOTATION, decode_notice
-from support.fixtures import kube_api, kube_client  # noqa: F401 - pytest fixtures
-from support.kube_api import KubeApiServer
 
 NODE = "ip-10-0-1-7.ec2.internal"
 ROOT = Path(__file__).resolve().parents[1]

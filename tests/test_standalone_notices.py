@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from support.waiting import seconds_until, wait_for
 
 from autoscaler.adapters.standalone.notices import SOURCE, NoticeDirectory
 from autoscaler.core.model import Notice, NoticeKind
@@ -24,14 +25,6 @@ class Wakes:
         self.reasons.append(reason)
         self.event.set()
 
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 3.0) -> float:
-    started = time.monotonic()
-    while not predicate():
-        if time.monotonic() - started > timeout:
-            pytest.fail(f"timed out after {timeout} s")
-        time.sleep(0.005)
-    return time.monotonic() - started
 
 
 @pytest.fixture
@@ -73,7 +66,7 @@ def test_posting_and_withdrawing_wake_the_daemon_within_the_poll(
     notices.start()
     path = Path(notices.path) / "node-b.json"
     path.write_text("")
-    took = wait_for(lambda: "node-b" in by_node(notices))
+    took = seconds_until(lambda: "node-b" in by_node(notices))
     assert took < 0.5 and wakes.event.is_set()
     notice = by_node(notices)["node-b"]
     assert (notice.kind, notice.source, notice.id) == (NoticeKind.INTERRUPTION, SOURCE, "node-b")
