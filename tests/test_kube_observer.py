@@ -21,6 +21,7 @@ from kube_fixtures import (
     training_job,
     worker,
 )
+from support.waiting import wait_for
 
 from autoscaler.core import Backend, CapacityType, Notice, NoticeKind, ScalerKind, Snapshot
 from autoscaler.signals import DRAINED_ANNOTATION, NOTICE_ANNOTATION, encode_drained, encode_notice
@@ -242,3 +243,20 @@ def test_node_for_instance_reads_provider_ids(kube: Kube) -> None:
     assert cache.node_for_instance("i-0abc") == "ip-10-0-0-1.ec2.internal"
     assert cache.node_for_instance("i-bp1xyz") == "cn-hangzhou.10.0.0.2"
     assert cache.node_for_instance("i-missing") is None
+
+
+def test_workers_lost_with_their_node_while_in_discovery_are_remembered(kube: Kube) -> None:
+    kube.server.seed(
+        node("a"), node("b"), node("c"),
+        training_job("bert", max_workers=8, annotations={DRAINED_ANNOTATION: encode_drained({"bert-worker-2"})}),
+        worker("bert", 0, "a"), worker("bert", 1, "b"), worker("bert", 2, "c"),
+    )
+    cache = kube.cache()
+    observer = kube.observer(cache)
+    assert by_name(observer.snapshot(now()).jobs)["bert"].failed_hosts == frozenset()
+    # b dies with worker-1 still in discovery; c dies too, but worker-2 had been drained first
+    for name in ("b", "c"):
+        kube.server.patch("nodes", name, {"status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}})
+    job = wait_for(lambda: (j := by_name(observer.snapshot(now()).jobs)["bert"]).failed_hosts and j,
+                   what="the lost worker")
+    assert job.failed_hosts == {"bert-worker-1"}

@@ -51,7 +51,7 @@ def capacity_type(node: Obj, settings: KubernetesSettings) -> CapacityType:
     return settings.default_capacity_type
 
 
-def _ready(node: Obj) -> bool:
+def ready(node: Obj) -> bool:
     conditions = (node.get("status") or {}).get("conditions") or ()
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
@@ -59,7 +59,7 @@ def _ready(node: Obj) -> bool:
 def schedulable(node: Obj, settings: KubernetesSettings) -> bool:
     """May new workers land here: not cordoned, Ready, no taint or condition announcing its end."""
     spec = node.get("spec") or {}
-    if spec.get("unschedulable") or not _ready(node):
+    if spec.get("unschedulable") or not ready(node):
         return False
     if any(t.get("key") in settings.notice_taints for t in spec.get("taints") or ()):
         return False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 from datetime import datetime
 
 import structlog
@@ -16,6 +17,7 @@ from autoscaler.adapters.kube.nodes import (
     first_label,
     node_gpus,
     node_notices,
+    ready,
     schedulable,
 )
 from autoscaler.adapters.kube.pods import PodFacts, pod_facts
@@ -58,6 +60,10 @@ class KubeObserver:
         # object keeps its id from being reused.
         self._pod_memo: dict[int, tuple[Obj, PodFacts]] = {}
         self._warned: set[tuple[str, ...]] = set()
+        # job -> hosts Horovod saw fail: a worker whose node died or went NotReady while it was
+        # still in discovery. Horovod blacklists those names; et-operator may reuse them. Kept in
+        # memory only: after a restart the warning is lost, never a wrong action taken.
+        self._failed: dict[str, set[str]] = defaultdict(set)
 
     def snapshot(self, now: datetime) -> Snapshot:
         pods = self._pods()
@@ -74,7 +80,10 @@ class KubeObserver:
         nodes: list[GpuNode] = []
         notices: list[Notice] = []
         memory_per_gpu: list[float] = []
+        alive: set[str] = set()
         for node in self._cache.items(NODES):
+            if ready(node):
+                alive.add(key_of(node))
             notices.extend(node_notices(node, self._settings))
             gpu = node_gpus(node, self._settings)
             if gpu.whole <= 0:
@@ -87,7 +96,17 @@ class KubeObserver:
             nodes.append(self._gpu_node(node, name, gpu.whole, requested))
         notices.extend(self._board.active(now))
         jobs = self._jobs(workers, min(memory_per_gpu, default=None))
+        for gone in self._failed.keys() - {j.key for j in jobs}:
+            del self._failed[gone]  # the job finished or was deleted
+        jobs = [self._with_failures(j, alive) for j in jobs]
         return Snapshot(nodes=tuple(nodes), notices=tuple(notices), jobs=tuple(jobs))
+
+    def _with_failures(self, job: Job, alive: set[str]) -> Job:
+        failed = self._failed[job.key]
+        for w in job.workers:
+            if not w.pending and w.node not in alive and w.host not in job.drained_hosts:
+                failed.add(w.host)
+        return replace(job, failed_hosts=frozenset(failed)) if failed else job
 
     def _pods(self) -> list[PodFacts]:
         memo: dict[int, tuple[Obj, PodFacts]] = {}
