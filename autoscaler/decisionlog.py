@@ -1,4 +1,4 @@
-"""The decision log: one JSON line per decision, and the reader behind `spot-autoscaler decisions`."""
+"""The decision log: a JSON line per decision, and the reader behind `spot-autoscaler decisions`."""
 
 from __future__ import annotations
 
@@ -52,7 +52,9 @@ class ReadStats:
     skipped: list[int] = field(default_factory=list)  # line numbers that were not decisions
 
 
-def read_decisions(lines: Iterable[str], stats: ReadStats | None = None) -> Iterator[dict[str, Any]]:
+def read_decisions(
+    lines: Iterable[str], stats: ReadStats | None = None
+) -> Iterator[dict[str, Any]]:
     """Decision events from JSON lines; other events and unparsable lines are counted, not fatal."""
     stats = stats if stats is not None else ReadStats()
     for number, line in enumerate(lines, start=1):
@@ -82,7 +84,11 @@ class Filter:
         job = str(event.get("job", ""))
         if self.job and job != self.job and job.split("/")[-1] != self.job:
             return False
-        if self.reason and self.reason != event.get("reason") and self.reason not in event.get("tags", []):
+        if (
+            self.reason
+            and self.reason != event.get("reason")
+            and self.reason not in event.get("tags", [])
+        ):
             return False
         if self.action and event.get("action") != self.action:
             return False
@@ -118,10 +124,14 @@ def render_table(events: Iterable[dict[str, Any]], console: Console) -> int:
             reason += f" (+{', '.join(e['tags'])})"
         action = e.get("action", "") + (" [dry-run]" if e.get("dry_run") else "")
         table.add_row(
-            str(e.get("ts", "")).replace("T", " ").removesuffix("Z")[:19], str(e.get("job", "")),
-            action, str(e.get("count", "")),
-            f"{e.get('from_workers', '?')}->{e.get('to_workers', '?')}", reason,
-            str(e.get("policy", "")), ", ".join(who),
+            str(e.get("ts", "")).replace("T", " ").removesuffix("Z")[:19],
+            str(e.get("job", "")),
+            action,
+            str(e.get("count", "")),
+            f"{e.get('from_workers', '?')}->{e.get('to_workers', '?')}",
+            reason,
+            str(e.get("policy", "")),
+            ", ".join(who),
         )
         shown += 1
     console.print(table)

@@ -13,7 +13,9 @@ from typing import Any, TextIO
 
 import structlog
 
-_SECRET_KEY = re.compile(r"secret|password|passwd|token|credential|access_?key|signature|authorization", re.I)
+_SECRET_KEY = re.compile(
+    r"secret|password|passwd|token|credential|access_?key|signature|authorization", re.I
+)
 # AWS access key ids, Alibaba AccessKey ids, bearer tokens, URL query credentials
 _SECRET_VALUE = re.compile(
     r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b|\bLTAI[A-Za-z0-9]{12,30}\b|(?i:bearer)\s+[\w.~+/-]+=*"
@@ -40,7 +42,9 @@ def _redact_value(key: str, value: Any) -> Any:
 
 def _timestamp(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
     # Decisions carry the tick's `now` (simulated time in `simulate`); other lines get wall time.
-    event.setdefault("ts", datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"))
+    event.setdefault(
+        "ts", datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    )
     return event
 
 
@@ -61,7 +65,9 @@ def processors(json_lines: bool) -> list[Any]:
     ]
 
 
-def configure(json_lines: bool | None = None, level: str = "info", stream: TextIO | None = None) -> None:
+def configure(
+    json_lines: bool | None = None, level: str = "info", stream: TextIO | None = None
+) -> None:
     """Process-wide logging: JSON unless attached to a terminal (override with `json_lines`)."""
     stream = stream or sys.stderr
     if json_lines is None:
@@ -76,10 +82,17 @@ def configure(json_lines: bool | None = None, level: str = "info", stream: TextI
     handler = logging.StreamHandler(stream)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
-            foreign_pre_chain=[structlog.stdlib.add_logger_name, structlog.processors.add_log_level,
-                               _timestamp],
-            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                        structlog.processors.format_exc_info, redact, _renderer(json_lines)],
+            foreign_pre_chain=[
+                structlog.stdlib.add_logger_name,
+                structlog.processors.add_log_level,
+                _timestamp,
+            ],
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.format_exc_info,
+                redact,
+                _renderer(json_lines),
+            ],
         )
     )
     root = logging.getLogger()

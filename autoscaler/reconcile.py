@@ -1,4 +1,4 @@
-"""One reconcile pass: observe -> snapshot -> decide -> actuate -> log. Shared by daemon and simulator.
+"""One reconcile pass: observe -> snapshot -> decide -> actuate -> log (daemon and simulator).
 
 Level-triggered: everything the core needs is rebuilt from the observer each pass, except the
 `min_idle` clocks (restart-safe: they only restart). Actuator errors are logged per decision and
@@ -62,7 +62,9 @@ class Reconciler:
             except Exception as exc:  # an adapter's failure must not stop the other decisions
                 self.errors += 1
                 self.logger.error(
-                    "actuation_failed", job=decision.job, action=decision.action.value,
+                    "actuation_failed",
+                    job=decision.job,
+                    action=decision.action.value,
                     error=f"{type(exc).__name__}: {exc}",
                 )
         return decisions

@@ -46,7 +46,9 @@ def decode_notice(node: str, value: str) -> Notice | None:
             source=str(data.get("source", "annotation")),
             id=str(data.get("id", "")),
             deadline=datetime.fromisoformat(data["deadline"]) if data.get("deadline") else None,
-            received_at=datetime.fromisoformat(data["received_at"]) if data.get("received_at") else None,
+            received_at=datetime.fromisoformat(data["received_at"])
+            if data.get("received_at")
+            else None,
         )
     except (ValueError, KeyError, TypeError):
         return None
@@ -69,7 +71,9 @@ def supersedes(new: Notice, held: Notice | None) -> bool:
     """Whether `new` should replace the notice a Node holds: not the same one, not softer."""
     if held is None:
         return True
-    return (held.source, held.id) != (new.source, new.id) and _HARDNESS[new.kind] >= _HARDNESS[held.kind]
+    return (held.source, held.id) != (new.source, new.id) and _HARDNESS[new.kind] >= _HARDNESS[
+        held.kind
+    ]
 
 
 def encode_drained(hosts: frozenset[str] | set[str]) -> str:
@@ -84,7 +88,9 @@ def decode_drained(value: str | None) -> frozenset[str]:
         data = json.loads(value)
     except ValueError:
         return frozenset()
-    return frozenset(h for h in data if isinstance(h, str)) if isinstance(data, list) else frozenset()
+    return (
+        frozenset(h for h in data if isinstance(h, str)) if isinstance(data, list) else frozenset()
+    )
 
 
 class NoticeBoard:
@@ -109,7 +115,7 @@ class NoticeBoard:
             return self._notices.pop((source, notice_id), None) is not None
 
     def active(self, now: datetime) -> tuple[Notice, ...]:
-        """Notices still in force; expired ones are dropped (the node is gone or the risk passed)."""
+        """Notices still in force; expired ones are dropped (node gone, or the risk passed)."""
         with self._lock:
             for key, n in list(self._notices.items()):
                 end = n.deadline + self._ttl if n.deadline else (n.received_at or now) + self._ttl

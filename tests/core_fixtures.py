@@ -24,11 +24,16 @@ LONG_AGO = NOW - timedelta(hours=1)
 
 
 def node(
-    name: str, gpus: float = 8, used: float = 0, price: float | None = 8.0,
-    capacity: CapacityType = CapacityType.SPOT, schedulable: bool = True,
+    name: str,
+    gpus: float = 8,
+    used: float = 0,
+    price: float | None = 8.0,
+    capacity: CapacityType = CapacityType.SPOT,
+    schedulable: bool = True,
 ) -> GpuNode:
-    return GpuNode(name, gpus, used, capacity_type=capacity, price_per_hour=price,
-                   schedulable=schedulable)
+    return GpuNode(
+        name, gpus, used, capacity_type=capacity, price_per_hour=price, schedulable=schedulable
+    )
 
 
 def workers(job: str, placement: list[str], start: int = 0, pending: int = 0) -> tuple[Worker, ...]:
@@ -36,23 +41,44 @@ def workers(job: str, placement: list[str], start: int = 0, pending: int = 0) ->
     out = []
     for offset, where in enumerate(placement):
         i = start + offset
-        out.append(Worker(f"{job}-worker-{i}", where, f"{job}-worker-{i}", i,
-                          pending=offset >= len(placement) - pending))
+        out.append(
+            Worker(
+                f"{job}-worker-{i}",
+                where,
+                f"{job}-worker-{i}",
+                i,
+                pending=offset >= len(placement) - pending,
+            )
+        )
     return tuple(out)
 
 
-def job(name: str = "bert", lo: int = 1, hi: int = 8, gpw: float = 1, placement: list[str] | None = None,
-        **kw) -> Job:
+def job(
+    name: str = "bert",
+    lo: int = 1,
+    hi: int = 8,
+    gpw: float = 1,
+    placement: list[str] | None = None,
+    **kw,
+) -> Job:
     return Job("ml", name, lo, hi, gpw, workers=workers(name, placement or []), **kw)
 
 
-def notice(node_name: str, kind: NoticeKind = NoticeKind.INTERRUPTION, nid: str = "e1",
-           deadline: datetime | None = None) -> Notice:
+def notice(
+    node_name: str,
+    kind: NoticeKind = NoticeKind.INTERRUPTION,
+    nid: str = "e1",
+    deadline: datetime | None = None,
+) -> Notice:
     return Notice(node_name, kind, "test", nid, deadline=deadline, received_at=NOW)
 
 
-def snapshot(nodes: list[GpuNode], jobs: list[Job], notices: list[Notice] = (),
-             idle_since: datetime | None = LONG_AGO) -> Snapshot:
+def snapshot(
+    nodes: list[GpuNode],
+    jobs: list[Job],
+    notices: list[Notice] = (),
+    idle_since: datetime | None = LONG_AGO,
+) -> Snapshot:
     since = {n.name: idle_since for n in nodes} if idle_since else {}
     return Snapshot(nodes=tuple(nodes), notices=tuple(notices), jobs=tuple(jobs), idle_since=since)
 
@@ -70,5 +96,16 @@ def only(decisions: list[Decision], action: Action) -> list[Decision]:
     return [d for d in decisions if d.action is action]
 
 
-__all__ = ["LONG_AGO", "NOW", "Policy", "job", "node", "notice", "only", "policies", "run",
-           "snapshot", "workers"]
+__all__ = [
+    "LONG_AGO",
+    "NOW",
+    "Policy",
+    "job",
+    "node",
+    "notice",
+    "only",
+    "policies",
+    "run",
+    "snapshot",
+    "workers",
+]

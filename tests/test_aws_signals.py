@@ -68,15 +68,25 @@ class Aws:
     def source(self, index: Index | None = None, ec2: Any = None, **kw: Any) -> SqsNoticeSource:
         kw.setdefault("wait_time", timedelta(seconds=0))
         return SqsNoticeSource(
-            self.sqs, self.queue_url, self.board, self.wakes.append,
-            Ec2Nodes(ec2 or self.ec2, index or Index()), **kw,
+            self.sqs,
+            self.queue_url,
+            self.board,
+            self.wakes.append,
+            Ec2Nodes(ec2 or self.ec2, index or Index()),
+            **kw,
         )
 
     def publish(self, detail_type: str, detail: dict[str, Any], source: str = "aws.ec2") -> None:
-        reply = self.events.put_events(Entries=[{
-            "Source": source, "DetailType": detail_type, "Detail": json.dumps(detail),
-            "Resources": [],
-        }])
+        reply = self.events.put_events(
+            Entries=[
+                {
+                    "Source": source,
+                    "DetailType": detail_type,
+                    "Detail": json.dumps(detail),
+                    "Resources": [],
+                }
+            ]
+        )
         assert reply["FailedEntryCount"] == 0
 
     def send(self, body: str) -> None:
@@ -85,7 +95,10 @@ class Aws:
 
     def spot_instance(self) -> tuple[str, str]:
         reply = self.ec2.run_instances(
-            ImageId="ami-12c6146b", MinCount=1, MaxCount=1, InstanceType=GPU_TYPE,
+            ImageId="ami-12c6146b",
+            MinCount=1,
+            MaxCount=1,
+            InstanceType=GPU_TYPE,
             InstanceMarketOptions={"MarketType": "spot"},
         )
         instance = reply["Instances"][0]
@@ -110,8 +123,10 @@ def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any, A
     with pytest.MonkeyPatch.context() as env:
         # boto3's default chain, fed from the environment only (no profile, no instance metadata)
         for key, value in {
-            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_CONFIG_FILE": nowhere, "AWS_SHARED_CREDENTIALS_FILE": nowhere,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_CONFIG_FILE": nowhere,
+            "AWS_SHARED_CREDENTIALS_FILE": nowhere,
         }.items():
             env.setenv(key, value)
         sqs, ec2 = aws_clients(AwsSettings(region=REGION, wait_time=timedelta(seconds=5)), url)
@@ -137,11 +152,19 @@ def itn(instance_id: str) -> dict[str, str]:
 
 
 def envelope(event_id: str, detail_type: str, detail: dict[str, Any], time: str) -> str:
-    return json.dumps({
-        "version": "0", "id": event_id, "detail-type": detail_type, "source": "aws.ec2",
-        "account": "123456789012", "time": time, "region": REGION, "resources": [],
-        "detail": detail,
-    })
+    return json.dumps(
+        {
+            "version": "0",
+            "id": event_id,
+            "detail-type": detail_type,
+            "source": "aws.ec2",
+            "account": "123456789012",
+            "time": time,
+            "region": REGION,
+            "resources": [],
+            "detail": detail,
+        }
+    )
 
 
 def decisions(
@@ -175,7 +198,9 @@ def test_rebalance_keeps_new_workers_off_that_node(aws: Aws) -> None:
     bert = job("bert", lo=1, hi=4, placement=["gpu-busy"])
     world = [node("gpu-busy", 1, 1), node("gpu-risky", 4, 0)]
     before = only(decisions(aws.board, world, [bert]), Action.SCALE_OUT)
-    assert [set(d.nodes) for d in before] == [{"gpu-risky"}]  # without the notice it would grow there
+    assert [set(d.nodes) for d in before] == [
+        {"gpu-risky"}
+    ]  # without the notice it would grow there
 
     aws.publish("EC2 Instance Rebalance Recommendation", {"instance-id": "i-0aaaaaaaaaaaaaaa1"})
     aws.source(index).poll_once()
@@ -237,11 +262,17 @@ def test_an_older_event_arriving_after_a_newer_one_is_stale(aws: Aws) -> None:
 
 
 def test_a_health_scheduled_change_becomes_maintenance_with_its_start_as_deadline(aws: Aws) -> None:
-    aws.publish("AWS Health Event", {
-        "service": "EC2", "eventTypeCategory": "scheduledChange",
-        "eventTypeCode": "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED",
-        "startTime": "Sat, 05 Jun 2027 15:10:09 GMT", "affectedEntities": [{"entityValue": "i-4"}],
-    }, source="aws.health")
+    aws.publish(
+        "AWS Health Event",
+        {
+            "service": "EC2",
+            "eventTypeCategory": "scheduledChange",
+            "eventTypeCode": "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED",
+            "startTime": "Sat, 05 Jun 2027 15:10:09 GMT",
+            "affectedEntities": [{"entityValue": "i-4"}],
+        },
+        source="aws.health",
+    )
     aws.source(Index({"i-4": "gpu-d"})).poll_once()
     [notice] = aws.board.active(datetime.now(UTC))
     assert notice.kind is NoticeKind.MAINTENANCE
@@ -252,7 +283,9 @@ def test_a_failed_instance_lookup_leaves_the_message_for_redelivery(aws: Aws) ->
     instance, name = aws.spot_instance()
     aws.publish("EC2 Spot Instance Interruption Warning", itn(instance))
     unreachable = boto3.client(  # nothing listens on port 9: fail fast, no retries
-        "ec2", region_name=REGION, endpoint_url="http://127.0.0.1:9",
+        "ec2",
+        region_name=REGION,
+        endpoint_url="http://127.0.0.1:9",
         config=BotoConfig(retries={"total_max_attempts": 1}, connect_timeout=1),
     )
     broken = aws.source(ec2=unreachable, visibility_timeout=timedelta(seconds=1))
@@ -267,7 +300,11 @@ def test_a_failed_instance_lookup_leaves_the_message_for_redelivery(aws: Aws) ->
 def test_run_wakes_the_daemon_and_stops_when_asked(aws: Aws) -> None:
     woken, stop = threading.Event(), threading.Event()
     source = SqsNoticeSource(
-        aws.sqs, aws.queue_url, aws.board, lambda why: woken.set(), Index({"i-5": "gpu-e"}),
+        aws.sqs,
+        aws.queue_url,
+        aws.board,
+        lambda why: woken.set(),
+        Index({"i-5": "gpu-e"}),
         wait_time=timedelta(seconds=1),
     )
     thread = threading.Thread(target=source.run, args=(stop,))
@@ -311,8 +348,9 @@ def test_backoff_grows_with_jitter_up_to_its_cap() -> None:
 
 def test_spot_prices_reach_the_nodes_and_the_price_cap(aws: Aws) -> None:
     book = PriceBook()
-    feed = SpotPriceFeed("aws-prices", ec2_spot_prices(aws.ec2), book, lambda: [GPU_TYPE, ""],
-                         timedelta(minutes=5))
+    feed = SpotPriceFeed(
+        "aws-prices", ec2_spot_prices(aws.ec2), book, lambda: [GPU_TYPE, ""], timedelta(minutes=5)
+    )
     now = datetime.now(UTC)
     assert feed.refresh(now) is True
     assert feed.refresh(now + timedelta(minutes=1)) is False  # cached until due
@@ -320,10 +358,18 @@ def test_spot_prices_reach_the_nodes_and_the_price_cap(aws: Aws) -> None:
     assert price == pytest.approx(0.00001)  # moto's constant spot price, parsed from a string
 
     def world() -> list[GpuNode]:
-        return [node("gpu-busy", 1, 1), GpuNode(
-            "gpu-idle", 1, 0, CapacityType.SPOT, book.spot_price(GPU_TYPE, "us-east-1a"),
-            zone="us-east-1a", instance_type=GPU_TYPE,
-        )]
+        return [
+            node("gpu-busy", 1, 1),
+            GpuNode(
+                "gpu-idle",
+                1,
+                0,
+                CapacityType.SPOT,
+                book.spot_price(GPU_TYPE, "us-east-1a"),
+                zone="us-east-1a",
+                instance_type=GPU_TYPE,
+            ),
+        ]
 
     bert = job("bert", lo=1, hi=2, placement=["gpu-busy"])
     capped = decisions(NoticeBoard(), world(), [bert], cost={"max_price_per_gpu_hour": price / 2})

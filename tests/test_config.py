@@ -46,20 +46,30 @@ policies:
 """
     found = problems(text)
     assert "bad.yaml:5: policies[0].scale_out.cooldwn: unknown key" in found
-    assert any(p.startswith("bad.yaml:6: policies[0].scale_out.min_idle: not a duration") for p in found)
-    assert any(p.startswith("bad.yaml:7: policies[0].limits: min_workers 5 > max_workers 2") for p in found)
+    assert any(
+        p.startswith("bad.yaml:6: policies[0].scale_out.min_idle: not a duration") for p in found
+    )
+    assert any(
+        p.startswith("bad.yaml:7: policies[0].limits: min_workers 5 > max_workers 2") for p in found
+    )
     assert any(p.startswith("bad.yaml:11: policies[0].cost.max_price_per_gpu_hour:") for p in found)
     assert len(found) == 4
 
 
 def test_bad_yaml_reports_its_line() -> None:
-    assert problems("policies:\n  - name: a\n   bad: [\n")[0].startswith("bad.yaml:3: <top>: bad YAML")
+    assert problems("policies:\n  - name: a\n   bad: [\n")[0].startswith(
+        "bad.yaml:3: <top>: bad YAML"
+    )
 
 
 def test_duplicate_keys_and_names_and_wrong_types() -> None:
-    found = problems("policies:\n  - name: a\n    name: b\n  - name: b\ncluster_budget_per_hour: lots\n")
+    found = problems(
+        "policies:\n  - name: a\n    name: b\n  - name: b\ncluster_budget_per_hour: lots\n"
+    )
     assert "bad.yaml:3: policies[0].name: duplicate key" in found
-    found = problems("policies:\n  - name: a\n  - name: a\ndefault_policy: a\ncluster_budget_per_hour: lots\n")
+    found = problems(
+        "policies:\n  - name: a\n  - name: a\ndefault_policy: a\ncluster_budget_per_hour: lots\n"
+    )
     assert any("cluster_budget_per_hour" in p and ":5:" in p for p in found)
     assert any("duplicate policy names: a" in p for p in found)
 
@@ -88,4 +98,7 @@ def test_check_config_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 def test_bad_label_selector_is_a_config_problem() -> None:
     found = problems("kubernetes:\n  label_selector: 'team in (a,b), ==x'\n")
-    assert any(p.startswith("bad.yaml:2: kubernetes.label_selector: not a label selector term") for p in found)
+    assert any(
+        p.startswith("bad.yaml:2: kubernetes.label_selector: not a label selector term")
+        for p in found
+    )

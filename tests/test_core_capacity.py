@@ -1,4 +1,4 @@
-"""Scale-out from idle GPUs: clamp, quantum, hysteresis, price cap, budgets, priority and fairness."""
+"""Scale-out from idle GPUs: clamp, quantum, hysteresis, price cap, budgets, priority, fairness."""
 
 from __future__ import annotations
 
@@ -37,12 +37,20 @@ def test_job_at_max_is_a_noop_saying_so() -> None:
 
 
 def test_idle_gpus_fewer_than_one_worker_needs() -> None:
-    ds = run(snapshot([node("a", gpus=8, used=5), node("b", gpus=8, used=6)], [job(gpw=4, placement=["a"])]))
+    ds = run(
+        snapshot(
+            [node("a", gpus=8, used=5), node("b", gpus=8, used=6)], [job(gpw=4, placement=["a"])]
+        )
+    )
     assert grown(ds) == 0 and reason_of(ds) is Reason.NO_CAPACITY
 
 
 def test_a_worker_never_spans_nodes() -> None:
-    ds = run(snapshot([node("a", gpus=4, used=2), node("b", gpus=4, used=2)], [job(gpw=4, placement=["a"])]))
+    ds = run(
+        snapshot(
+            [node("a", gpus=4, used=2), node("b", gpus=4, used=2)], [job(gpw=4, placement=["a"])]
+        )
+    )
     assert grown(ds) == 0
 
 
@@ -58,7 +66,15 @@ def test_price_above_cap_is_not_used() -> None:
 def test_unknown_price_is_excluded_only_when_a_cap_is_set() -> None:
     nodes = [node("a", price=None)]
     assert grown(run(snapshot(nodes, [job(placement=["x"])]))) > 0
-    assert grown(run(snapshot(nodes, [job(placement=["x"])]), policies(cost={"max_price_per_gpu_hour": 9}))) == 0
+    assert (
+        grown(
+            run(
+                snapshot(nodes, [job(placement=["x"])]),
+                policies(cost={"max_price_per_gpu_hour": 9}),
+            )
+        )
+        == 0
+    )
 
 
 def test_cheapest_gpu_hour_first() -> None:
@@ -74,9 +90,15 @@ def test_capacity_types_can_exclude_on_demand() -> None:
 
 
 def test_power_of_two_quantum() -> None:
-    ds = run(snapshot([node("a", gpus=3)], [job(hi=16, placement=["x", "y"])]), policies(scale_out={"quantum": "power_of_two"}))
+    ds = run(
+        snapshot([node("a", gpus=3)], [job(hi=16, placement=["x", "y"])]),
+        policies(scale_out={"quantum": "power_of_two"}),
+    )
     assert only(ds, Action.SCALE_OUT)[0].to_workers == 4  # 2 -> 4, the third GPU stays idle
-    ds = run(snapshot([node("a", gpus=1)], [job(hi=16, placement=["x", "y"])]), policies(scale_out={"quantum": "power_of_two"}))
+    ds = run(
+        snapshot([node("a", gpus=1)], [job(hi=16, placement=["x", "y"])]),
+        policies(scale_out={"quantum": "power_of_two"}),
+    )
     assert grown(ds) == 0 and reason_of(ds) is Reason.QUANTUM
 
 
@@ -93,7 +115,10 @@ def test_quantum_never_overshoots_max() -> None:
 
 
 def test_max_step_limits_one_scaler() -> None:
-    ds = run(snapshot([node("a", gpus=8)], [job(hi=16, placement=["x"])]), policies(scale_out={"max_step": 2}))
+    ds = run(
+        snapshot([node("a", gpus=8)], [job(hi=16, placement=["x"])]),
+        policies(scale_out={"max_step": 2}),
+    )
     assert grown(ds) == 2
 
 
@@ -102,7 +127,10 @@ def test_min_idle_waits_for_capacity_to_settle() -> None:
     fresh = snapshot(nodes, [job(placement=["x"])], idle_since=NOW - timedelta(seconds=10))
     ds = run(fresh)
     assert grown(ds) == 0 and reason_of(ds) is Reason.MIN_IDLE
-    assert grown(run(snapshot(nodes, [job(placement=["x"])], idle_since=NOW - timedelta(minutes=2)))) == 4
+    assert (
+        grown(run(snapshot(nodes, [job(placement=["x"])], idle_since=NOW - timedelta(minutes=2))))
+        == 4
+    )
 
 
 def test_cooldown_after_a_change() -> None:
@@ -138,7 +166,9 @@ def test_job_not_running_gets_no_scale_out() -> None:
 
 
 def test_scale_out_disabled_by_a_window() -> None:
-    ps = policies(windows=[{"name": "freeze", "schedule": "0 12 * * *", "duration": "1h", "scale_out": False}])
+    ps = policies(
+        windows=[{"name": "freeze", "schedule": "0 12 * * *", "duration": "1h", "scale_out": False}]
+    )
     ds = run(snapshot([node("a", gpus=4)], [job(placement=["x"])]), ps)
     assert reason_of(ds) is Reason.SCALE_OUT_DISABLED
 
@@ -154,7 +184,9 @@ def test_job_budget_per_hour() -> None:
     ps = policies(cost={"budget_per_hour": 5.0})
     ds = run(snapshot(nodes, [job(hi=16, placement=["x", "x"])]), ps)
     assert grown(ds) == 3
-    ds = run(snapshot(nodes, [job(hi=16, placement=["x", "x"])]), policies(cost={"budget_per_hour": 2.0}))
+    ds = run(
+        snapshot(nodes, [job(hi=16, placement=["x", "x"])]), policies(cost={"budget_per_hour": 2.0})
+    )
     assert grown(ds) == 0 and reason_of(ds) is Reason.BUDGET
 
 
@@ -162,12 +194,17 @@ def test_cluster_budget_is_shared_by_all_jobs() -> None:
     ps = policies()
     ps = ps.model_copy(update={"cluster_budget_per_hour": 3.0})
     jobs = [job("a", hi=8, placement=["x"]), job("b", hi=8, placement=["x"])]
-    ds = run(snapshot([node("x", gpus=2, used=2, price=2.0), node("n", gpus=8, price=8.0)], jobs), ps)
+    ds = run(
+        snapshot([node("x", gpus=2, used=2, price=2.0), node("n", gpus=8, price=8.0)], jobs), ps
+    )
     assert grown(ds, "ml/a") + grown(ds, "ml/b") == 1  # 2 $/h spent, 1 $/h left
 
 
 def test_priority_first_then_fairness() -> None:
-    low, high = job("low", hi=8, placement=["x"], priority=0), job("high", hi=8, placement=["x"], priority=5)
+    low, high = (
+        job("low", hi=8, placement=["x"], priority=0),
+        job("high", hi=8, placement=["x"], priority=5),
+    )
     ds = run(snapshot([node("n", gpus=3)], [low, high]))
     assert grown(ds, "ml/high") == 3 and grown(ds, "ml/low") == 0
     a, b = job("a", hi=8, placement=["x"] * 4), job("b", hi=8, placement=["x"])
@@ -177,10 +214,14 @@ def test_priority_first_then_fairness() -> None:
 
 def test_policy_priority_overrides_job_priority() -> None:
     ps = policies()
-    ps = ps.model_validate({"policies": [
-        {"name": "vip", "priority": 10, "match": {"names": ["ml/b"]}},
-        {"name": "default"},
-    ]})
+    ps = ps.model_validate(
+        {
+            "policies": [
+                {"name": "vip", "priority": 10, "match": {"names": ["ml/b"]}},
+                {"name": "default"},
+            ]
+        }
+    )
     a, b = job("a", hi=8, placement=["x"], priority=3), job("b", hi=8, placement=["x"])
     ds = run(snapshot([node("n", gpus=2)], [a, b]), ps)
     assert grown(ds, "ml/b") == 2 and next(d.policy for d in ds if d.job == "ml/b") == "vip"
@@ -192,19 +233,33 @@ def test_scale_out_warns_when_et_operator_would_reuse_a_blacklisted_name() -> No
     out = only(run(snapshot([node("a", gpus=2)], [j])), Action.SCALE_OUT)[0]
     assert Reason.BLACKLIST_RISK in out.tags and "--blacklist-cooldown-range" in out.message
     clean = job(hi=8, placement=["x", "x"], failed_hosts=frozenset({"bert-worker-9"}))
-    assert Reason.BLACKLIST_RISK not in only(run(snapshot([node("a", gpus=2)], [clean])), Action.SCALE_OUT)[0].tags
+    assert (
+        Reason.BLACKLIST_RISK
+        not in only(run(snapshot([node("a", gpus=2)], [clean])), Action.SCALE_OUT)[0].tags
+    )
 
 
 def test_unbound_pending_workers_keep_their_room() -> None:
     # gpt's ScaleOut pod is Pending and not yet bound: the only idle GPU is where it will land
-    scaling = replace(job("gpt", hi=8, placement=["x"]), workers=workers("gpt", ["x", None], pending=1),
-                      scaler=Scaler(ScalerKind.SCALE_OUT, "gpt-out", NOW, ("gpt-worker-1",)))
-    ds = run(snapshot([node("x", gpus=1, used=1), node("n", gpus=1)], [scaling, job("bert", hi=8, placement=["x"])]))
+    scaling = replace(
+        job("gpt", hi=8, placement=["x"]),
+        workers=workers("gpt", ["x", None], pending=1),
+        scaler=Scaler(ScalerKind.SCALE_OUT, "gpt-out", NOW, ("gpt-worker-1",)),
+    )
+    ds = run(
+        snapshot(
+            [node("x", gpus=1, used=1), node("n", gpus=1)],
+            [scaling, job("bert", hi=8, placement=["x"])],
+        )
+    )
     assert grown(ds, "ml/bert") == 0
 
 
 def test_scale_out_carries_the_policy_timeout() -> None:
-    ds = run(snapshot([node("a", gpus=2)], [job(placement=["x"])]), policies(scale_out={"timeout": "90s"}))
+    ds = run(
+        snapshot([node("a", gpus=2)], [job(placement=["x"])]),
+        policies(scale_out={"timeout": "90s"}),
+    )
     assert only(ds, Action.SCALE_OUT)[0].timeout == timedelta(seconds=90)
 
 
@@ -214,6 +269,8 @@ def test_room_for_a_below_min_refill_is_held_while_its_scale_in_runs() -> None:
     bert = job("bert", lo=2, hi=8, placement=["a", "a"])
     gpt = job("gpt", lo=1, hi=8, placement=["x"])
     nodes = [node("a", gpus=2, used=2), node("b", gpus=3), node("x", gpus=1, used=1)]
-    ds = run(snapshot(nodes, [bert, gpt], [notice("a")]), policies(preemption={"keep_last_host": False}))
+    ds = run(
+        snapshot(nodes, [bert, gpt], [notice("a")]), policies(preemption={"keep_last_host": False})
+    )
     assert only(ds, Action.SCALE_IN)[0].job == "ml/bert"
     assert grown(ds, "ml/gpt") == 1  # 3 idle GPUs - 2 held for bert

@@ -23,7 +23,11 @@ def test_interruption_drains_then_scales_in_exactly_the_pods_on_that_node() -> N
 
 def test_two_notices_for_one_node_make_one_drain_and_one_scale_in() -> None:
     j = job(placement=["a", "b"])
-    ns = [notice("a", nid="sqs-1"), notice("a", nid="taint"), notice("a", NoticeKind.REBALANCE, "r")]
+    ns = [
+        notice("a", nid="sqs-1"),
+        notice("a", nid="taint"),
+        notice("a", NoticeKind.REBALANCE, "r"),
+    ]
     ds = run(snapshot([node("a"), node("b")], [j], ns))
     assert len(only(ds, Action.DRAIN)) == 1 and len(only(ds, Action.SCALE_IN)) == 1
     assert only(ds, Action.SCALE_IN)[0].pods == ("bert-worker-0",)
@@ -86,13 +90,17 @@ def test_when_every_host_is_doomed_one_is_kept_so_horovod_does_not_stop() -> Non
 
 def test_keep_last_host_can_be_turned_off() -> None:
     j = job(placement=["a"])
-    ds = run(snapshot([node("a")], [j], [notice("a")]), policies(preemption={"keep_last_host": False}))
+    ds = run(
+        snapshot([node("a")], [j], [notice("a")]), policies(preemption={"keep_last_host": False})
+    )
     assert only(ds, Action.SCALE_IN)[0].to_workers == 0
 
 
 def test_rebalance_only_avoids_by_default() -> None:
     j = job(hi=2, placement=["a"])
-    ds = run(snapshot([node("a"), node("b", gpus=1, used=1)], [j], [notice("a", NoticeKind.REBALANCE)]))
+    ds = run(
+        snapshot([node("a"), node("b", gpus=1, used=1)], [j], [notice("a", NoticeKind.REBALANCE)])
+    )
     assert not only(ds, Action.DRAIN)
     assert only(ds, Action.NOOP)[0].reason is Reason.REBALANCE
 
@@ -100,7 +108,10 @@ def test_rebalance_only_avoids_by_default() -> None:
 def test_rebalance_drain_policy_leaves_early_but_never_below_min() -> None:
     j = job(lo=2, hi=8, placement=["a", "a", "b"])
     ps = policies(preemption={"rebalance": "drain"})
-    ds = run(snapshot([node("a"), node("b", gpus=1, used=1)], [j], [notice("a", NoticeKind.REBALANCE)]), ps)
+    ds = run(
+        snapshot([node("a"), node("b", gpus=1, used=1)], [j], [notice("a", NoticeKind.REBALANCE)]),
+        ps,
+    )
     scale_in = only(ds, Action.SCALE_IN)[0]
     assert scale_in.reason is Reason.REBALANCE and scale_in.to_workers == 2
     assert Reason.CLAMP_MIN in scale_in.tags
@@ -111,7 +122,10 @@ def test_maintenance_is_hard_only_when_near() -> None:
     far = notice("a", NoticeKind.MAINTENANCE, deadline=NOW + timedelta(days=2))
     near = notice("a", NoticeKind.MAINTENANCE, deadline=NOW + timedelta(minutes=5))
     assert not only(run(snapshot([node("a"), node("b")], [j], [far])), Action.DRAIN)
-    assert only(run(snapshot([node("a"), node("b")], [j], [near])), Action.SCALE_IN)[0].reason is Reason.MAINTENANCE
+    assert (
+        only(run(snapshot([node("a"), node("b")], [j], [near])), Action.SCALE_IN)[0].reason
+        is Reason.MAINTENANCE
+    )
 
 
 def test_state_change_is_hard() -> None:
@@ -140,7 +154,10 @@ def test_drained_host_that_left_the_job_is_forgotten() -> None:
 
 def test_above_max_scales_in_pending_first_then_dearest_nodes() -> None:
     placed = workers("bert", ["cheap", "dear", "cheap"])
-    j = replace(job(hi=2), workers=(*placed, Worker("bert-worker-3", None, "bert-worker-3", 3, pending=True)))
+    j = replace(
+        job(hi=2),
+        workers=(*placed, Worker("bert-worker-3", None, "bert-worker-3", 3, pending=True)),
+    )
     nodes = [node("cheap", price=4.0), node("dear", price=16.0)]
     ds = run(snapshot(nodes, [j]))
     scale_in = only(ds, Action.SCALE_IN)[0]
@@ -151,8 +168,16 @@ def test_above_max_scales_in_pending_first_then_dearest_nodes() -> None:
 
 def test_a_window_lowering_max_scales_in() -> None:
     j = job(hi=4, placement=["a", "a", "a"])
-    ps = policies(windows=[{"name": "day", "schedule": "0 8 * * 1-5", "duration": "10h",
-                            "limits": {"max_workers": 1}}])
+    ps = policies(
+        windows=[
+            {
+                "name": "day",
+                "schedule": "0 8 * * 1-5",
+                "duration": "10h",
+                "limits": {"max_workers": 1},
+            }
+        ]
+    )
     assert only(run(snapshot([node("a", used=3)], [j]), ps), Action.SCALE_IN)[0].to_workers == 1
     night = NOW.replace(hour=22)
     assert not only(run(snapshot([node("a", used=3)], [j]), ps, now=night), Action.SCALE_IN)
@@ -160,7 +185,9 @@ def test_a_window_lowering_max_scales_in() -> None:
 
 def test_a_replacement_that_just_joined_does_not_free_the_kept_host() -> None:
     # worker-0 on doomed `a` was kept; its replacement worker-1 has run for 10 s only
-    fresh = Worker("bert-worker-1", "b", "bert-worker-1", 1, ready_since=NOW - timedelta(seconds=10))
+    fresh = Worker(
+        "bert-worker-1", "b", "bert-worker-1", 1, ready_since=NOW - timedelta(seconds=10)
+    )
     j = replace(job(placement=["a"]), workers=(*workers("bert", ["a"]), fresh))
     ds = run(snapshot([node("a"), node("b")], [j], [notice("a")]))
     assert not only(ds, Action.DRAIN) and not only(ds, Action.SCALE_IN)
@@ -169,7 +196,9 @@ def test_a_replacement_that_just_joined_does_not_free_the_kept_host() -> None:
     assert Reason.PREEMPTION_NOTICE in kept.tags
     settled = replace(fresh, ready_since=NOW - timedelta(seconds=45))
     j = replace(j, workers=(*workers("bert", ["a"]), settled))
-    assert only(run(snapshot([node("a"), node("b")], [j], [notice("a")])), Action.DRAIN)[0].hosts == ("bert-worker-0",)
+    assert only(run(snapshot([node("a"), node("b")], [j], [notice("a")])), Action.DRAIN)[
+        0
+    ].hosts == ("bert-worker-0",)
 
 
 def test_a_kept_doomed_host_is_refilled_as_if_gone() -> None:

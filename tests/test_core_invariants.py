@@ -27,9 +27,13 @@ from autoscaler.core import (
 def clusters(draw) -> Snapshot:
     n_nodes = draw(st.integers(1, 8))
     nodes = [
-        GpuNode(f"n{i}", draw(st.sampled_from([1, 2, 4, 8])), 0,
-                price_per_hour=draw(st.sampled_from([None, 1.0, 8.0, 30.0])),
-                schedulable=draw(st.booleans()) or i == 0)
+        GpuNode(
+            f"n{i}",
+            draw(st.sampled_from([1, 2, 4, 8])),
+            0,
+            price_per_hour=draw(st.sampled_from([None, 1.0, 8.0, 30.0])),
+            schedulable=draw(st.booleans()) or i == 0,
+        )
         for i in range(n_nodes)
     ]
     used = {n.name: 0.0 for n in nodes}
@@ -43,28 +47,68 @@ def clusters(draw) -> Snapshot:
             where = draw(st.sampled_from([n.name for n in nodes] + [None]))
             if where is not None:
                 used[where] += gpw
-            workers.append(Worker(f"j{j}-worker-{w}", where, f"j{j}-worker-{w}", w, pending=where is None))
+            workers.append(
+                Worker(f"j{j}-worker-{w}", where, f"j{j}-worker-{w}", w, pending=where is None)
+            )
         scaler = draw(st.sampled_from([None, Scaler(ScalerKind.SCALE_OUT, f"j{j}-s", NOW)]))
-        drained = frozenset(draw(st.lists(st.sampled_from([w.host for w in workers] + ["gone"]), max_size=2))) if workers else frozenset()
-        jobs.append(Job("ns", f"j{j}", lo, hi, gpw, workers=tuple(workers), scaler=scaler,
-                        priority=draw(st.integers(0, 2)), drained_hosts=drained,
-                        last_scaled_at=draw(st.sampled_from([None, NOW - timedelta(minutes=1)]))))
-    nodes = [GpuNode(n.name, n.gpus_allocatable, min(used[n.name], n.gpus_allocatable + 4),
-                     price_per_hour=n.price_per_hour, schedulable=n.schedulable) for n in nodes]
+        drained = (
+            frozenset(
+                draw(st.lists(st.sampled_from([w.host for w in workers] + ["gone"]), max_size=2))
+            )
+            if workers
+            else frozenset()
+        )
+        jobs.append(
+            Job(
+                "ns",
+                f"j{j}",
+                lo,
+                hi,
+                gpw,
+                workers=tuple(workers),
+                scaler=scaler,
+                priority=draw(st.integers(0, 2)),
+                drained_hosts=drained,
+                last_scaled_at=draw(st.sampled_from([None, NOW - timedelta(minutes=1)])),
+            )
+        )
+    nodes = [
+        GpuNode(
+            n.name,
+            n.gpus_allocatable,
+            min(used[n.name], n.gpus_allocatable + 4),
+            price_per_hour=n.price_per_hour,
+            schedulable=n.schedulable,
+        )
+        for n in nodes
+    ]
     notices = [
-        Notice(draw(st.sampled_from([n.name for n in nodes])), draw(st.sampled_from(list(NoticeKind))),
-               "t", f"e{i}", deadline=NOW + timedelta(minutes=draw(st.integers(0, 30))))
+        Notice(
+            draw(st.sampled_from([n.name for n in nodes])),
+            draw(st.sampled_from(list(NoticeKind))),
+            "t",
+            f"e{i}",
+            deadline=NOW + timedelta(minutes=draw(st.integers(0, 30))),
+        )
         for i in range(draw(st.integers(0, 3)))
     ]
-    return Snapshot(nodes=tuple(nodes), notices=tuple(notices), jobs=tuple(jobs),
-                    idle_since={n.name: NOW - timedelta(hours=1) for n in nodes})
+    return Snapshot(
+        nodes=tuple(nodes),
+        notices=tuple(notices),
+        jobs=tuple(jobs),
+        idle_since={n.name: NOW - timedelta(hours=1) for n in nodes},
+    )
 
 
-ps_options = st.sampled_from([
-    policies(),
-    policies(scale_out={"quantum": "power_of_two"}, preemption={"rebalance": "drain"}),
-    policies(cost={"max_price_per_gpu_hour": 2.0, "budget_per_hour": 20}, scale_out={"max_step": 2}),
-])
+ps_options = st.sampled_from(
+    [
+        policies(),
+        policies(scale_out={"quantum": "power_of_two"}, preemption={"rebalance": "drain"}),
+        policies(
+            cost={"max_price_per_gpu_hour": 2.0, "budget_per_hour": 20}, scale_out={"max_step": 2}
+        ),
+    ]
+)
 
 
 @settings(max_examples=300, deadline=None)

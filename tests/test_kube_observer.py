@@ -37,7 +37,11 @@ def by_name(items, attr: str = "name") -> dict:  # noqa: ANN001
 
 def test_idle_gpus_follow_the_scheduler_rules(kube: Kube) -> None:
     kube.server.seed(
-        node("limits"), node("init"), node("pending"), node("done"), node("overhead"),
+        node("limits"),
+        node("init"),
+        node("pending"),
+        node("done"),
+        node("overhead"),
         node("sidecar"),
         pod("a", "limits", 2),  # limits only: requests default to the limit
         pod("b", "limits", containers=[container(1, limits_only=False), container(1, name="x")]),
@@ -45,34 +49,66 @@ def test_idle_gpus_follow_the_scheduler_rules(kube: Kube) -> None:
         pod("c", "init", containers=[container(1)], init_containers=[container(3, name="i")]),
         pod("d", "pending", 4, phase="Pending"),  # bound but not running: holds its GPUs
         pod("e", None, 4, phase="Pending"),  # unbound: holds nothing
-        pod("f", "done", 4, phase="Succeeded"), pod("g", "done", 2, phase="Failed"),
+        pod("f", "done", 4, phase="Succeeded"),
+        pod("g", "done", 2, phase="Failed"),
         pod("h", "overhead", 1, overhead={GPU: "1"}),
         # a sidecar (restartable init container) runs next to the app: it adds up
-        pod("i", "sidecar", containers=[container(2)],
-            init_containers=[container(1, name="s", restartPolicy="Always"),
-                             container(2, name="j")]),
-        pod("cpu-only", "limits", 0,
-            containers=[{"name": "c", "resources": {"requests": {"cpu": "2"}}}]),
+        pod(
+            "i",
+            "sidecar",
+            containers=[container(2)],
+            init_containers=[
+                container(1, name="s", restartPolicy="Always"),
+                container(2, name="j"),
+            ],
+        ),
+        pod(
+            "cpu-only",
+            "limits",
+            0,
+            containers=[{"name": "c", "resources": {"requests": {"cpu": "2"}}}],
+        ),
     )
     nodes = by_name(snap(kube).nodes)
     assert {n: nodes[n].gpus_requested for n in nodes} == {
-        "limits": 4, "init": 3, "pending": 4, "done": 0, "overhead": 2, "sidecar": 3,
+        "limits": 4,
+        "init": 3,
+        "pending": 4,
+        "done": 0,
+        "overhead": 2,
+        "sidecar": 3,
     }
     assert nodes["limits"].idle_gpus == 4 and nodes["limits"].gpus_allocatable == 8
 
 
 def test_node_schedulability_and_kubernetes_side_notices(kube: Kube) -> None:
-    nth = {"key": "aws-node-termination-handler/spot-itn", "value": "evt-1", "effect": "NoSchedule",
-           "timeAdded": "2026-03-02T12:00:00Z"}
-    persisted = Notice("annotated", NoticeKind.REBALANCE, "aws-sqs", "m-7",
-                       received_at=now() - timedelta(seconds=5))
-    expired = {"type": "InstanceExpired", "status": "True",
-               "lastTransitionTime": "2026-03-02T12:00:00Z"}
+    nth = {
+        "key": "aws-node-termination-handler/spot-itn",
+        "value": "evt-1",
+        "effect": "NoSchedule",
+        "timeAdded": "2026-03-02T12:00:00Z",
+    }
+    persisted = Notice(
+        "annotated",
+        NoticeKind.REBALANCE,
+        "aws-sqs",
+        "m-7",
+        received_at=now() - timedelta(seconds=5),
+    )
+    expired = {
+        "type": "InstanceExpired",
+        "status": "True",
+        "lastTransitionTime": "2026-03-02T12:00:00Z",
+    }
     kube.server.seed(
-        node("ok"), node("cordoned", unschedulable=True), node("notready", ready=False),
+        node("ok"),
+        node("cordoned", unschedulable=True),
+        node("notready", ready=False),
         node("nth", taints=[nth]),
-        node("gpu-taint",  # GPU nodes often carry this one: it is no notice
-             taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]),
+        node(
+            "gpu-taint",  # GPU nodes often carry this one: it is no notice
+            taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
+        ),
         node("annotated", annotations={NOTICE_ANNOTATION: encode_notice(persisted)}),
         node("expired", conditions=[expired]),
         node("garbage", annotations={NOTICE_ANNOTATION: "{not json"}),
@@ -130,8 +166,12 @@ def test_capacity_types_and_prices_from_labels(kube: Kube) -> None:
 
 
 def test_shared_gpu_nodes_count_memory_as_gpu_equivalents(kube: Kube) -> None:
-    shared = node("share", 0, labels={"ack.node.gpu.schedule": "share"},
-                  allocatable={"aliyun.com/gpu-mem": "64", "aliyun.com/gpu-count": "4"})
+    shared = node(
+        "share",
+        0,
+        labels={"ack.node.gpu.schedule": "share"},
+        allocatable={"aliyun.com/gpu-mem": "64", "aliyun.com/gpu-count": "4"},
+    )
     limits = {"limits": {"aliyun.com/gpu-mem": "24"}}
     mem_pod = pod("p", "share", 0, containers=[{"name": "m", "resources": limits}])
     job = training_job("small", gpus=0)
@@ -147,22 +187,42 @@ def test_shared_gpu_nodes_count_memory_as_gpu_equivalents(kube: Kube) -> None:
 
 def test_training_jobs_become_core_jobs(kube: Kube) -> None:
     kube.server.seed(
-        node("a"), node("b"),
-        training_job("bert", min_workers=2, max_workers=8, gpus=2,
-                     labels={"spot-autoscaler.io/policy": "default",
-                             "spot-autoscaler.io/priority": "5"},
-                     annotations={DRAINED_ANNOTATION: encode_drained({"bert-worker-1"})}),
+        node("a"),
+        node("b"),
+        training_job(
+            "bert",
+            min_workers=2,
+            max_workers=8,
+            gpus=2,
+            labels={"spot-autoscaler.io/policy": "default", "spot-autoscaler.io/priority": "5"},
+            annotations={DRAINED_ANNOTATION: encode_drained({"bert-worker-1"})},
+        ),
         training_job("gpt", min_workers=None, max_workers=None, replicas=3, gpus=0, slots=4),
         training_job("old", phase="Succeeded"),
-        worker("bert", 0, "a", gpus=2), worker("bert", 10, "b", gpus=2),
+        worker("bert", 0, "a", gpus=2),
+        worker("bert", 10, "b", gpus=2),
         worker("bert", 1, "b", phase="Pending", gpus=2),  # bound, still starting
         worker("bert", 2, None, phase="Pending", gpus=2),  # not scheduled yet
         worker("bert", 3, "a", phase="Failed", gpus=2),  # gone from the job
-        pod("bert-launcher", "a", 0,
-            labels={"training-job-name": "bert", "training-job-role": "launcher"}),
+        pod(
+            "bert-launcher",
+            "a",
+            0,
+            labels={"training-job-name": "bert", "training-job-role": "launcher"},
+        ),
         # no operator labels: the controller reference and the name say it is a worker
-        pod("bert-worker-11", "a", 2, owner={"apiVersion": ET_API, "kind": "TrainingJob",
-                                             "name": "bert", "uid": "u", "controller": True}),
+        pod(
+            "bert-worker-11",
+            "a",
+            2,
+            owner={
+                "apiVersion": ET_API,
+                "kind": "TrainingJob",
+                "name": "bert",
+                "uid": "u",
+                "controller": True,
+            },
+        ),
     )
     jobs = by_name(snap(kube).jobs)
     assert set(jobs) == {"bert", "gpt"}
@@ -170,8 +230,10 @@ def test_training_jobs_become_core_jobs(kube: Kube) -> None:
     assert (bert.min_workers, bert.max_workers, bert.gpus_per_worker) == (2, 8, 2)
     assert bert.backend is Backend.ET_OPERATOR and bert.running and bert.scaler is None
     assert [(w.pod, w.node, w.index, w.pending) for w in bert.workers] == [
-        ("bert-worker-0", "a", 0, False), ("bert-worker-1", "b", 1, True),
-        ("bert-worker-2", None, 2, True), ("bert-worker-10", "b", 10, False),
+        ("bert-worker-0", "a", 0, False),
+        ("bert-worker-1", "b", 1, True),
+        ("bert-worker-2", None, 2, True),
+        ("bert-worker-10", "b", 10, False),
         ("bert-worker-11", "a", 11, False),
     ]
     assert bert.workers[0].host == "bert-worker-0"
@@ -184,11 +246,19 @@ def test_training_jobs_become_core_jobs(kube: Kube) -> None:
 def test_scalers_in_flight_finished_and_failed(kube: Kube) -> None:
     t0 = now() - timedelta(minutes=30)
     kube.server.seed(
-        training_job("a"), training_job("b"), training_job("c", current_scaler="ScaleIn:ml/c-in-x"),
+        training_job("a"),
+        training_job("b"),
+        training_job("c", current_scaler="ScaleIn:ml/c-in-x"),
         training_job("d", phase="Scaling", current_scaler="ScaleOut:ml/d-out-1"),
         scaler("ScaleOut", "a-out-1", "a", outcome="ScaleFailed", at=t0),
-        scaler("ScaleIn", "a-in-1", "a", outcome="ScaleSucceeded", at=t0 + timedelta(minutes=5),
-               pods=["a-worker-3"]),
+        scaler(
+            "ScaleIn",
+            "a-in-1",
+            "a",
+            outcome="ScaleSucceeded",
+            at=t0 + timedelta(minutes=5),
+            pods=["a-worker-3"],
+        ),
         scaler("ScaleOut", "b-out-1", "b", at=t0),
         scaler("ScaleOut", "b-out-2", "b", at=t0 + timedelta(seconds=5)),  # newest runs first
         scaler("ScaleOut", "d-out-1", "d", outcome="ScaleSucceeded", at=t0),  # stale pointer
@@ -210,7 +280,9 @@ def test_cce_jobs_only_when_fault_tolerant(kube: Kube) -> None:
         ai_training_job("ernie", replicas=2, min_workers=1, max_workers=6),
         ai_training_job("rigid", fault_tolerant=False),
         ai_training_job("moving", phase="Scaling", replicas=3),
-        trainer("ernie", 0, "a"), trainer("ernie", 1, "a"), trainer("moving", 0, "a"),
+        trainer("ernie", 0, "a"),
+        trainer("ernie", 1, "a"),
+        trainer("moving", 0, "a"),
     )
     jobs = by_name(snap(kube).jobs)
     assert set(jobs) == {"ernie", "moving"}
@@ -247,16 +319,28 @@ def test_node_for_instance_reads_provider_ids(kube: Kube) -> None:
 
 def test_workers_lost_with_their_node_while_in_discovery_are_remembered(kube: Kube) -> None:
     kube.server.seed(
-        node("a"), node("b"), node("c"),
-        training_job("bert", max_workers=8, annotations={DRAINED_ANNOTATION: encode_drained({"bert-worker-2"})}),
-        worker("bert", 0, "a"), worker("bert", 1, "b"), worker("bert", 2, "c"),
+        node("a"),
+        node("b"),
+        node("c"),
+        training_job(
+            "bert",
+            max_workers=8,
+            annotations={DRAINED_ANNOTATION: encode_drained({"bert-worker-2"})},
+        ),
+        worker("bert", 0, "a"),
+        worker("bert", 1, "b"),
+        worker("bert", 2, "c"),
     )
     cache = kube.cache()
     observer = kube.observer(cache)
     assert by_name(observer.snapshot(now()).jobs)["bert"].failed_hosts == frozenset()
     # b dies with worker-1 still in discovery; c dies too, but worker-2 had been drained first
     for name in ("b", "c"):
-        kube.server.patch("nodes", name, {"status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}})
-    job = wait_for(lambda: (j := by_name(observer.snapshot(now()).jobs)["bert"]).failed_hosts and j,
-                   what="the lost worker")
+        kube.server.patch(
+            "nodes", name, {"status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}}
+        )
+    job = wait_for(
+        lambda: (j := by_name(observer.snapshot(now()).jobs)["bert"]).failed_hosts and j,
+        what="the lost worker",
+    )
     assert job.failed_hosts == {"bert-worker-1"}

@@ -43,7 +43,9 @@ def test_bamboo_p3_every_notice_handled_without_abrupt_loss(tmp_path: Path) -> N
 
 def test_missed_notices_are_counted_as_abrupt_losses() -> None:
     config = Config.model_validate({"simulate": {"notice_miss_probability": 1.0}})
-    summary = simulate(config, synthetic_trace(seed=3, hours=4), seed=3, decisions_out=io.StringIO())
+    summary = simulate(
+        config, synthetic_trace(seed=3, hours=4), seed=3, decisions_out=io.StringIO()
+    )
     n = summary["notices"]
     assert n["posted"] == 0 and n["not_delivered"] > 0
     assert n["missed"] > 0 and n["workers_lost_abruptly"] > 0
@@ -59,7 +61,9 @@ def test_same_seed_same_result() -> None:
     assert once() == once()
 
 
-def test_default_simulate_needs_no_arguments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_simulate_needs_no_arguments(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     assert main(["simulate"]) == 0
     summary = json.loads((tmp_path / "simulate-out" / "summary.json").read_text())
@@ -73,7 +77,9 @@ def test_bad_trace_lines_are_reported_with_their_line() -> None:
         parse_trace("x,add,node1\n", "t.csv")
 
 
-def test_bad_trace_file_is_a_clear_cli_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_trace_file_is_a_clear_cli_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     bad = tmp_path / "t.csv"
     bad.write_text("0,add\n")
     assert main(["simulate", "--trace", str(bad), "--out", str(tmp_path / "o")]) == 1

@@ -93,14 +93,17 @@ def _to_python(
             key = _scalar(key_node)
             if key in out:
                 problems.append(
-                    Problem(source, key_node.start_mark.line + 1, _dotted((*path, key)), "duplicate key")
+                    Problem(
+                        source, key_node.start_mark.line + 1, _dotted((*path, key)), "duplicate key"
+                    )
                 )
             out[key] = _to_python(value_node, (*path, key), lines, problems, source)
             lines[(*path, key)] = key_node.start_mark.line + 1
         return out
     if isinstance(node, yaml.SequenceNode):
         return [
-            _to_python(item, (*path, i), lines, problems, source) for i, item in enumerate(node.value)
+            _to_python(item, (*path, i), lines, problems, source)
+            for i, item in enumerate(node.value)
         ]
     return _scalar(node)
 

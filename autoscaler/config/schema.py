@@ -15,7 +15,7 @@ from autoscaler.core.policy import Duration, PolicySet, Price, StrictModel, Work
 
 
 class Prices(StrictModel):
-    """Per-node prices per hour by instance type; live spot prices from the clouds override `spot`."""
+    """Node prices per hour by instance type; live spot prices from the clouds override `spot`."""
 
     on_demand: dict[str, Price] = {}
     spot: dict[str, Price] = {}
@@ -23,7 +23,9 @@ class Prices(StrictModel):
     default_spot: Price | None = None
 
     def for_node(self, instance_type: str, spot: bool) -> float | None:
-        table, default = (self.spot, self.default_spot) if spot else (self.on_demand, self.default_on_demand)
+        table, default = (
+            (self.spot, self.default_spot) if spot else (self.on_demand, self.default_on_demand)
+        )
         return table.get(instance_type, default)
 
 

@@ -42,7 +42,9 @@ def decide(snapshot: Snapshot, policies: PolicySet, now: datetime) -> list[Decis
     nodes = {n.name: n for n in snapshot.nodes}
     risks: dict[PreemptionRules, NodeRisk] = {}
     plans: list[_Plan] = []
-    held: list[Claim] = []  # refills that must wait for the job's own scaler: room kept, no decision
+    held: list[
+        Claim
+    ] = []  # refills that must wait for the job's own scaler: room kept, no decision
     cluster_spend = 0.0
     effective: dict[str, Policy] = {}  # each policy's windows evaluated once per pass
 
@@ -154,8 +156,14 @@ def _growth_decision(plan: _Plan, pool: CapacityPool, now: datetime) -> Decision
     if claim is None:
         reason = blocked or Reason.STEADY
         return Decision(
-            job=job.key, action=Action.NOOP, reason=reason, policy=policy.name,
-            from_workers=n, to_workers=n, tags=below, message=_NOOP_MESSAGES.get(reason, ""),
+            job=job.key,
+            action=Action.NOOP,
+            reason=reason,
+            policy=policy.name,
+            from_workers=n,
+            to_workers=n,
+            tags=below,
+            message=_NOOP_MESSAGES.get(reason, ""),
         )
     grant = grant_of(claim, pool, at_max=claim.target == plan.ceiling)
     if grant.count == 0:
@@ -163,8 +171,13 @@ def _growth_decision(plan: _Plan, pool: CapacityPool, now: datetime) -> Decision
         if _cooling_down(job, policy, now) and not below:
             why_not = Reason.COOLDOWN
         return Decision(
-            job=job.key, action=Action.NOOP, reason=why_not, policy=policy.name,
-            from_workers=n, to_workers=n, tags=below + grant.tags,
+            job=job.key,
+            action=Action.NOOP,
+            reason=why_not,
+            policy=policy.name,
+            from_workers=n,
+            to_workers=n,
+            tags=below + grant.tags,
             message=_NOOP_MESSAGES.get(why_not, ""),
         )
     message = f"{grant.count} worker(s) of {job.gpus_per_worker:g} GPU fit on idle capacity"
@@ -177,10 +190,16 @@ def _growth_decision(plan: _Plan, pool: CapacityPool, now: datetime) -> Decision
             " unless horovodrun has --blacklist-cooldown-range"
         )
     return Decision(
-        job=job.key, action=Action.SCALE_OUT,
-        reason=Reason.BELOW_MIN if below else Reason.IDLE_CAPACITY, policy=policy.name,
-        from_workers=n, to_workers=n + grant.count, count=grant.count,
-        nodes=tuple(sorted(grant.nodes)), tags=tags, message=message,  # one entry per worker
+        job=job.key,
+        action=Action.SCALE_OUT,
+        reason=Reason.BELOW_MIN if below else Reason.IDLE_CAPACITY,
+        policy=policy.name,
+        from_workers=n,
+        to_workers=n + grant.count,
+        count=grant.count,
+        nodes=tuple(sorted(grant.nodes)),
+        tags=tags,
+        message=message,  # one entry per worker
         timeout=policy.scale_out.timeout,
     )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+
 from autoscaler.core.model import (
     Action,
     Decision,
@@ -64,8 +65,14 @@ def plan_departures(
         assert reason is not None
         out.decisions.append(
             Decision(
-                job=job.key, action=Action.NOOP, reason=Reason.LAST_HOST_KEPT, policy=policy.name,
-                from_workers=n, to_workers=n, pods=(kept.pod,), hosts=(kept.host,),
+                job=job.key,
+                action=Action.NOOP,
+                reason=Reason.LAST_HOST_KEPT,
+                policy=policy.name,
+                from_workers=n,
+                to_workers=n,
+                pods=(kept.pod,),
+                hosts=(kept.host,),
                 nodes=(kept.node,) if kept.node else (),
                 tags=(reason, *(t for t in tags if t is not Reason.LAST_HOST_KEPT)),
                 message="the only settled host stays in discovery until a replacement has synced",
@@ -81,10 +88,17 @@ def plan_departures(
     if to_drain:
         out.decisions.append(
             Decision(
-                job=job.key, action=Action.DRAIN, reason=reason, policy=policy.name,
-                from_workers=n, to_workers=n - len(leaving), count=len(to_drain),
-                pods=tuple(w.pod for w in leaving if w.host in to_drain), hosts=to_drain,
-                nodes=departing_nodes, tags=tuple(tags),
+                job=job.key,
+                action=Action.DRAIN,
+                reason=reason,
+                policy=policy.name,
+                from_workers=n,
+                to_workers=n - len(leaving),
+                count=len(to_drain),
+                pods=tuple(w.pod for w in leaving if w.host in to_drain),
+                hosts=to_drain,
+                nodes=departing_nodes,
+                tags=tuple(tags),
                 message=f"hide {len(to_drain)} host(s) from discovery before the pods go",
             )
         )
@@ -95,17 +109,33 @@ def plan_departures(
         if deferred[1]:
             out.decisions.append(
                 Decision(
-                    job=job.key, action=Action.NOOP, reason=deferred[0], policy=policy.name,
-                    from_workers=n, to_workers=n, pods=victims, hosts=hosts,
-                    nodes=departing_nodes, tags=(reason, *tags), message=deferred[1],
+                    job=job.key,
+                    action=Action.NOOP,
+                    reason=deferred[0],
+                    policy=policy.name,
+                    from_workers=n,
+                    to_workers=n,
+                    pods=victims,
+                    hosts=hosts,
+                    nodes=departing_nodes,
+                    tags=(reason, *tags),
+                    message=deferred[1],
                 )
             )
         return out
     out.decisions.append(
         Decision(
-            job=job.key, action=Action.SCALE_IN, reason=reason, policy=policy.name,
-            from_workers=n, to_workers=n - len(victims), count=len(victims), pods=victims,
-            hosts=hosts, nodes=departing_nodes, tags=tuple(tags),
+            job=job.key,
+            action=Action.SCALE_IN,
+            reason=reason,
+            policy=policy.name,
+            from_workers=n,
+            to_workers=n - len(victims),
+            count=len(victims),
+            pods=victims,
+            hosts=hosts,
+            nodes=departing_nodes,
+            tags=tuple(tags),
             message=f"remove exactly {', '.join(victims)}",
         )
     )
@@ -157,8 +187,11 @@ def _last_host_to_keep(
     lets the job shrink and grow instead of failing or starting over.
     """
     survivors = [
-        w for w in job.workers
-        if w.pod not in why and not w.pending and w.host not in job.drained_hosts
+        w
+        for w in job.workers
+        if w.pod not in why
+        and not w.pending
+        and w.host not in job.drained_hosts
         and (w.ready_since is None or w.ready_since <= settled_by)
     ]
     if survivors:
@@ -166,6 +199,7 @@ def _last_host_to_keep(
     candidates = [w for w in job.workers if w.pod in why and not w.pending]
     if not candidates:
         return None
+
     def lives_longest(w: Worker) -> tuple:
         deadline = risk.deadlines.get(w.node or "")  # unknown deadline: assume the latest
         return (why[w.pod] is Reason.CLAMP_MAX, deadline is None, deadline, -w.index)
@@ -184,7 +218,10 @@ def _scale_in_deferred(job: Job, victims: tuple[str, ...]) -> tuple[Reason, str]
             f"scale-in waits for {scaler.kind}/{scaler.name}; hosts are drained meanwhile",
         )
     if not job.running:
-        return Reason.JOB_NOT_RUNNING, "scale-in waits until the job runs; hosts are drained meanwhile"
+        return (
+            Reason.JOB_NOT_RUNNING,
+            "scale-in waits until the job runs; hosts are drained meanwhile",
+        )
     return None
 
 
@@ -193,7 +230,9 @@ def _undrains(
 ) -> list[Decision]:
     by_host = {w.host: w for w in job.workers}
     leaving_hosts = {w.host for w in leaving}
-    in_flight = set(job.scaler.pods) if job.scaler and job.scaler.kind is ScalerKind.SCALE_IN else set()
+    in_flight = (
+        set(job.scaler.pods) if job.scaler and job.scaler.kind is ScalerKind.SCALE_IN else set()
+    )
     gone: list[str] = []
     healthy: list[str] = []
     for host in sorted(job.drained_hosts - leaving_hosts):
@@ -207,8 +246,15 @@ def _undrains(
     n = len(job.workers)
     return [
         Decision(
-            job=job.key, action=Action.UNDRAIN, reason=reason, policy=policy.name,
-            from_workers=n, to_workers=n, count=len(hosts), hosts=tuple(hosts), message=message,
+            job=job.key,
+            action=Action.UNDRAIN,
+            reason=reason,
+            policy=policy.name,
+            from_workers=n,
+            to_workers=n,
+            count=len(hosts),
+            hosts=tuple(hosts),
+            message=message,
         )
         for hosts, reason, message in (
             (gone, Reason.HOST_GONE, "forget drained hosts that left the job"),

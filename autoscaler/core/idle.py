@@ -15,7 +15,5 @@ from autoscaler.core.model import GpuNode
 def track_idle(
     previous: Mapping[str, datetime], nodes: Iterable[GpuNode], now: datetime
 ) -> dict[str, datetime]:
-    """Keep the first-seen time of nodes still idle and schedulable; start the clock for new ones."""
-    return {
-        n.name: previous.get(n.name, now) for n in nodes if n.schedulable and n.idle_gpus > 0
-    }
+    """Keep the first-seen time of nodes still idle and schedulable; start new ones' clocks."""
+    return {n.name: previous.get(n.name, now) for n in nodes if n.schedulable and n.idle_gpus > 0}

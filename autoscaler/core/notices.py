@@ -33,7 +33,9 @@ def classify(notices: Iterable[Notice], rules: PreemptionRules, now: datetime) -
     for notice in notices:
         if notice.deadline is not None:
             known = deadlines.get(notice.node)
-            deadlines[notice.node] = notice.deadline if known is None else min(known, notice.deadline)
+            deadlines[notice.node] = (
+                notice.deadline if known is None else min(known, notice.deadline)
+            )
         reason = _hard_reason(notice, rules, now)
         if reason is None:
             soft.add(notice.node)

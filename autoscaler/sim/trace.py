@@ -1,4 +1,4 @@
-"""Spot availability traces: `t_ms,add|remove,nodeN` lines (Bamboo's format), or a seeded synthetic one."""
+"""Spot availability traces: Bamboo's `t_ms,add|remove,nodeN` lines, or a seeded synthetic one."""
 
 from __future__ import annotations
 
