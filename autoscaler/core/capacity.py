@@ -7,9 +7,10 @@ is also how et-operator treats a ScaleOut: all new pods run, or all are rolled b
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -47,7 +48,12 @@ class Grant:
 
 
 class CapacityPool:
-    """Idle GPUs left on nodes that may take new workers, plus the cluster's spend so far."""
+    """Idle GPUs left on nodes that may take new workers, plus the cluster's spend so far.
+
+    Nodes are indexed by (GPU-hour price, GPUs left), names sorted within: the preferred node is
+    the first that fits in that order, so a grant scans a few nodes instead of the whole pool.
+    Noticed nodes take no new workers whatever the claim: they stay out of the index.
+    """
 
     def __init__(
         self,
@@ -60,6 +66,12 @@ class CapacityPool:
     ) -> None:
         self.nodes = {n.name: n for n in nodes if n.schedulable and n.idle_gpus > 0}
         self.left = {name: n.idle_gpus for name, n in self.nodes.items()}
+        self._buckets: dict[tuple[float, float], list[str]] = {}  # (price, left) -> names
+        self._keys: list[tuple[float, float]] = []  # sorted; buckets may be empty
+        self._noticed = [name for name in self.nodes if name in noticed]
+        for name in sorted(self.nodes):
+            if name not in noticed:
+                self._index(name)
         self.noticed = noticed
         self.idle_for = {
             name: now - idle_since[name] if name in idle_since else None for name in self.nodes
@@ -70,9 +82,14 @@ class CapacityPool:
     def hold_for_unbound(self, gpus: float) -> None:
         """Set aside room for a pending pod not yet bound to a node, where the scheduler would put
         it (most room first): otherwise another job takes it and that ScaleOut rolls back."""
-        room = [(left, name) for name, left in self.left.items() if left >= gpus]
+        room = [(self.left[name], name) for name in self._noticed if self.left[name] >= gpus]
+        filled = [k for k in self._keys if self._buckets[k]]
+        most = max((left for _, left in filled), default=None)
+        if most is not None and most >= gpus:
+            room.append((most, max(self._buckets[k][-1] for k in filled if k[1] == most)))
         if room:
-            self.left[max(room)[1]] -= gpus
+            name = max(room)[1]
+            self._set_left(name, self.left[name] - gpus)
 
     def why_not(self, claim: Claim, node: GpuNode) -> Reason | None:
         """The first rule that keeps one more worker of `claim` off `node`, or None if it fits."""
@@ -100,24 +117,33 @@ class CapacityPool:
         return None
 
     def best_node(self, claim: Claim) -> GpuNode | None:
-        """Cheapest GPU-hour, then tightest fit (keeps big holes for big workers), then name."""
-        best: tuple | None = None
-        for node in self.nodes.values():
+        """Cheapest GPU-hour, then tightest fit (keeps big holes for big workers), then name.
+
+        Only a failed search visits every node; `blocked` then holds every reason that applies
+        (a claim's reasons matter only when it gets nothing).
+        """
+        gpw = claim.job.gpus_per_worker
+        for node in self.with_room(gpw):
             reason = self.why_not(claim, node)
-            if reason is not None:
-                if reason is not Reason.NO_CAPACITY:
-                    claim.blocked.add(reason)
-                continue
-            price = node.price_per_gpu_hour
-            key = (math.inf if price is None else price, self.left[node.name], node.name)
-            if best is None or key < best[0]:
-                best = (key, node)
-        return best[1] if best else None
+            if reason is None:
+                return node
+            if reason is not Reason.NO_CAPACITY:
+                claim.blocked.add(reason)
+        if any(self.left[name] >= gpw for name in self._noticed):
+            claim.blocked.add(Reason.REBALANCE)
+        return None
+
+    def with_room(self, gpus: float) -> Iterator[GpuNode]:
+        """Un-noticed nodes with `gpus` left, best first (do not change the pool meanwhile)."""
+        for key in self._keys:
+            if key[1] >= gpus:
+                for name in self._buckets[key]:
+                    yield self.nodes[name]
 
     def take(self, claim: Claim, node: GpuNode) -> None:
         gpw = claim.job.gpus_per_worker
         cost = gpw * (node.price_per_gpu_hour or 0.0)
-        self.left[node.name] -= gpw
+        self._set_left(node.name, self.left[node.name] - gpw)
         claim.spend_per_hour += cost
         self.cluster_spend += cost
         claim.granted_nodes.append(node.name)
@@ -127,10 +153,31 @@ class CapacityPool:
         for name in claim.granted_nodes[-count:]:
             node = self.nodes[name]
             cost = claim.job.gpus_per_worker * (node.price_per_gpu_hour or 0.0)
-            self.left[name] += claim.job.gpus_per_worker
+            self._set_left(name, self.left[name] + claim.job.gpus_per_worker)
             claim.spend_per_hour -= cost
             self.cluster_spend -= cost
         del claim.granted_nodes[-count:]
+
+    def _key(self, name: str) -> tuple[float, float]:
+        price = self.nodes[name].price_per_gpu_hour
+        return (math.inf if price is None else price, self.left[name])
+
+    def _index(self, name: str) -> None:
+        key = self._key(name)
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = []
+            bisect.insort(self._keys, key)
+        bisect.insort(bucket, name)
+
+    def _set_left(self, name: str, left: float) -> None:
+        if name in self.noticed:
+            self.left[name] = left
+            return
+        bucket = self._buckets[self._key(name)]
+        del bucket[bisect.bisect_left(bucket, name)]
+        self.left[name] = left
+        self._index(name)
 
 
 def fill(pool: CapacityPool, claims: list[Claim]) -> None:
@@ -183,4 +230,5 @@ def grant_of(claim: Claim, pool: CapacityPool, at_max: bool) -> Grant:
 
 
 def _could_take_more(pool: CapacityPool, claim: Claim) -> bool:
-    return any(pool.why_not(claim, node) is None for node in pool.nodes.values())
+    gpw = claim.job.gpus_per_worker
+    return any(pool.why_not(claim, node) is None for node in pool.with_room(gpw))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Protocol
 
 from autoscaler.config.schema import SimJob
 from autoscaler.core import (
@@ -85,6 +86,18 @@ class Loss:
     abrupt: int  # still in discovery: Horovod sees a failure
 
 
+class RingListener(Protocol):
+    """Horovod's view of a job: a worker is in its ring while its pod runs and is not drained.
+
+    `left(graceful=True)`: hidden from discovery while alive (reset, no rollback);
+    `graceful=False`: the pod died while still in discovery (Horovod sees a failure).
+    """
+
+    def joined(self, job: str, pod: str, now: datetime) -> None: ...
+
+    def left(self, job: str, pod: str, now: datetime, graceful: bool) -> None: ...
+
+
 class SimulatedCluster:
     dry_run = False
 
@@ -94,6 +107,7 @@ class SimulatedCluster:
         pod_startup: timedelta,
         scale_out_timeout: timedelta,
         scale_in_grace: timedelta,
+        listener: RingListener | None = None,
     ) -> None:
         self.pod_startup = pod_startup
         self.nodes: dict[str, SimNode] = {}
@@ -103,6 +117,7 @@ class SimulatedCluster:
         self.scale_out_timeout = scale_out_timeout
         self.scale_in_grace = scale_in_grace
         self.scale_outs_failed = 0
+        self.listener = listener
 
     # --- the world changes -------------------------------------------------------------------
     def add_node(self, node: SimNode) -> None:
@@ -118,6 +133,8 @@ class SimulatedCluster:
         self.notices.pop(name, None)
         losses: dict[str, Loss] = {}
         for pod in [p for p in self.pods.values() if p.node == name]:
+            if pod.name not in self.pods:
+                continue  # already rolled back with its ScaleOut below
             job = self.jobs[pod.job]
             loss = losses.setdefault(pod.job, Loss(pod.job, 0, 0))
             if pod.running and pod.name not in job.drained:
@@ -125,8 +142,7 @@ class SimulatedCluster:
                 job.failed.add(pod.name)
             else:
                 loss.graceful += 1
-            del self.pods[pod.name]
-            job.drained.discard(pod.name)
+            self._delete(job, pod.name, now)
             scaler = job.scaler
             if scaler and scaler.kind is ScalerKind.SCALE_OUT and pod.name in scaler.pods:
                 self._fail_scale_out(job, now)
@@ -141,14 +157,15 @@ class SimulatedCluster:
                     pod.ready_at = now + self.pod_startup
             if pod.node is not None and not pod.running and pod.ready_at and pod.ready_at <= now:
                 pod.running = True
+                if self.listener and pod.name not in self.jobs[pod.job].drained:
+                    self.listener.joined(pod.job, pod.name, now)
         for job in self.jobs.values():
             scaler = job.scaler
             if scaler is None:
                 continue
             if scaler.kind is ScalerKind.SCALE_IN and now >= scaler.deadline:
                 for name in scaler.pods:
-                    self.pods.pop(name, None)
-                    job.drained.discard(name)
+                    self._delete(job, name, now)
                 job.scaler, job.last_scaled_at = None, now
             elif scaler.kind is ScalerKind.SCALE_OUT:
                 if all(self.pods[p].running for p in scaler.pods if p in self.pods):
@@ -190,7 +207,9 @@ class SimulatedCluster:
                     max_workers=spec.max_workers, gpus_per_worker=spec.gpus_per_worker,
                     backend=Backend.ET_OPERATOR, priority=spec.priority, labels=spec.labels,
                     workers=tuple(
-                        Worker(p.name, p.node, p.name, p.index, pending=not p.running) for p in pods
+                        Worker(p.name, p.node, p.name, p.index, pending=not p.running,
+                               ready_since=p.ready_at if p.running else None)
+                        for p in pods
                     ),
                     scaler=Scaler(scaler.kind, scaler.name, scaler.created_at, scaler.pods)
                     if scaler
@@ -209,9 +228,13 @@ class SimulatedCluster:
         if job is None:
             raise SimulationError(f"unknown job {decision.job}")
         if decision.action is Action.DRAIN:
-            job.drained.update(decision.hosts)
+            self._drain(job, decision.hosts, now)
         elif decision.action is Action.UNDRAIN:
-            job.drained.difference_update(decision.hosts)
+            for host in decision.hosts:
+                pod = self.pods.get(host)
+                if self.listener and host in job.drained and pod is not None and pod.running:
+                    self.listener.joined(job.key, host, now)
+                job.drained.discard(host)
         elif decision.action in (Action.SCALE_OUT, Action.SCALE_IN):
             if job.scaler is not None:
                 raise SimulationError(f"{job.key}: a second scaler while {job.scaler.name} runs")
@@ -227,7 +250,7 @@ class SimulatedCluster:
                 if unknown:  # et-operator silently drops unknown names; a core bug here
                     raise SimulationError(f"{job.key}: ScaleIn names unknown pods {sorted(unknown)}")
                 # the operator rewrites the hostfile without the victims before deleting them
-                job.drained.update(decision.pods)
+                self._drain(job, decision.pods, now)
                 job.scaler = SimScaler(
                     ScalerKind.SCALE_IN, name, now, decision.pods, now + self.scale_in_grace
                 )
@@ -240,11 +263,26 @@ class SimulatedCluster:
         self.pods[pod.name] = pod
         return pod
 
+    def _drain(self, job: SimJobState, hosts: tuple[str, ...], now: datetime) -> None:
+        """Hide hosts (pod names) from the job's discovery: running ones leave the ring alive."""
+        for host in hosts:
+            pod = self.pods.get(host)
+            if self.listener and host not in job.drained and pod is not None and pod.running:
+                self.listener.left(job.key, host, now, graceful=True)
+            job.drained.add(host)
+
+    def _delete(self, job: SimJobState, name: str, now: datetime) -> None:
+        """A pod goes; if it was still in the ring, Horovod sees its worker fail."""
+        pod = self.pods.pop(name, None)
+        if self.listener and pod is not None and pod.running and name not in job.drained:
+            self.listener.left(job.key, name, now, graceful=False)
+        job.drained.discard(name)
+
     def _fail_scale_out(self, job: SimJobState, now: datetime) -> None:
         """All-or-nothing: every pod the ScaleOut added is deleted."""
         assert job.scaler is not None
         for name in job.scaler.pods:
-            self.pods.pop(name, None)
+            self._delete(job, name, now)
         job.scaler = None
         job.last_failed_scale_out_at = now
         self.scale_outs_failed += 1

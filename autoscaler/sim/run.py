@@ -2,7 +2,8 @@
 
 Discrete events: trace adds/removes, notices `notice_lead_time` before each removal (some missed at
 random, seeded), reconcile ticks, and the cluster's own changes (pods starting, scalers ending).
-A notice triggers a reconcile at once, as the daemon's watches do.
+A notice triggers a reconcile at once, as the daemon's watches do. `replay` is the event loop with
+any controller (the benchmark drives baselines through it); `simulate` runs it with the reconciler.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from autoscaler.config.schema import Config
 from autoscaler.core import Action, CapacityType, Decision, Notice, NoticeKind
 from autoscaler.logs import file_logger
 from autoscaler.reconcile import Reconciler
-from autoscaler.sim.cluster import Loss, SimNode, SimulatedCluster
+from autoscaler.sim.cluster import Loss, RingListener, SimNode, SimulatedCluster
 from autoscaler.sim.trace import TraceEvent
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)  # simulated time starts here: runs are reproducible
@@ -35,6 +36,7 @@ class Accounts:
     cost_usd: float = 0.0
     worker_hours: float = 0.0
     workers_over_time: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+    cost_over_time: list[tuple[float, float]] = field(default_factory=list)  # (t, cumulative $)
     at: datetime = EPOCH
 
     def advance(self, cluster: SimulatedCluster, now: datetime) -> None:
@@ -49,6 +51,8 @@ class Accounts:
                 self.worker_hours += hours if pod.running else 0.0
         self.at = now
         t = (now - EPOCH).total_seconds()
+        if hours > 0 or not self.cost_over_time:
+            self.cost_over_time.append((t, self.cost_usd))
         for key in cluster.jobs:
             running = sum(1 for p in cluster.pods.values() if p.job == key and p.running)
             series = self.workers_over_time.setdefault(key, [])
@@ -67,6 +71,31 @@ class NoticeStats:
     workers_abrupt: int = 0
 
 
+@dataclass
+class Replay:
+    accounts: Accounts
+    notices: NoticeStats
+    end: float  # seconds: the last tick
+    nodes_max: int
+
+
+def sim_cluster(
+    config: Config, listener: RingListener | None = None, scale_out_timeout: timedelta | None = None
+) -> SimulatedCluster:
+    """The simulated cluster `config.simulate` describes; ScaleOut timeout from the policies."""
+    settings = config.simulate
+    if scale_out_timeout is None:
+        timeouts = [p.scale_out.timeout for p in config.policies]
+        scale_out_timeout = max(timeouts, default=timedelta(minutes=5))
+    return SimulatedCluster(
+        settings.jobs,
+        pod_startup=settings.pod_startup,
+        scale_out_timeout=scale_out_timeout,
+        scale_in_grace=settings.scale_in_grace,
+        listener=listener,
+    )
+
+
 def simulate(
     config: Config,
     trace: list[TraceEvent],
@@ -74,15 +103,7 @@ def simulate(
     decisions_out: TextIO,
     progress: Callable[[float, float], None] | None = None,
 ) -> dict[str, Any]:
-    settings = config.simulate
-    rng = random.Random(seed)
-    timeouts = {p.name: p.scale_out.timeout for p in config.policies}
-    cluster = SimulatedCluster(
-        settings.jobs,
-        pod_startup=settings.pod_startup,
-        scale_out_timeout=max(timeouts.values(), default=timedelta(minutes=5)),
-        scale_in_grace=settings.scale_in_grace,
-    )
+    cluster = sim_cluster(config)
     decisions: Counter[tuple[str, str]] = Counter()
 
     def count(decision: Decision) -> None:
@@ -90,17 +111,33 @@ def simulate(
             decisions[(decision.action.value, decision.reason.value)] += 1
 
     reconciler = Reconciler(cluster, cluster, config, file_logger(decisions_out), on_decision=count)
+    started = time.perf_counter()
+    run = replay(config, trace, seed, cluster, reconciler.tick, progress)
+    return _summary(config, cluster, run.accounts, run.notices, decisions, run.end, run.nodes_max,
+                    time.perf_counter() - started, reconciler.errors)
+
+
+def replay(
+    config: Config,
+    trace: list[TraceEvent],
+    seed: int,
+    cluster: SimulatedCluster,
+    tick: Callable[[datetime], object],
+    progress: Callable[[float, float], None] | None = None,
+) -> Replay:
+    """Feed `trace` (plus notices and ticks) to `cluster`; `tick(now)` is the controller."""
+    settings = config.simulate
+    rng = random.Random(seed)
     accounts = Accounts()
     notices = NoticeStats()
     events, notices.not_delivered = _schedule(
         trace, settings.notice_lead_time, settings.tick, settings.notice_miss_probability, rng
     )
-    end = events[-1][0] if events else 0.0
+    end = horizon(trace, settings.tick)
     for i in range(settings.on_demand_nodes):
         cluster.add_node(_node(config, f"on-demand-{i + 1}", spot=False))
     nodes_max = 0
     noticed_with_workers: set[str] = set()
-    started = time.perf_counter()
 
     while events:
         t = events[0][0]
@@ -134,12 +171,18 @@ def simulate(
             elif kind == "tick":
                 react = True
         if react:
-            reconciler.tick(now)
+            tick(now)
         if progress is not None:
             progress(t, end)
     accounts.advance(cluster, EPOCH + timedelta(seconds=end))
-    return _summary(config, cluster, accounts, notices, decisions, end, nodes_max,
-                    time.perf_counter() - started, reconciler.errors)
+    return Replay(accounts, notices, end, nodes_max)
+
+
+def horizon(trace: list[TraceEvent], tick: timedelta) -> float:
+    """When a replay of `trace` ends: the first tick after its last event (seconds)."""
+    step = tick.total_seconds()
+    last = max((e.t for e in trace), default=0.0)
+    return int((last + step) // step) * step
 
 
 def _schedule(
@@ -159,8 +202,8 @@ def _schedule(
             at = max(added_at.get(e.node, 0.0), e.t - lead.total_seconds())
             events.append((at, _ORDER["notice"], "notice", e.node))
     step = tick.total_seconds()
-    end = max((e[0] for e in events), default=0.0) + step
-    events += [(i * step, _ORDER["tick"], "tick", "") for i in range(int(end // step) + 1)]
+    ticks = int(horizon(trace, tick) // step) + 1
+    events += [(i * step, _ORDER["tick"], "tick", "") for i in range(ticks)]
     heapq.heapify(events)
     return events, dropped
 

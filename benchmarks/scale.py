@@ -1,0 +1,452 @@
+"""Scale benchmark: one reconcile tick on synthetic clusters. It reports figures; it is not a test.
+
+    .venv/bin/python benchmarks/scale.py                      # 500 / 5,000 / 20,000 GPU nodes
+    .venv/bin/python benchmarks/scale.py --sizes 5000:500 --repeat 9 --json scale.json
+    .venv/bin/python benchmarks/scale.py --api                # + API requests/min in steady state
+
+Every node has 8 GPUs and 10 pods: 6-8 one-GPU workers of the elastic jobs, the rest system pods.
+A quarter of the nodes have 2 idle GPUs, 1% carry a spot-interruption taint, every job may grow
+by 8: the tick drains, scales in and shares idle GPUs between all jobs (the expensive path).
+
+- `decide`: the core alone on ready-made snapshot dataclasses.
+- `kube`: raw API objects (realistic pods, managedFields included) held in the adapter's watch
+  cache without any HTTP, then `Reconciler.tick`: `KubeObserver.snapshot` + idle tracking +
+  `decide` + decision logging, with a dry-run actuator. Cold = first tick, warm = later ticks.
+- `--api`: the cache against the test API emulator (tests/support/kube_api.py): API requests per
+  minute once synced, with reconcile ticks running, for two cluster sizes.
+
+Each size runs in its own process, so its peak RSS (ru_maxrss) is its own. Times are CPU time of
+the process (median of --repeat), robust to other load on a shared machine; wall time beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+import tracemalloc
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from autoscaler.core import (  # noqa: E402
+    CapacityType,
+    GpuNode,
+    Job,
+    Notice,
+    NoticeKind,
+    Snapshot,
+    Worker,
+    decide,
+)
+
+SIZES = [(500, 50), (5000, 500), (20000, 2000)]
+NOW = datetime(2026, 3, 2, 12, tzinfo=UTC)
+GPUS, PODS_PER_NODE, HEADROOM = 8, 10, 8
+ET_API = "kai.alibabacloud.com/v1alpha1"
+NTH_TAINT = "aws-node-termination-handler/spot-itn"
+Obj = dict[str, Any]
+
+
+# --- the synthetic cluster ------------------------------------------------------------------
+NodeRow = tuple[str, int, bool, bool]  # name, workers on it, spot, noticed
+
+
+def layout(nodes: int, jobs: int) -> tuple[list[NodeRow], list[list[tuple[str, int]]]]:
+    """Every node's row, and per job its workers as (node, index)."""
+    placed: list[list[tuple[str, int]]] = [[] for _ in range(jobs)]
+    out = []
+    k = 0
+    for i in range(nodes):
+        name = f"gpu-{i:05d}"
+        busy = GPUS - (2 if i % 4 == 0 else 0)
+        for _ in range(busy):
+            job = placed[k % jobs]
+            job.append((name, len(job)))
+            k += 1
+        out.append((name, busy, i % 10 < 7, i % 100 == 0))
+    return out, placed
+
+
+def core_snapshot(nodes: int, jobs: int) -> Snapshot:
+    node_rows, placed = layout(nodes, jobs)
+    gpu_nodes = tuple(
+        GpuNode(name, GPUS, busy, CapacityType.SPOT if spot else CapacityType.ON_DEMAND,
+                7.34 if spot else 24.48, schedulable=not noticed)
+        for name, busy, spot, noticed in node_rows
+    )
+    notices = tuple(
+        Notice(name, NoticeKind.INTERRUPTION, "k8s-taint", f"{NTH_TAINT}={name}")
+        for name, _, _, noticed in node_rows if noticed
+    )
+    job_objs = tuple(
+        Job("ml", f"job-{j:04d}", 1, len(ws) + HEADROOM, 1.0,
+            workers=tuple(Worker(f"job-{j:04d}-worker-{i}", node, f"job-{j:04d}-worker-{i}", i)
+                          for node, i in ws))
+        for j, ws in enumerate(placed)
+    )
+    idle = {n.name: NOW - timedelta(hours=1) for n in gpu_nodes}
+    return Snapshot(gpu_nodes, notices, job_objs, idle)
+
+
+def _managed_fields(manager: str) -> list[Obj]:
+    fields = {f"f:{k}": {} for k in ("labels", "ownerReferences", "spec", "status", "conditions")}
+    return [{"manager": manager, "operation": "Update", "apiVersion": "v1",
+             "time": "2026-03-02T11:00:00Z", "fieldsType": "FieldsV1", "fieldsV1": fields}]
+
+
+def raw_node(name: str, spot: bool, noticed: bool) -> Obj:
+    taints = [{"key": NTH_TAINT, "value": f"evt-{name}", "effect": "NoSchedule",
+               "timeAdded": "2026-03-02T11:59:00Z"}] if noticed else []
+    labels = {"karpenter.sh/capacity-type": "spot" if spot else "on-demand",
+              "node.kubernetes.io/instance-type": "p3.16xlarge", "kubernetes.io/os": "linux",
+              "topology.kubernetes.io/zone": "us-east-1a", "kubernetes.io/hostname": name}
+    conditions = [{"type": t, "status": "False", "reason": f"Kubelet{t}",
+                   "lastHeartbeatTime": "2026-03-02T11:59:30Z",
+                   "lastTransitionTime": "2026-03-02T10:00:00Z"}
+                  for t in ("MemoryPressure", "DiskPressure", "PIDPressure")]
+    conditions.append({"type": "Ready", "status": "True", "reason": "KubeletReady",
+                       "lastHeartbeatTime": "2026-03-02T11:59:30Z",
+                       "lastTransitionTime": "2026-03-02T10:00:00Z"})
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "uid": f"uid-{name}", "resourceVersion": "1", "labels": labels,
+                     "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
+                     "managedFields": _managed_fields("kubelet")},
+        "spec": {"providerID": f"aws:///us-east-1a/i-{name}", "taints": taints},
+        "status": {"allocatable": {"cpu": "63", "memory": "480Gi", "nvidia.com/gpu": str(GPUS),
+                                   "pods": "110"},
+                   "capacity": {"cpu": "64", "memory": "488Gi", "nvidia.com/gpu": str(GPUS),
+                                "pods": "110"},
+                   "conditions": conditions,
+                   "addresses": [{"type": "InternalIP", "address": "10.0.0.1"},
+                                 {"type": "Hostname", "address": name}],
+                   "nodeInfo": {"kubeletVersion": "v1.30.0", "containerRuntimeVersion":
+                                "containerd://1.7.11", "osImage": "Amazon Linux 2"}},
+    }
+
+
+def raw_pod(name: str, node: str, gpus: int, job: str | None, index: int) -> Obj:
+    labels = {"app": job or "node-exporter"}
+    owners = [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "node-exporter",
+               "uid": "uid-ds", "controller": True}]
+    if job is not None:
+        labels = {"group-name": "kai.alibabacloud.com", "training-job-name": job,
+                  "training-job-role": "worker", "replica-index": str(index)}
+        owners = [{"apiVersion": ET_API, "kind": "TrainingJob", "name": job,
+                   "uid": f"uid-{job}", "controller": True, "blockOwnerDeletion": True}]
+    resources = {"limits": {"nvidia.com/gpu": str(gpus), "cpu": "7", "memory": "60Gi"},
+                 "requests": {"nvidia.com/gpu": str(gpus), "cpu": "7", "memory": "60Gi"}}
+    container = {
+        "name": "main", "image": "registry.example.com/train/horovod:0.28.1-torch2",
+        "command": ["/bin/sh", "-c"], "args": ["sleep infinity"],
+        "env": [{"name": f"ENV_{i}", "value": f"value-{i}"} for i in range(8)],
+        "resources": resources if gpus else {"requests": {"cpu": "50m", "memory": "64Mi"}},
+        "volumeMounts": [{"name": "kube-api-access", "readOnly": True,
+                          "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"},
+                         {"name": "edl", "mountPath": "/etc/edl"}],
+        "imagePullPolicy": "IfNotPresent", "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "File",
+    }
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ml" if job else "kube-system",
+                     "uid": f"uid-{name}",
+                     "resourceVersion": "1", "creationTimestamp": "2026-03-02T10:00:00Z",
+                     "labels": labels, "ownerReferences": owners,
+                     "managedFields": _managed_fields("kubelet")},
+        "spec": {
+            "nodeName": node, "containers": [container], "restartPolicy": "Always",
+            "schedulerName": "default-scheduler", "serviceAccountName": "default",
+            "dnsPolicy": "ClusterFirst", "priority": 0, "enableServiceLinks": True,
+            "tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists",
+                             "effect": "NoExecute", "tolerationSeconds": 300},
+                            {"key": "node.kubernetes.io/unreachable", "operator": "Exists",
+                             "effect": "NoExecute", "tolerationSeconds": 300}],
+            "volumes": [{"name": "kube-api-access", "projected": {"defaultMode": 420, "sources": [
+                {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                {"configMap": {"name": "kube-root-ca.crt",
+                               "items": [{"key": "ca.crt", "path": "ca.crt"}]}}]}},
+                        {"name": "edl", "emptyDir": {}}],
+        },
+        "status": {
+            "phase": "Running", "hostIP": "10.0.0.1", "podIP": "10.1.0.1", "qosClass": "Guaranteed",
+            "startTime": "2026-03-02T10:00:00Z",
+            "conditions": [{"type": t, "status": "True", "lastProbeTime": None,
+                            "lastTransitionTime": "2026-03-02T10:00:05Z"}
+                           for t in ("Initialized", "Ready", "ContainersReady", "PodScheduled")],
+            "containerStatuses": [{"name": "main", "ready": True, "restartCount": 0,
+                                   "image": container["image"], "imageID": "sha256:" + "0" * 64,
+                                   "containerID": "containerd://" + "1" * 64, "started": True,
+                                   "state": {"running": {"startedAt": "2026-03-02T10:00:04Z"}}}],
+        },
+    }
+
+
+def raw_job(name: str, workers: int) -> Obj:
+    template = {"spec": {"containers": [{"name": "main", "image": "trainer", "resources": {
+        "limits": {"nvidia.com/gpu": "1"}}}]}}
+    return {
+        "apiVersion": ET_API, "kind": "TrainingJob",
+        "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}", "resourceVersion": "1"},
+        "spec": {"etReplicaSpecs": {"launcher": {"replicas": 1}, "worker": {
+            "replicas": workers, "minReplicas": 1, "maxReplicas": workers + HEADROOM,
+            "template": template}}},
+        "status": {"phase": "Running", "currentScaler": ""},
+    }
+
+
+def raw_objects(nodes: int, jobs: int) -> tuple[list[Obj], list[Obj], list[Obj]]:
+    node_rows, placed = layout(nodes, jobs)
+    on_node: dict[str, list[tuple[int, int]]] = {}
+    for j, ws in enumerate(placed):
+        for node, i in ws:
+            on_node.setdefault(node, []).append((j, i))
+    node_objs, pod_objs = [], []
+    for name, _, spot, noticed in node_rows:
+        node_objs.append(raw_node(name, spot, noticed))
+        workers = on_node.get(name, [])
+        for j, i in workers:
+            pod_objs.append(raw_pod(f"job-{j:04d}-worker-{i}", name, 1, f"job-{j:04d}", i))
+        for s in range(PODS_PER_NODE - len(workers)):
+            pod_objs.append(raw_pod(f"sys-{name}-{s}", name, 0, None, 0))
+    job_objs = [raw_job(f"job-{j:04d}", len(ws)) for j, ws in enumerate(placed)]
+    return node_objs, pod_objs, job_objs
+
+
+# --- measuring ------------------------------------------------------------------------------
+def cpu_and_wall(fn: Callable[[], object], repeat: int) -> dict[str, float]:
+    cpu, wall = [], []
+    for _ in range(repeat):
+        c, w = time.process_time(), time.perf_counter()
+        fn()
+        cpu.append(time.process_time() - c)
+        wall.append(time.perf_counter() - w)
+    return {"cpu_ms": round(statistics.median(cpu) * 1000, 1),
+            "wall_ms": round(statistics.median(wall) * 1000, 1)}
+
+
+def traced_peak_mb(fn: Callable[[], object]) -> float:
+    gc.collect()
+    tracemalloc.start()
+    fn()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return round(peak / 2**20, 1)
+
+
+def rss_mb() -> float:
+    """Peak resident set of this process so far."""
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # KiB on Linux
+
+
+def current_rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def measure(nodes: int, jobs: int, repeat: int, kube: bool) -> dict[str, Any]:
+    """Times first, peak RSS next, traced allocation peaks last (tracing inflates memory)."""
+    from autoscaler.config import Config
+
+    config = Config()
+    out: dict[str, Any] = {"nodes": nodes, "jobs": jobs, "pods": nodes * PODS_PER_NODE,
+                           "rss_baseline_mb": round(current_rss_mb(), 1)}
+    snapshot = core_snapshot(nodes, jobs)
+    decisions = decide(snapshot, config, NOW)
+    out["workers"] = sum(len(j.workers) for j in snapshot.jobs)
+    out["decisions"] = {a: sum(1 for d in decisions if d.action.value == a)
+                        for a in ("scale_out", "scale_in", "drain", "noop")}
+    out["decide"] = cpu_and_wall(lambda: decide(snapshot, config, NOW), repeat)
+    reconciler = measure_kube(nodes, jobs, repeat, config, out) if kube else None
+    out["rss_peak_mb"] = rss_mb()
+    out["decide"]["alloc_peak_mb"] = traced_peak_mb(lambda: decide(snapshot, config, NOW))
+    if reconciler is not None:
+        tick = reconciler.tick
+        out["kube"]["tick"]["alloc_peak_mb"] = traced_peak_mb(lambda: tick(NOW + timedelta(days=1)))
+    return out
+
+
+def measure_kube(nodes: int, jobs: int, repeat: int, config: Any, out: dict[str, Any]) -> Any:
+    """Fill the watch cache without HTTP, then time snapshots and ticks; the reconciler."""
+    from kubernetes import client
+
+    from autoscaler.adapters.kube import DryRunActuator, KubeCache, KubeObserver
+    from autoscaler.adapters.kube.resources import NODES, PODS, TRAINING_JOBS
+    from autoscaler.reconcile import Reconciler
+    from autoscaler.signals import NoticeBoard, PriceBook
+
+    gc.collect()
+    before = current_rss_mb()
+    node_objs, pod_objs, job_objs = raw_objects(nodes, jobs)
+    sizes = [len(json.dumps(p)) for p in pod_objs[:: max(1, len(pod_objs) // 200)]]
+    cache = KubeCache(client.ApiClient(), config.kubernetes)  # never started: no HTTP
+    for res, objs in ((NODES, node_objs), (PODS, pod_objs), (TRAINING_JOBS, job_objs)):
+        for obj in objs:
+            cache.assume(res, obj)  # the write-through path: as if the watch delivered it
+    del node_objs, pod_objs, job_objs
+    gc.collect()
+    cache_mb = current_rss_mb() - before
+    observer = KubeObserver(cache, config.kubernetes, config.prices, NoticeBoard(), PriceBook())
+    reconciler = Reconciler(observer, DryRunActuator(), config, structlog.get_logger())
+    ticks = iter(NOW + timedelta(minutes=2 * k) for k in range(10**6))  # idle clocks settle
+    cold = cpu_and_wall(lambda: observer.snapshot(NOW), 1)
+    warm = cpu_and_wall(lambda: observer.snapshot(NOW), repeat)
+    reconciler.tick(next(ticks))  # first tick: starts the idle clocks
+    out["kube"] = {
+        "pod_json_bytes": int(statistics.median(sizes)),
+        "cache_rss_mb": round(cache_mb, 1),
+        "snapshot_cold": cold,
+        "snapshot_warm": warm,
+        "tick": cpu_and_wall(lambda: reconciler.tick(next(ticks)), repeat),
+    }
+    return reconciler
+
+
+# --- API requests in steady state -----------------------------------------------------------
+def measure_api(nodes: int, jobs: int, window: float, watch_timeout: float) -> dict[str, Any]:
+    from autoscaler.adapters.kube import DryRunActuator, KubeCache, KubeObserver
+    from autoscaler.config import Config
+    from autoscaler.reconcile import Reconciler
+    from autoscaler.signals import NoticeBoard, PriceBook
+    from tests.support.kube_api import KubeApiServer
+
+    config = Config.model_validate({"kubernetes": {"watch_timeout": watch_timeout}})
+    node_objs, pod_objs, job_objs = raw_objects(nodes, jobs)
+    with KubeApiServer(history_limit=100) as api:
+        api.seed(*node_objs, *pod_objs, *job_objs)
+        del node_objs, pod_objs, job_objs
+        cache = KubeCache(api.api_client(), config.kubernetes)
+        started = time.perf_counter()
+        cache.start()
+        try:
+            if not cache.wait_synced(600):
+                raise RuntimeError("cache did not sync")
+            synced = time.perf_counter() - started
+            initial = api.count()
+            api.clear_requests()
+            observer = KubeObserver(cache, config.kubernetes, config.prices, NoticeBoard(),
+                                    PriceBook())
+            reconciler = Reconciler(observer, DryRunActuator(), config, structlog.get_logger())
+            begin, ticks = time.perf_counter(), 0
+            while time.perf_counter() - begin < window:
+                reconciler.tick(datetime.now(UTC))
+                ticks += 1
+                time.sleep(max(0.0, 1.0 - (time.perf_counter() - begin) % 1.0))
+            elapsed = time.perf_counter() - begin
+            steady = api.requests()
+        finally:
+            cache.stop()
+    return {
+        "nodes": nodes, "pods": nodes * PODS_PER_NODE, "initial_sync_s": round(synced, 1),
+        "initial_requests": initial, "window_s": round(elapsed, 1), "ticks": ticks,
+        "watch_timeout_s": watch_timeout,
+        "requests": len(steady), "watch_requests": sum(1 for r in steady if r.watch),
+        "requests_per_min": round(len(steady) * 60 / elapsed, 1),
+    }
+
+
+# --- driver ---------------------------------------------------------------------------------
+def run_child(args: list[str]) -> dict[str, Any]:
+    proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True,
+                          check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{args}: {proc.stderr.strip()[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    lines = ["| nodes | jobs | pods | decide ms | snapshot cold ms | snapshot warm ms | tick ms "
+             "| cache RSS MB | peak RSS MB | tick alloc peak MB |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        k = r.get("kube") or {}
+        cells = [k.get("snapshot_cold", {}).get("cpu_ms"), k.get("snapshot_warm", {}).get("cpu_ms"),
+                 k.get("tick", {}).get("cpu_ms"), k.get("cache_rss_mb"), r["rss_peak_mb"],
+                 k.get("tick", {}).get("alloc_peak_mb")]
+        head = f"| {r['nodes']:,} | {r['jobs']:,} | {r['pods']:,} | {r['decide']['cpu_ms']} | "
+        lines.append(head + " | ".join(_or_dash(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def _or_dash(v: object) -> str:
+    return "—" if v is None else f"{v}"
+
+
+def growth(results: list[dict[str, Any]]) -> str:
+    out = []
+    for a, b in zip(results, results[1:], strict=False):
+        f = b["nodes"] / a["nodes"]
+        d = b["decide"]["cpu_ms"] / max(a["decide"]["cpu_ms"], 0.1)
+        line = f"{a['nodes']:,} -> {b['nodes']:,} nodes (x{f:g}): decide x{d:.1f}"
+        if a.get("kube") and b.get("kube"):
+            t = b["kube"]["tick"]["cpu_ms"] / max(a["kube"]["tick"]["cpu_ms"], 0.1)
+            m = b["rss_peak_mb"] / a["rss_peak_mb"]
+            line += f", tick x{t:.1f}, peak RSS x{m:.1f}"
+        out.append(line)
+    return "\n".join(out)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default=",".join(f"{n}:{j}" for n, j in SIZES),
+                        help="comma-separated nodes:jobs")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--no-kube", action="store_true", help="measure decide only")
+    parser.add_argument("--api", action="store_true", help="also count API requests (emulator)")
+    parser.add_argument("--api-sizes", default="500:50,5000:500")
+    parser.add_argument("--api-window", type=float, default=45.0, help="seconds per size")
+    parser.add_argument("--json", type=Path, help="write all figures here")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--one-api", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one or args.one_api:
+        from autoscaler.logs import configure
+
+        configure(json_lines=True, level="warning")  # the dry-run actuator's lines are noise here
+    if args.one:
+        n, j = map(int, args.one.split(":"))
+        print(json.dumps(measure(n, j, args.repeat, not args.no_kube)))
+        return 0
+    if args.one_api:
+        n, j = map(int, args.one_api.split(":"))
+        print(json.dumps(measure_api(n, j, args.api_window, watch_timeout=15.0)))
+        return 0
+    flags = ["--repeat", str(args.repeat), *(["--no-kube"] if args.no_kube else [])]
+    results = []
+    for size in args.sizes.split(","):
+        results.append(run_child(["--one", size, *flags]))
+        print(f"measured {size}", file=sys.stderr, flush=True)
+    report: dict[str, Any] = {"sizes": results}
+    print(table(results))
+    print()
+    print(growth(results))
+    if args.api:
+        report["api"] = [run_child(["--one-api", s, "--api-window", str(args.api_window)])
+                         for s in args.api_sizes.split(",")]
+        for a in report["api"]:
+            print(f"\nAPI, {a['nodes']:,} nodes / {a['pods']:,} pods: initial sync "
+                  f"{a['initial_sync_s']} s in {a['initial_requests']} requests; steady state "
+                  f"{a['requests_per_min']} requests/min over {a['window_s']} s with "
+                  f"{a['ticks']} ticks (watch timeout {a['watch_timeout_s']} s: "
+                  f"{a['watch_requests']} re-watches)")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
