@@ -134,15 +134,15 @@ def test_min_idle_waits_for_capacity_to_settle() -> None:
 
 
 def test_cooldown_after_a_change() -> None:
-    j = job(placement=["x"], last_scaled_at=NOW - timedelta(minutes=1))
+    j = job(placement=["x"], last_scale_out_at=NOW - timedelta(minutes=1))
     ds = run(snapshot([node("a", gpus=4)], [j]))
     assert grown(ds) == 0 and reason_of(ds) is Reason.COOLDOWN
-    j = job(placement=["x"], last_scaled_at=NOW - timedelta(minutes=6))
+    j = job(placement=["x"], last_scale_out_at=NOW - timedelta(minutes=6))
     assert grown(run(snapshot([node("a", gpus=4)], [j]))) == 4
 
 
 def test_below_min_refills_without_cooldown_or_min_idle_but_only_to_min() -> None:
-    j = job(lo=3, hi=8, placement=["x"], last_scaled_at=NOW)
+    j = job(lo=3, hi=8, placement=["x"], last_scale_out_at=NOW)
     fresh = snapshot([node("a", gpus=8)], [j], idle_since=NOW)
     out = only(run(fresh), Action.SCALE_OUT)[0]
     assert out.to_workers == 3 and out.reason is Reason.BELOW_MIN

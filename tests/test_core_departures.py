@@ -48,7 +48,7 @@ def test_job_at_min_with_a_notice_still_drains_and_says_below_min() -> None:
 
 
 def test_preemption_is_not_delayed_by_cooldown_or_backoff() -> None:
-    j = job(placement=["a", "b"], last_scaled_at=NOW, last_failed_scale_out_at=NOW)
+    j = job(placement=["a", "b"], last_scale_out_at=NOW, last_failed_scale_out_at=NOW)
     ds = run(snapshot([node("a"), node("b")], [j], [notice("a")]))
     assert only(ds, Action.SCALE_IN)
 
@@ -203,7 +203,7 @@ def test_a_replacement_that_just_joined_does_not_free_the_kept_host() -> None:
 
 def test_a_kept_doomed_host_is_refilled_as_if_gone() -> None:
     # the job's only host is doomed and kept; the refill must not wait for cooldown or min_idle
-    j = job(lo=1, hi=4, placement=["a"], last_scaled_at=NOW)
+    j = job(lo=1, hi=4, placement=["a"], last_scale_out_at=NOW)
     ds = run(snapshot([node("a", used=1), node("b", gpus=2)], [j], [notice("a")], idle_since=NOW))
     assert only(ds, Action.NOOP)[0].reason is Reason.LAST_HOST_KEPT
     out = only(ds, Action.SCALE_OUT)[0]

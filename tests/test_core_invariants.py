@@ -69,7 +69,7 @@ def clusters(draw) -> Snapshot:
                 scaler=scaler,
                 priority=draw(st.integers(0, 2)),
                 drained_hosts=drained,
-                last_scaled_at=draw(st.sampled_from([None, NOW - timedelta(minutes=1)])),
+                last_scale_out_at=draw(st.sampled_from([None, NOW - timedelta(minutes=1)])),
             )
         )
     nodes = [

@@ -126,7 +126,7 @@ def _growth_blocked(job: Job, policy: Policy, now: datetime) -> Reason | None:
 
 
 def _cooling_down(job: Job, policy: Policy, now: datetime) -> bool:
-    last = job.last_scaled_at
+    last = job.last_scale_out_at
     return last is not None and now - last < policy.scale_out.cooldown
 
 

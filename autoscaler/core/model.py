@@ -132,7 +132,8 @@ class Job:
     scaler: Scaler | None = None  # the outstanding scaler, if any
     priority: int = 0
     labels: Mapping[str, str] = field(default_factory=dict)
-    last_scaled_at: datetime | None = None  # last finished scale of any kind: cooldown
+    # last finished ScaleOut: the cooldown clock (a forced scale-in on a notice does not restart it)
+    last_scale_out_at: datetime | None = None
     last_failed_scale_out_at: datetime | None = None  # ScaleFailed / rollback: backoff
     drained_hosts: frozenset[str] = frozenset()  # hidden from this job's discovery now
     # hosts Horovod saw fail (lost while still in discovery): it blacklists them for the job's life

@@ -94,7 +94,9 @@ class Match(StrictModel):
 class ScaleOutRules(StrictModel):
     enabled: bool = True
     min_idle: Duration = timedelta(seconds=60)  # capacity must stay idle this long first
-    cooldown: Duration = timedelta(minutes=5)  # since this job's last finished scale
+    # since the job's last finished scale-out: every scale-out costs each worker a reset, so
+    # growth is batched; a forced scale-in does not restart it. 2m measured best on Bamboo traces
+    cooldown: Duration = timedelta(minutes=2)
     timeout: Duration = timedelta(minutes=5)  # ScaleOut spec.timeout: pods must run by then
     backoff: Duration = timedelta(minutes=10)  # after a failed / rolled-back ScaleOut
     max_step: Annotated[int, Field(ge=1)] | None = None  # most workers added in one scaler

@@ -66,7 +66,7 @@ class SimJobState:
     spec: SimJob
     next_index: int = 0
     scaler: SimScaler | None = None
-    last_scaled_at: datetime | None = None
+    last_scale_out_at: datetime | None = None
     last_failed_scale_out_at: datetime | None = None
     drained: set[str] = field(default_factory=set)
     failed: set[str] = field(default_factory=set)  # hosts Horovod saw die: blacklisted
@@ -166,10 +166,10 @@ class SimulatedCluster:
             if scaler.kind is ScalerKind.SCALE_IN and now >= scaler.deadline:
                 for name in scaler.pods:
                     self._delete(job, name, now)
-                job.scaler, job.last_scaled_at = None, now
+                job.scaler = None
             elif scaler.kind is ScalerKind.SCALE_OUT:
                 if all(self.pods[p].running for p in scaler.pods if p in self.pods):
-                    job.scaler, job.last_scaled_at = None, now
+                    job.scaler, job.last_scale_out_at = None, now
                 elif now >= scaler.deadline:
                     self._fail_scale_out(job, now)
 
@@ -214,7 +214,7 @@ class SimulatedCluster:
                     scaler=Scaler(scaler.kind, scaler.name, scaler.created_at, scaler.pods)
                     if scaler
                     else None,
-                    last_scaled_at=state.last_scaled_at,
+                    last_scale_out_at=state.last_scale_out_at,
                     last_failed_scale_out_at=state.last_failed_scale_out_at,
                     drained_hosts=frozenset(state.drained),
                     failed_hosts=frozenset(state.failed),

@@ -113,7 +113,7 @@ def build_job(
         scaler=scaler,
         priority=_priority(labels),
         labels=labels,
-        last_scaled_at=scalers.last_scaled_at if scalers else None,
+        last_scale_out_at=scalers.last_scale_out_at if scalers else None,
         last_failed_scale_out_at=scalers.last_failed_scale_out_at if scalers else None,
         drained_hosts=decode_drained(annotations_of(job).get(DRAINED_ANNOTATION)),
     )

@@ -95,7 +95,7 @@ class ScalerState:
     """A job's scalers summed up for the core."""
 
     in_flight: tuple[ScalerFacts, ...]  # unfinished, newest last
-    last_scaled_at: datetime | None
+    last_scale_out_at: datetime | None  # the last ScaleOut that succeeded
     last_failed_scale_out_at: datetime | None
     latest_finished: str  # name of the scaler that finished last ("" if none): a naming input
 
@@ -109,10 +109,12 @@ def scaler_state(job: Obj, job_key: str, scalers: list[ScalerFacts]) -> ScalerSt
     if pointer is not None and all(s.name != pointer.name for s in scalers):
         running.append(pointer)
     running.sort(key=lambda s: s.order)
-    failed_outs = [s for s in finished if s.kind is ScalerKind.SCALE_OUT and s.outcome == FAILED]
+    outs = [s for s in finished if s.kind is ScalerKind.SCALE_OUT]
+    failed_outs = [s for s in outs if s.outcome == FAILED]
+    grown = [s for s in outs if s.outcome != FAILED]
     return ScalerState(
         in_flight=tuple(running),
-        last_scaled_at=finished[-1].finished_at if finished else None,
+        last_scale_out_at=grown[-1].finished_at if grown else None,
         last_failed_scale_out_at=failed_outs[-1].finished_at if failed_outs else None,
         latest_finished=finished[-1].name if finished else "",
     )

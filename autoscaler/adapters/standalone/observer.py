@@ -40,7 +40,7 @@ class StandaloneObserver:
         return self.notice_dir is None or self.notice_dir.scanned
 
     def snapshot(self, now: datetime) -> Snapshot:
-        hosts = self.file.read()
+        hosts, joined = self.file.read(), self.file.joined()
         used = {h.host: h.slots for h in hosts}
         nodes = tuple(
             GpuNode(
@@ -56,8 +56,8 @@ class StandaloneObserver:
             namespace=spec.namespace, name=spec.name, min_workers=spec.min_workers,
             max_workers=spec.max_workers, gpus_per_worker=float(spec.gpus_per_worker),
             backend=Backend.STANDALONE, labels=spec.labels,
-            workers=workers_of(hosts, spec.gpus_per_worker, self.file.joined()),
-            last_scaled_at=self.file.modified_at(),
+            workers=workers_of(hosts, spec.gpus_per_worker, joined),
+            last_scale_out_at=max(joined.values(), default=None),
             # a drained host leaves the file at once, with its workers: nothing stays drained
             drained_hosts=frozenset(),
         )
