@@ -16,6 +16,15 @@ from autoscaler.core import Action, Decision, PolicySet, Snapshot, decide, track
 from autoscaler.decisionlog import log_decision
 
 
+_APPLY_ORDER = {
+    Action.DRAIN: 0,
+    Action.SCALE_IN: 1,
+    Action.SCALE_OUT: 2,
+    Action.UNDRAIN: 3,
+    Action.NOOP: 4,
+}
+
+
 class Observer(Protocol):
     def snapshot(self, now: datetime) -> Snapshot: ...
 
@@ -55,6 +64,9 @@ class Reconciler:
                 log_decision(self.logger, decision, now=now, dry_run=self.actuator.dry_run)
             if self.on_decision is not None:
                 self.on_decision(decision)
+        # Every job's drain before any scaler: a drain is what races the node's death, and it
+        # must not wait behind other jobs' API writes. Within a job, drain still precedes scale-in.
+        for decision in sorted(decisions, key=lambda d: _APPLY_ORDER[d.action]):
             if decision.action is Action.NOOP:
                 continue
             try:

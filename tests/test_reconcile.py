@@ -1,0 +1,54 @@
+"""The reconciler: decisions logged in order, drains applied first, failures isolated."""
+
+from __future__ import annotations
+
+import io
+from datetime import datetime
+
+from core_fixtures import NOW, job, node, notice, snapshot
+
+from autoscaler.core import Action, Decision, PolicySet, Snapshot
+from autoscaler.logs import file_logger
+from autoscaler.reconcile import Reconciler
+
+
+class FixedWorld:
+    """An observer of one fixed snapshot and an actuator that records (and may refuse) actions."""
+
+    dry_run = False
+
+    def __init__(self, snap: Snapshot, refuse: str = "") -> None:
+        self.snap, self.refuse, self.applied = snap, refuse, []
+
+    def snapshot(self, now: datetime) -> Snapshot:
+        return self.snap
+
+    def apply(self, decision: Decision, now: datetime) -> None:
+        if decision.job == self.refuse:
+            raise ConnectionError("api down")
+        self.applied.append((decision.job, decision.action))
+
+
+def two_preempted_jobs() -> Snapshot:
+    jobs = [job("a", placement=["n1", "n2"]), job("b", placement=["n1", "n2"])]
+    return snapshot([node("n1"), node("n2")], jobs, [notice("n1")])
+
+
+def test_every_drain_goes_before_any_scale_in() -> None:
+    world = FixedWorld(two_preempted_jobs())
+    Reconciler(world, world, PolicySet(), file_logger(io.StringIO())).tick(NOW)
+    assert world.applied == [
+        ("ml/a", Action.DRAIN),
+        ("ml/b", Action.DRAIN),
+        ("ml/a", Action.SCALE_IN),
+        ("ml/b", Action.SCALE_IN),
+    ]
+
+
+def test_one_jobs_failure_does_not_stop_the_others() -> None:
+    world = FixedWorld(two_preempted_jobs(), refuse="ml/a")
+    out = io.StringIO()
+    reconciler = Reconciler(world, world, PolicySet(), file_logger(out))
+    reconciler.tick(NOW)
+    assert world.applied == [("ml/b", Action.DRAIN), ("ml/b", Action.SCALE_IN)]
+    assert reconciler.errors == 2 and out.getvalue().count('"actuation_failed"') == 2
