@@ -199,6 +199,15 @@ def _open_input(path: Path | None) -> Iterator[TextIO]:
 
 
 _COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
+    _add_run,
+    _add_simulate,
+    _add_bench,
+    _add_check_config,
+    _add_decisions,
+    _add_node_agent,
+    _add_discovery_sidecar,
+    _add_discovery_scripts,
+], None]] = [
     _add_simulate,
     _add_bench,
     _add_check_config,
