@@ -207,15 +207,6 @@ _COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_node_agent,
     _add_discovery_sidecar,
     _add_discovery_scripts,
-], None]] = [
-    _add_simulate,
-    _add_bench,
-    _add_check_config,
-    _add_decisions,
-    _add_node_agent,
-    _add_run,
-    _add_discovery_sidecar,
-    _add_discovery_scripts,
 ]
 
 if __name__ == "__main__":
