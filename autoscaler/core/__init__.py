@@ -20,7 +20,21 @@ from autoscaler.core.model import (
 from autoscaler.core.policy import Policy, PolicySet
 
 __all__ = [
-    "Action", "Backend", "CapacityType", "Decision", "GpuNode", "Job", "Notice", "NoticeKind",
-    "Policy", "PolicySet", "Reason", "Scaler", "ScalerKind", "Snapshot", "Worker", "decide",
+    "Action",
+    "Backend",
+    "CapacityType",
+    "Decision",
+    "GpuNode",
+    "Job",
+    "Notice",
+    "NoticeKind",
+    "Policy",
+    "PolicySet",
+    "Reason",
+    "Scaler",
+    "ScalerKind",
+    "Snapshot",
+    "Worker",
+    "decide",
     "track_idle",
 ]

@@ -112,7 +112,10 @@ class CapacityPool:
         budget = rules.cost.budget_per_hour
         if budget is not None and (price is None or claim.spend_per_hour + cost > budget + 1e-9):
             return Reason.BUDGET
-        if self.cluster_budget is not None and self.cluster_spend + cost > self.cluster_budget + 1e-9:
+        if (
+            self.cluster_budget is not None
+            and self.cluster_spend + cost > self.cluster_budget + 1e-9
+        ):
             return Reason.BUDGET
         return None
 

@@ -155,28 +155,18 @@ def _growth_decision(plan: _Plan, pool: CapacityPool, now: datetime) -> Decision
     below = (Reason.BELOW_MIN,) if staying < lo else ()
     if claim is None:
         reason = blocked or Reason.STEADY
-        return Decision(
-            job=job.key,
-            action=Action.NOOP,
-            reason=reason,
-            policy=policy.name,
-            from_workers=n,
-            to_workers=n,
-            tags=below,
-            message=_NOOP_MESSAGES.get(reason, ""),
+        return Decision.noop(
+            job, reason, policy.name, tags=below, message=_NOOP_MESSAGES.get(reason, "")
         )
     grant = grant_of(claim, pool, at_max=claim.target == plan.ceiling)
     if grant.count == 0:
         why_not = grant.why_not or Reason.NO_CAPACITY
         if _cooling_down(job, policy, now) and not below:
             why_not = Reason.COOLDOWN
-        return Decision(
-            job=job.key,
-            action=Action.NOOP,
-            reason=why_not,
-            policy=policy.name,
-            from_workers=n,
-            to_workers=n,
+        return Decision.noop(
+            job,
+            why_not,
+            policy.name,
             tags=below + grant.tags,
             message=_NOOP_MESSAGES.get(why_not, ""),
         )

@@ -64,13 +64,10 @@ def plan_departures(
     if kept is not None and not leaving:
         assert reason is not None
         out.decisions.append(
-            Decision(
-                job=job.key,
-                action=Action.NOOP,
-                reason=Reason.LAST_HOST_KEPT,
-                policy=policy.name,
-                from_workers=n,
-                to_workers=n,
+            Decision.noop(
+                job,
+                Reason.LAST_HOST_KEPT,
+                policy.name,
                 pods=(kept.pod,),
                 hosts=(kept.host,),
                 nodes=(kept.node,) if kept.node else (),
@@ -108,13 +105,10 @@ def plan_departures(
         out.blocks_scale_out = deferred[0]
         if deferred[1]:
             out.decisions.append(
-                Decision(
-                    job=job.key,
-                    action=Action.NOOP,
-                    reason=deferred[0],
-                    policy=policy.name,
-                    from_workers=n,
-                    to_workers=n,
+                Decision.noop(
+                    job,
+                    deferred[0],
+                    policy.name,
                     pods=victims,
                     hosts=hosts,
                     nodes=departing_nodes,

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
+from typing import Any
 
 
 class CapacityType(StrEnum):
@@ -179,3 +180,9 @@ class Decision:
     @property
     def changes_workers(self) -> bool:
         return self.action in (Action.SCALE_OUT, Action.SCALE_IN)
+
+    @classmethod
+    def noop(cls, job: Job, reason: Reason, policy: str, **details: Any) -> Decision:
+        """No change to `job`, and why (pods, hosts, nodes, tags, message as keywords)."""
+        n = len(job.workers)
+        return cls(job.key, Action.NOOP, reason, policy, n, n, **details)
