@@ -18,7 +18,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlsplit
@@ -31,6 +31,7 @@ from alibabacloud_credentials.provider import (
 from aliyunsdkcore.acs_exception.exceptions import ServerException
 from core_fixtures import job, node, only, policies, snapshot
 from structlog.testing import capture_logs
+from support.http import serving
 
 from autoscaler.adapters.alibaba.client import make_client
 from autoscaler.adapters.alibaba.cloudmonitor import EVENT_NAME, CloudMonitorPoller
@@ -154,13 +155,9 @@ def ali() -> Iterator[FakeAlibaba]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
-                     daemon=True).start()
-    fake.url = f"127.0.0.1:{server.server_address[1]}"
-    yield fake
-    server.shutdown()
-    server.server_close()
+    with serving(Handler) as address:
+        fake.url = address
+        yield fake
 
 
 class Index:

@@ -8,17 +8,17 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.message import Message
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 from kubernetes.client import ApiClient
 from support.fixtures import kube_api, kube_client  # noqa: F401 - pytest fixtures
+from support.http import serving
 from support.kube_api import KubeApiServer
 
 from autoscaler.adapters.nodeagent.agent import NodeAgent
@@ -90,13 +90,9 @@ def imds() -> Iterator[FakeMetadata]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
-                     daemon=True).start()
-    fake.url = f"http://127.0.0.1:{server.server_address[1]}"
-    yield fake
-    server.shutdown()
-    server.server_close()
+    with serving(Handler) as address:
+        fake.url = f"http://{address}"
+        yield fake
 
 
 @pytest.fixture
