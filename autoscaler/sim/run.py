@@ -67,8 +67,8 @@ class NoticeStats:
     removals_with_workers: int = 0
     handled_gracefully: int = 0  # every worker was out of discovery before its node died
     missed: int = 0  # some worker died while still in discovery
-    workers_graceful: int = 0  # died after leaving discovery (workers scaled in earlier not counted)
-    workers_abrupt: int = 0
+    workers_graceful: int = 0  # on a noticed node, out of discovery before it died
+    workers_abrupt: int = 0  # died while still in discovery
 
 
 @dataclass
@@ -137,7 +137,7 @@ def replay(
     for i in range(settings.on_demand_nodes):
         cluster.add_node(_node(config, f"on-demand-{i + 1}", spot=False))
     nodes_max = 0
-    noticed_with_workers: set[str] = set()
+    noticed_workers: dict[str, int] = {}  # noticed node -> running workers it had then
 
     while events:
         t = events[0][0]
@@ -157,12 +157,12 @@ def replay(
                 nodes_max = max(nodes_max, len(cluster.nodes))
             elif kind == "remove":
                 losses = cluster.remove_node(node, now)
-                _tally_removal(notices, losses, had_workers=node in noticed_with_workers)
-                noticed_with_workers.discard(node)
+                _tally_removal(notices, losses, noticed_workers.pop(node, 0))
             elif kind == "notice":
                 notices.posted += 1
-                if any(p.node == node for p in cluster.pods.values()):
-                    noticed_with_workers.add(node)
+                noticed_workers[node] = sum(
+                    1 for p in cluster.pods.values() if p.node == node and p.running
+                )
                 cluster.post_notice(
                     Notice(node, NoticeKind.INTERRUPTION, "simulator", f"sim-{node}-{t:.0f}",
                            deadline=now + settings.notice_lead_time, received_at=now)
@@ -219,11 +219,12 @@ def _node(config: Config, name: str, spot: bool) -> SimNode:
     )
 
 
-def _tally_removal(stats: NoticeStats, losses: list[Loss], had_workers: bool) -> None:
-    """A removal counts if its node ran workers when noticed or when it died."""
-    graceful = sum(loss.graceful for loss in losses)
+def _tally_removal(stats: NoticeStats, losses: list[Loss], noticed: int) -> None:
+    """A removal counts if its node ran workers when noticed or when it died. Workers scaled in
+    between the notice and the death left gracefully, like those drained but still there."""
     abrupt = sum(loss.abrupt for loss in losses)
-    if graceful + abrupt == 0 and not had_workers:
+    graceful = max(noticed, sum(loss.graceful for loss in losses) + abrupt) - abrupt
+    if graceful + abrupt == 0:
         return
     stats.removals_with_workers += 1
     stats.workers_graceful += graceful
