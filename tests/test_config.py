@@ -83,7 +83,7 @@ policies:
       - {name: w, schedule: "every day", duration: 1h}
 """)
     assert any(":5: policies[0].windows[0].schedule: not a 5-field cron" in p for p in found)
-    assert any("default_policy 'nope' is not a defined policy" in p for p in found)
+    assert any(p.startswith("bad.yaml:1: default_policy: 'nope' is not a defined policy") for p in found)
 
 
 def test_check_config_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -61,9 +61,12 @@ def _bench(args: argparse.Namespace) -> int:
     try:
         plot(bench, args.out / "bench.png")
     except ImportError:
-        console.print("no plot: matplotlib is missing (pip install 'spot-autoscaler[bench]')",
-                      markup=False)
+        console.print(
+            "no plot: matplotlib is missing (pip install 'spot-autoscaler[bench]')", markup=False
+        )
     console.print(table, soft_wrap=True, markup=False)
-    console.print(f"wrote {args.out}/bench.json, bench.md, bench.png, decisions.jsonl "
-                  f"in {result['wall_seconds']} s")
+    console.print(
+        f"wrote {args.out}/bench.json, bench.md, bench.png, decisions.jsonl "
+        f"in {result['wall_seconds']} s"
+    )
     return EXIT_OK

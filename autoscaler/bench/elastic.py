@@ -84,11 +84,16 @@ def sim_config(world: World, notices: bool, policies: PolicySet | None = None) -
             spot_price_per_hour=inst.spot_price_per_hour,
             on_demand_price_per_hour=inst.on_demand_price_per_hour,
             jobs=[
-                SimJob(namespace=NAMESPACE, name=j.spec.name, min_workers=j.spec.min_workers,
-                       max_workers=j.max_workers, gpus_per_worker=j.spec.gpus_per_worker)
+                SimJob(
+                    namespace=NAMESPACE,
+                    name=j.spec.name,
+                    min_workers=j.spec.min_workers,
+                    max_workers=j.max_workers,
+                    gpus_per_worker=j.spec.gpus_per_worker,
+                )
                 for j in world.jobs
             ],
-        )
+        ),
     )
 
 
@@ -104,8 +109,9 @@ def _replayed(
     for p in progress.values():
         p.advance(run.end)
     workers = merge_steps(list(run.accounts.workers_over_time.values()))
-    return PolicyResult(name, run.accounts.cost_usd, list(progress.values()), workers,
-                        run.accounts.cost_over_time)
+    return PolicyResult(
+        name, run.accounts.cost_usd, list(progress.values()), workers, run.accounts.cost_over_time
+    )
 
 
 def _seconds(now: datetime) -> float:

@@ -95,8 +95,10 @@ class BenchParams(StrictModel):
     @classmethod
     def _known(cls, value: str | Instance) -> str | Instance:
         if isinstance(value, str) and value != "auto" and value not in INSTANCES:
-            raise ValueError(f"unknown instance {value!r}: one of auto, {', '.join(INSTANCES)}, "
-                             "or a mapping with name, gpus, spot/on_demand_price_per_hour")
+            raise ValueError(
+                f"unknown instance {value!r}: one of auto, {', '.join(INSTANCES)}, "
+                "or a mapping with name, gpus, spot/on_demand_price_per_hour"
+            )
         return value
 
     @field_validator("jobs")

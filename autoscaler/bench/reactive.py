@@ -33,7 +33,14 @@ class GreedyScaler:
             if count > 0:
                 n = len(job.workers)
                 self.cluster.apply(
-                    Decision(job=job.key, action=Action.SCALE_OUT, reason=Reason.IDLE_CAPACITY,
-                             policy="reactive", from_workers=n, to_workers=n + count, count=count),
+                    Decision(
+                        job=job.key,
+                        action=Action.SCALE_OUT,
+                        reason=Reason.IDLE_CAPACITY,
+                        policy="reactive",
+                        from_workers=n,
+                        to_workers=n + count,
+                        count=count,
+                    ),
                     now,
                 )

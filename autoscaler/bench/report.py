@@ -32,8 +32,12 @@ def summary(bench: Bench) -> dict[str, Any]:
         "seed": world.seed,
         "instance": world.instance.model_dump(mode="json"),
         "jobs": [
-            {"name": j.spec.name, "max_workers": j.max_workers, "static_workers": j.static_workers,
-             "work_target": round(j.target, 3)}
+            {
+                "name": j.spec.name,
+                "max_workers": j.max_workers,
+                "static_workers": j.static_workers,
+                "work_target": round(j.target, 3),
+            }
             for j in world.jobs
         ],
         "work_unit": WORK_UNIT,
@@ -84,7 +88,9 @@ def targets(metrics: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         "cost_per_work_vs_oracle": {"value": cpw, "target": "<= 1.10", "met": _le(cpw, 1.10)},
         "completion_vs_oracle": {"value": done, "target": "<= 1.10", "met": _le(done, 1.10)},
         "cheaper_than_on_demand_static": {
-            "value": saving, "target": ">= 2", "met": _le(2.0, saving)
+            "value": saving,
+            "target": ">= 2",
+            "met": _le(2.0, saving),
         },
         "better_than_reactive_elastic": beats("reactive_elastic"),
         "better_than_spot_static_restart": beats("spot_static_restart"),

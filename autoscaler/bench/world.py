@@ -62,16 +62,27 @@ def resolve(params: BenchParams, trace: list[TraceEvent], trace_name: str, seed:
     for spec in params.jobs:
         per_node = int(instance.gpus // spec.gpus_per_worker)
         if per_node < 1:
-            raise ParamsError(f"job {spec.name}: {spec.gpus_per_worker:g} GPUs per worker do not "
-                              f"fit on a {instance.name} ({instance.gpus} GPUs)")
+            raise ParamsError(
+                f"job {spec.name}: {spec.gpus_per_worker:g} GPUs per worker do not "
+                f"fit on a {instance.name} ({instance.gpus} GPUs)"
+            )
         hi = spec.max_workers or peak * per_node
         if spec.min_workers > hi:
             raise ParamsError(f"job {spec.name}: min_workers {spec.min_workers} > max_workers {hi}")
         static = spec.static_workers or min(hi, max(spec.min_workers, int(mean * per_node)))
         target = throughput(hi, spec.scaling_efficiency) * spec.target_on_demand_hours
         jobs.append(BenchJob(spec, hi, static, target))
-    return World(trace, trace_name, seed, end, available, instance, tuple(jobs),
-                 params.overheads, params.notices)
+    return World(
+        trace,
+        trace_name,
+        seed,
+        end,
+        available,
+        instance,
+        tuple(jobs),
+        params.overheads,
+        params.notices,
+    )
 
 
 def availability(trace: list[TraceEvent]) -> list[tuple[float, int]]:

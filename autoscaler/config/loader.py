@@ -60,7 +60,7 @@ def parse_config(text: str, source: str = "<config>") -> Config:
     except ValidationError as exc:
         problems += [_problem(err, lines, source) for err in exc.errors(include_url=False)]
         problems += _naming_problems(data, lines, source, already=problems)
-        raise ConfigError(problems) from exc
+        raise ConfigError(sorted(problems, key=lambda p: (p.line or 0, p.path))) from exc
     if problems:
         raise ConfigError(problems)
     return config
@@ -74,11 +74,11 @@ def _naming_problems(
     if not isinstance(policies, list):
         return []
     names = [p.get("name") for p in policies if isinstance(p, dict)]
-    seen = {p.message for p in already}
+    reported = " ".join(p.message for p in already)
     return [
-        Problem(source, lines.get(("policies",)), "", message)
-        for message in naming_problems(names, data.get("default_policy", "default"))
-        if not any(message in s for s in seen)
+        Problem(source, lines.get((key,)), key, message)
+        for key, message in naming_problems(names, data.get("default_policy", "default"))
+        if message not in reported
     ]
 
 

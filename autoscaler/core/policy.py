@@ -209,14 +209,15 @@ class Policy(StrictModel):
         return lo, max(lo, hi)
 
 
-def naming_problems(names: list[Any], default_policy: Any) -> list[str]:
-    """Cross-policy checks, shared with the YAML loader (which runs them even when fields fail)."""
+def naming_problems(names: list[Any], default_policy: Any) -> list[tuple[str, str]]:
+    """Cross-policy checks as (key, message), shared with the YAML loader (which runs them even
+    when a field already failed, so every problem is reported at once)."""
     problems = []
     dupes = sorted({str(n) for n in names if names.count(n) > 1})
     if dupes:
-        problems.append(f"duplicate policy names: {', '.join(dupes)}")
+        problems.append(("policies", f"duplicate policy names: {', '.join(dupes)}"))
     if default_policy is not None and default_policy not in names:
-        problems.append(f"default_policy {default_policy!r} is not a defined policy")
+        problems.append(("default_policy", f"{default_policy!r} is not a defined policy"))
     return problems
 
 
@@ -232,7 +233,7 @@ class PolicySet(StrictModel):
     def _names(self) -> PolicySet:
         problems = naming_problems([p.name for p in self.policies], self.default_policy)
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ValueError("; ".join(f"{key}: {message}" for key, message in problems))
         return self
 
     def for_job(self, job: Job) -> Policy | None:

@@ -187,8 +187,11 @@ class SimulatedCluster:
                 requested[pod.node] = requested.get(pod.node, 0.0) + pod.gpus
         nodes = tuple(
             GpuNode(
-                name=n.name, gpus_allocatable=n.gpus, gpus_requested=requested.get(n.name, 0.0),
-                capacity_type=n.capacity, price_per_hour=n.price_per_hour,
+                name=n.name,
+                gpus_allocatable=n.gpus,
+                gpus_requested=requested.get(n.name, 0.0),
+                capacity_type=n.capacity,
+                price_per_hour=n.price_per_hour,
                 instance_type=n.instance_type,
             )
             for n in self.nodes.values()
@@ -203,12 +206,23 @@ class SimulatedCluster:
             scaler = state.scaler
             out.append(
                 Job(
-                    namespace=spec.namespace, name=spec.name, min_workers=spec.min_workers,
-                    max_workers=spec.max_workers, gpus_per_worker=spec.gpus_per_worker,
-                    backend=Backend.ET_OPERATOR, priority=spec.priority, labels=spec.labels,
+                    namespace=spec.namespace,
+                    name=spec.name,
+                    min_workers=spec.min_workers,
+                    max_workers=spec.max_workers,
+                    gpus_per_worker=spec.gpus_per_worker,
+                    backend=Backend.ET_OPERATOR,
+                    priority=spec.priority,
+                    labels=spec.labels,
                     workers=tuple(
-                        Worker(p.name, p.node, p.name, p.index, pending=not p.running,
-                               ready_since=p.ready_at if p.running else None)
+                        Worker(
+                            p.name,
+                            p.node,
+                            p.name,
+                            p.index,
+                            pending=not p.running,
+                            ready_since=p.ready_at if p.running else None,
+                        )
                         for p in pods
                     ),
                     scaler=Scaler(scaler.kind, scaler.name, scaler.created_at, scaler.pods)
@@ -248,7 +262,9 @@ class SimulatedCluster:
             else:
                 unknown = set(decision.pods) - set(self.pods)
                 if unknown:  # et-operator silently drops unknown names; a core bug here
-                    raise SimulationError(f"{job.key}: ScaleIn names unknown pods {sorted(unknown)}")
+                    raise SimulationError(
+                        f"{job.key}: ScaleIn names unknown pods {sorted(unknown)}"
+                    )
                 # the operator rewrites the hostfile without the victims before deleting them
                 self._drain(job, decision.pods, now)
                 job.scaler = SimScaler(
@@ -257,8 +273,12 @@ class SimulatedCluster:
         self.advance(now)
 
     def _new_pod(self, job: SimJobState) -> SimPod:
-        pod = SimPod(f"{job.spec.name}-worker-{job.next_index}", job.key, job.next_index,
-                     job.spec.gpus_per_worker)
+        pod = SimPod(
+            f"{job.spec.name}-worker-{job.next_index}",
+            job.key,
+            job.next_index,
+            job.spec.gpus_per_worker,
+        )
         job.next_index += 1
         self.pods[pod.name] = pod
         return pod

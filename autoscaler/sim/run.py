@@ -113,8 +113,17 @@ def simulate(
     reconciler = Reconciler(cluster, cluster, config, file_logger(decisions_out), on_decision=count)
     started = time.perf_counter()
     run = replay(config, trace, seed, cluster, reconciler.tick, progress)
-    return _summary(config, cluster, run.accounts, run.notices, decisions, run.end, run.nodes_max,
-                    time.perf_counter() - started, reconciler.errors)
+    return _summary(
+        config,
+        cluster,
+        run.accounts,
+        run.notices,
+        decisions,
+        run.end,
+        run.nodes_max,
+        time.perf_counter() - started,
+        reconciler.errors,
+    )
 
 
 def replay(
@@ -164,8 +173,14 @@ def replay(
                     1 for p in cluster.pods.values() if p.node == node and p.running
                 )
                 cluster.post_notice(
-                    Notice(node, NoticeKind.INTERRUPTION, "simulator", f"sim-{node}-{t:.0f}",
-                           deadline=now + settings.notice_lead_time, received_at=now)
+                    Notice(
+                        node,
+                        NoticeKind.INTERRUPTION,
+                        "simulator",
+                        f"sim-{node}-{t:.0f}",
+                        deadline=now + settings.notice_lead_time,
+                        received_at=now,
+                    )
                 )
                 react = True
             elif kind == "tick":
@@ -213,9 +228,11 @@ def _node(config: Config, name: str, spot: bool) -> SimNode:
     fallback = s.spot_price_per_hour if spot else s.on_demand_price_per_hour
     price = config.prices.for_node(s.instance_type, spot)
     return SimNode(
-        name=name, gpus=s.gpus_per_node,
+        name=name,
+        gpus=s.gpus_per_node,
         capacity=CapacityType.SPOT if spot else CapacityType.ON_DEMAND,
-        price_per_hour=fallback if price is None else price, instance_type=s.instance_type,
+        price_per_hour=fallback if price is None else price,
+        instance_type=s.instance_type,
     )
 
 
@@ -236,12 +253,21 @@ def _tally_removal(stats: NoticeStats, losses: list[Loss], noticed: int) -> None
 
 
 def _summary(
-    config: Config, cluster: SimulatedCluster, accounts: Accounts, notices: NoticeStats,
-    decisions: Counter[tuple[str, str]], end: float, nodes_max: int, wall: float, errors: int,
+    config: Config,
+    cluster: SimulatedCluster,
+    accounts: Accounts,
+    notices: NoticeStats,
+    decisions: Counter[tuple[str, str]],
+    end: float,
+    nodes_max: int,
+    wall: float,
+    errors: int,
 ) -> dict[str, Any]:
     s = config.simulate
     gpu_hours = sum(accounts.gpu_hours.values())
-    on_demand_gpu_price = (config.prices.for_node(s.instance_type, False) or s.on_demand_price_per_hour) / s.gpus_per_node
+    on_demand_gpu_price = (
+        config.prices.for_node(s.instance_type, False) or s.on_demand_price_per_hour
+    ) / s.gpus_per_node
     jobs = {}
     for key, state in cluster.jobs.items():
         series = accounts.workers_over_time.get(key, [])
@@ -274,7 +300,10 @@ def _summary(
             "workers_lost_abruptly": notices.workers_abrupt,
         },
         "scale_outs_failed": cluster.scale_outs_failed,
-        "decisions": {"by_action": dict(sorted(by_action.items())), "by_reason": dict(sorted(by_reason.items()))},
+        "decisions": {
+            "by_action": dict(sorted(by_action.items())),
+            "by_reason": dict(sorted(by_reason.items())),
+        },
         "actuation_errors": errors,
         "wall_seconds": round(wall, 3),
     }
