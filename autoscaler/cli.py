@@ -1,4 +1,4 @@
-"""`spot-autoscaler` command line. Each subcommand is a small function; exit codes are documented."""
+"""`spot-autoscaler` command line: each subcommand is a small function returning an exit code."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="spot-autoscaler",
-        description="Scale elastic Horovod jobs on spot GPUs from notices, idle capacity and cost policies.",
+        description="Scale elastic Horovod jobs on spot GPUs from preemption notices, idle "
+        "capacity and cost policies.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -68,7 +69,9 @@ def _add_simulate(sub: argparse._SubParsersAction) -> None:
         "the decision core; write DIR/decisions.jsonl and DIR/summary.json.",
     )
     p.add_argument("--trace", type=Path, help="trace file; default: a synthetic trace from --seed")
-    p.add_argument("--seed", type=int, default=1, help="seed of the synthetic trace and missed notices")
+    p.add_argument(
+        "--seed", type=int, default=1, help="seed of the synthetic trace and missed notices"
+    )
     p.add_argument("--config", type=Path, help="policy YAML; default: built-in defaults")
     p.add_argument("--out", type=Path, default=Path("simulate-out"), help="output folder")
     p.add_argument("--lead-time", type=parse_duration, help="notice lead time (default 120s)")
@@ -79,22 +82,36 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     config = load_config(args.config) if args.config else Config()
     if args.lead_time is not None:
         config = config.model_copy(
-            update={"simulate": config.simulate.model_copy(update={"notice_lead_time": args.lead_time})}
+            update={
+                "simulate": config.simulate.model_copy(update={"notice_lead_time": args.lead_time})
+            }
         )
     s = config.simulate.synthetic
     trace = (
         read_trace(args.trace)
         if args.trace
-        else synthetic_trace(args.seed, s.hours, s.max_nodes, s.mean_up_hours, s.mean_down_hours,
-                             s.wave_every_hours, s.wave_fraction)
+        else synthetic_trace(
+            args.seed,
+            s.hours,
+            s.max_nodes,
+            s.mean_up_hours,
+            s.mean_down_hours,
+            s.wave_every_hours,
+            s.wave_fraction,
+        )
     )
     args.out.mkdir(parents=True, exist_ok=True)
     console = Console(stderr=True)
     with (
         atomic_write(args.out / "decisions.jsonl") as log,
         Progress(
-            TextColumn("simulating"), BarColumn(), TextColumn("{task.fields[at]}"),
-            TimeElapsedColumn(), console=console, disable=not console.is_terminal, transient=True,
+            TextColumn("simulating"),
+            BarColumn(),
+            TextColumn("{task.fields[at]}"),
+            TimeElapsedColumn(),
+            console=console,
+            disable=not console.is_terminal,
+            transient=True,
         ) as bar,
     ):
         task = bar.add_task("sim", total=1.0, at="")
@@ -103,7 +120,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             bar.update(task, completed=t / end if end else 1.0, at=f"{t / 3600:5.2f} h")
 
         summary = simulate(config, trace, args.seed, log, progress)
-    summary = {"trace": str(args.trace) if args.trace else f"synthetic(seed={args.seed})", **summary}
+    summary = {
+        "trace": str(args.trace) if args.trace else f"synthetic(seed={args.seed})",
+        **summary,
+    }
     with atomic_write(args.out / "summary.json") as f:
         json.dump(summary, f, indent=2)
         f.write("\n")
@@ -112,22 +132,27 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _print_summary(console: Console, summary: dict, out: Path) -> None:
-    n = summary["notices"]
-    saving = 1 - summary["cost_usd"] / summary["on_demand_cost_usd"] if summary["on_demand_cost_usd"] else 0
-    console.print(
-        f"[bold]{summary['trace']}[/]: {summary['duration_hours']} h, up to {summary['nodes_max']} spot nodes"
-    )
-    for key, job in summary["jobs"].items():
-        console.print(f"  {key}: mean {job['mean_workers']} workers (min {job['min_workers']}, max {job['max_workers']})")
-    console.print(
-        f"  GPU-hours spot {summary['gpu_hours']['spot']}, on-demand {summary['gpu_hours']['on-demand']}; "
-        f"cost ${summary['cost_usd']} vs ${summary['on_demand_cost_usd']} on-demand ({saving:.0%} saved)"
-    )
-    console.print(
-        f"  notices {n['posted']}: {n['handled_gracefully']} node(s) drained in time, {n['missed']} missed, "
-        f"{n['workers_removed_gracefully']} workers left gracefully, {n['workers_lost_abruptly']} abruptly"
-    )
-    console.print(f"  wrote {out / 'decisions.jsonl'} and {out / 'summary.json'} in {summary['wall_seconds']} s")
+    n, gpu_h = summary["notices"], summary["gpu_hours"]
+    cost, on_demand = summary["cost_usd"], summary["on_demand_cost_usd"]
+    saved = f"{1 - cost / on_demand:.0%}" if on_demand else "-"
+    lines = [
+        f"[bold]{summary['trace']}[/]: {summary['duration_hours']} h, "
+        f"up to {summary['nodes_max']} spot nodes",
+        *(
+            f"  {key}: mean {job['mean_workers']} workers "
+            f"(min {job['min_workers']}, max {job['max_workers']})"
+            for key, job in summary["jobs"].items()
+        ),
+        f"  GPU-hours spot {gpu_h['spot']}, on-demand {gpu_h['on-demand']}; "
+        f"cost ${cost} vs ${on_demand} on-demand ({saved} saved)",
+        f"  notices {n['posted']}: {n['handled_gracefully']} node(s) drained in time, "
+        f"{n['missed']} missed; workers {n['workers_removed_gracefully']} left gracefully, "
+        f"{n['workers_lost_abruptly']} abruptly",
+        f"  wrote {out / 'decisions.jsonl'} and {out / 'summary.json'} "
+        f"in {summary['wall_seconds']} s",
+    ]
+    for line in lines:
+        console.print(line)
 
 
 # --- check-config -------------------------------------------------------------------------------

@@ -16,8 +16,8 @@ from aliyunsdkcore.request import CommonRequest
 
 from autoscaler.adapters.alibaba.client import call
 from autoscaler.adapters.alibaba.interruptions import InterruptionReporter
-from autoscaler.adapters.polling import run_every
 from autoscaler.adapters.cloud_sources import Clock, NodeIndex, utcnow
+from autoscaler.adapters.polling import run_every
 from autoscaler.signals import NoticeBoard, Wake
 
 EVENT_NAME = "Instance:PreemptibleInstanceInterruption"

@@ -13,8 +13,8 @@ from aliyunsdkecs.request.v20140526.DescribeInstancesRequest import DescribeInst
 from autoscaler.adapters.alibaba.client import call
 from autoscaler.adapters.alibaba.interruptions import InterruptionReporter
 from autoscaler.adapters.alibaba.nodes import EcsNodes
-from autoscaler.adapters.polling import run_every
 from autoscaler.adapters.cloud_sources import Clock, utcnow
+from autoscaler.adapters.polling import run_every
 from autoscaler.signals import NoticeBoard, Wake
 
 _PAGE = 100  # DescribeInstances' MaxResults ceiling

@@ -16,8 +16,8 @@ import structlog
 from botocore.exceptions import BotoCoreError, ClientError
 
 from autoscaler.adapters.aws.events import InstanceEvent, Unparsable, parse_message
-from autoscaler.adapters.polling import describe_error, run_every
 from autoscaler.adapters.cloud_sources import Clock, NodeIndex, post_notice, utcnow
+from autoscaler.adapters.polling import describe_error, run_every
 from autoscaler.core.model import Notice, NoticeKind
 from autoscaler.signals import NoticeBoard, Wake
 

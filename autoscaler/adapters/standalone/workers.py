@@ -38,7 +38,9 @@ def workers_of(
     for h in hosts:
         for i in range(max(1, h.slots // gpus_per_worker)):
             workers.append(
-                Worker(f"{h.host}#{i}", h.host, h.host, len(workers), ready_since=joined.get(h.host))
+                Worker(
+                    f"{h.host}#{i}", h.host, h.host, len(workers), ready_since=joined.get(h.host)
+                )
             )
     return tuple(workers)
 
