@@ -15,7 +15,6 @@ from typing import Any, Protocol
 from autoscaler.core import Action, Decision, PolicySet, Snapshot, decide, track_idle
 from autoscaler.decisionlog import log_decision
 
-
 _APPLY_ORDER = {
     Action.DRAIN: 0,
     Action.SCALE_IN: 1,

@@ -1,4 +1,4 @@
-"""SIGTERM/SIGINT become a stop Event that long-running commands wait on (Kubernetes sends SIGTERM)."""
+"""SIGTERM/SIGINT become a stop Event for long-running commands (Kubernetes sends SIGTERM)."""
 
 from __future__ import annotations
 

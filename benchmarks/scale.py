@@ -9,9 +9,11 @@ A quarter of the nodes have 2 idle GPUs, 1% carry a spot-interruption taint, eve
 by 8: the tick drains, scales in and shares idle GPUs between all jobs (the expensive path).
 
 - `decide`: the core alone on ready-made snapshot dataclasses.
-- `kube`: raw API objects (realistic pods, managedFields included) held in the adapter's watch
-  cache without any HTTP, then `Reconciler.tick`: `KubeObserver.snapshot` + idle tracking +
-  `decide` + decision logging, with a dry-run actuator. Cold = first tick, warm = later ticks.
+- `kube`: raw API objects (realistic pods, managedFields included), each decoded from JSON as a
+  watch event is, fed one by one into the adapter's watch cache without any HTTP; then
+  `Reconciler.tick`: `KubeObserver.snapshot` + idle tracking + `decide` + decision logging, with
+  a dry-run actuator. Cold = first snapshot, warm = later ones with nothing changed; "1% changed"
+  = a tick after every 100th node and pod was replaced by a new version of itself.
 - `--api`: the cache against the test API emulator (tests/support/kube_api.py): API requests per
   minute once synced, with reconcile ticks running, for two cluster sizes.
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import resource
 import statistics
@@ -30,7 +33,7 @@ import subprocess
 import sys
 import time
 import tracemalloc
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -207,28 +210,35 @@ def raw_job(name: str, workers: int) -> Obj:
     }
 
 
-def raw_objects(nodes: int, jobs: int) -> tuple[list[Obj], list[Obj], list[Obj]]:
+def raw_objects(nodes: int, jobs: int) -> Iterator[Obj]:
+    """Nodes, then pods, then jobs, made one at a time: whoever takes them in one by one never
+    holds all the raw objects at once (nor does a watch cache, listing pages of 500)."""
     node_rows, placed = layout(nodes, jobs)
     on_node: dict[str, list[tuple[int, int]]] = {}
     for j, ws in enumerate(placed):
         for node, i in ws:
             on_node.setdefault(node, []).append((j, i))
-    node_objs, pod_objs = [], []
     for name, _, spot, noticed in node_rows:
-        node_objs.append(raw_node(name, spot, noticed))
+        yield raw_node(name, spot, noticed)
+    for name, *_ in node_rows:
         workers = on_node.get(name, [])
         for j, i in workers:
-            pod_objs.append(raw_pod(f"job-{j:04d}-worker-{i}", name, 1, f"job-{j:04d}", i))
+            yield raw_pod(f"job-{j:04d}-worker-{i}", name, 1, f"job-{j:04d}", i)
         for s in range(PODS_PER_NODE - len(workers)):
-            pod_objs.append(raw_pod(f"sys-{name}-{s}", name, 0, None, 0))
-    job_objs = [raw_job(f"job-{j:04d}", len(ws)) for j, ws in enumerate(placed)]
-    return node_objs, pod_objs, job_objs
+            yield raw_pod(f"sys-{name}-{s}", name, 0, None, 0)
+    for j, ws in enumerate(placed):
+        yield raw_job(f"job-{j:04d}", len(ws))
 
 
 # --- measuring ------------------------------------------------------------------------------
-def cpu_and_wall(fn: Callable[[], object], repeat: int) -> dict[str, float]:
+def cpu_and_wall(
+    fn: Callable[[], object], repeat: int, setup: Callable[[], object] | None = None
+) -> dict[str, float]:
+    """`setup` runs before each call, untimed."""
     cpu, wall = [], []
     for _ in range(repeat):
+        if setup is not None:
+            setup()
         c, w = time.process_time(), time.perf_counter()
         fn()
         cpu.append(time.process_time() - c)
@@ -291,13 +301,16 @@ def measure_kube(nodes: int, jobs: int, repeat: int, config: Any, out: dict[str,
 
     gc.collect()
     before = current_rss_mb()
-    node_objs, pod_objs, job_objs = raw_objects(nodes, jobs)
-    sizes = [len(json.dumps(p)) for p in pod_objs[:: max(1, len(pod_objs) // 200)]]
+    kinds = {r.kind: r for r in (NODES, PODS, TRAINING_JOBS)}
     cache = KubeCache(client.ApiClient(), config.kubernetes)  # never started: no HTTP
-    for res, objs in ((NODES, node_objs), (PODS, pod_objs), (TRAINING_JOBS, job_objs)):
-        for obj in objs:
-            cache.assume(res, obj)  # the write-through path: as if the watch delivered it
-    del node_objs, pod_objs, job_objs
+    sizes = []
+    for n, obj in enumerate(raw_objects(nodes, jobs)):
+        text = json.dumps(obj)
+        if obj["kind"] == "Pod" and n % (PODS_PER_NODE * nodes // 200) == 0:
+            sizes.append(len(text))
+        # decoded as a watch event is (no string shared with another object), then the
+        # write-through path: as if the watch delivered it
+        cache.assume(kinds[obj["kind"]], json.loads(text))
     gc.collect()
     cache_mb = current_rss_mb() - before
     observer = KubeObserver(cache, config.kubernetes, config.prices, NoticeBoard(), PriceBook())
@@ -312,8 +325,25 @@ def measure_kube(nodes: int, jobs: int, repeat: int, config: Any, out: dict[str,
         "snapshot_cold": cold,
         "snapshot_warm": warm,
         "tick": cpu_and_wall(lambda: reconciler.tick(next(ticks)), repeat),
+        "tick_churn": cpu_and_wall(lambda: reconciler.tick(next(ticks)), repeat, churn(cache)),
     }
     return reconciler
+
+
+def churn(cache: Any, every: int = 100) -> Callable[[], None]:
+    """Every `every`-th node and pod replaced by a new version of itself, as watch events
+    deliver them (a status update): the objects the snapshot must read again."""
+    from autoscaler.adapters.kube.resources import NODES, PODS
+
+    versions = itertools.count(2)
+
+    def replace() -> None:
+        for kind in (NODES, PODS):
+            for obj in cache.items(kind)[::every]:
+                meta = {**obj["metadata"], "resourceVersion": str(next(versions))}
+                cache.assume(kind, {**obj, "metadata": meta})
+
+    return replace
 
 
 # --- API requests in steady state -----------------------------------------------------------
@@ -325,10 +355,8 @@ def measure_api(nodes: int, jobs: int, window: float, watch_timeout: float) -> d
     from tests.support.kube_api import KubeApiServer
 
     config = Config.model_validate({"kubernetes": {"watch_timeout": watch_timeout}})
-    node_objs, pod_objs, job_objs = raw_objects(nodes, jobs)
     with KubeApiServer(history_limit=100) as api:
-        api.seed(*node_objs, *pod_objs, *job_objs)
-        del node_objs, pod_objs, job_objs
+        api.seed(*raw_objects(nodes, jobs))
         cache = KubeCache(api.api_client(), config.kubernetes)
         started = time.perf_counter()
         cache.start()
@@ -370,12 +398,13 @@ def run_child(args: list[str]) -> dict[str, Any]:
 
 def table(results: list[dict[str, Any]]) -> str:
     lines = ["| nodes | jobs | pods | decide ms | snapshot cold ms | snapshot warm ms | tick ms "
-             "| cache RSS MB | peak RSS MB | tick alloc peak MB |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| tick, 1% changed ms | cache RSS MB | peak RSS MB | tick alloc peak MB |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         k = r.get("kube") or {}
         cells = [k.get("snapshot_cold", {}).get("cpu_ms"), k.get("snapshot_warm", {}).get("cpu_ms"),
-                 k.get("tick", {}).get("cpu_ms"), k.get("cache_rss_mb"), r["rss_peak_mb"],
+                 k.get("tick", {}).get("cpu_ms"), k.get("tick_churn", {}).get("cpu_ms"),
+                 k.get("cache_rss_mb"), r["rss_peak_mb"],
                  k.get("tick", {}).get("alloc_peak_mb")]
         head = f"| {r['nodes']:,} | {r['jobs']:,} | {r['pods']:,} | {r['decide']['cpu_ms']} | "
         lines.append(head + " | ".join(_or_dash(c) for c in cells) + " |")

@@ -105,3 +105,19 @@ def test_stop_ends_every_watch_promptly(kube: Kube) -> None:
     cache.stop(timeout=3)
     assert (now() - started).total_seconds() < 1.5
     kube.server.wait_until(lambda: kube.server.watch_count == 0, timeout=3)
+
+
+def test_a_relist_keeps_what_it_holds_of_unchanged_objects(kube: Kube) -> None:
+    kube.server.seed(node("a"), node("b"))
+    cache = kube.cache()
+    held_b = cache.get(NODES, "b")
+    kube.server.wait_until(lambda: kube.server.watch_count >= 6)
+    kube.server.latency = 0.2  # the re-watch arrives after the changes below
+    kube.server.drop_watches()
+    kube.server.patch("Node", "a", {"metadata": {"labels": {"x": "y"}}})
+    kube.server.compact()  # resuming is 410 Gone: listed again
+    wait_for(lambda: kube.server.count("GET", "nodes", watch=False) >= 2, what="the relist")
+    wait_for(lambda: (cache.get(NODES, "a") or {})["metadata"]["labels"].get("x") == "y",
+             what="the changed node")
+    # the same dict: no second copy of an unchanged cluster, nothing for readers to derive again
+    assert cache.get(NODES, "b") is held_b

@@ -344,3 +344,78 @@ def test_workers_lost_with_their_node_while_in_discovery_are_remembered(kube: Ku
         what="the lost worker",
     )
     assert job.failed_hosts == {"bert-worker-1"}
+
+
+# --- one observer over many snapshots: what it memoises follows every change -------------------
+def test_pod_node_and_job_changes_reach_the_next_snapshot(kube: Kube) -> None:
+    kube.server.seed(
+        node("a"),
+        node("b"),
+        training_job("bert", max_workers=8),
+        worker("bert", 0, "a"),
+        worker("bert", 1, "b", phase="Pending"),
+        pod("cpu", "b", 0),
+    )
+    observer = kube.observer(kube.cache())
+    before = observer.snapshot(now())
+    assert {n.name: n.gpus_requested for n in before.nodes} == {"a": 1, "b": 1}
+    nth = {"key": "aws-node-termination-handler/spot-itn", "value": "e", "effect": "NoSchedule"}
+    kube.server.patch("Node", "a", {"spec": {"taints": [nth]}})
+    kube.server.patch("Pod", "bert-worker-1", {"status": {"phase": "Running"}}, NS)
+    kube.server.delete("Pod", "bert-worker-0", NS)
+    kube.server.seed(worker("bert", 2, "b", gpus=2))
+    drained = {"metadata": {"annotations": {DRAINED_ANNOTATION: encode_drained({"x"})}}}
+    kube.server.patch("TrainingJob", "bert", drained, NS)
+
+    def caught_up() -> Snapshot | None:
+        s = observer.snapshot(now())
+        bert = s.jobs[0]
+        workers = [(w.pod, w.node, w.pending) for w in bert.workers]
+        nodes = {n.name: (n.gpus_requested, n.schedulable) for n in s.nodes}
+        done = (nodes == {"a": (0, False), "b": (3, True)} and bert.drained_hosts == {"x"}
+                and workers == [("bert-worker-1", "b", False), ("bert-worker-2", "b", False)])
+        return s if done else None
+
+    after = wait_for(caught_up, what="every change in a snapshot")
+    assert [(n.node, n.source) for n in after.notices] == [("a", "k8s-taint")]
+
+
+def test_prices_and_board_notices_are_read_afresh_and_unchanged_jobs_reused(kube: Kube) -> None:
+    kube.server.seed(node("a"), training_job("bert"), worker("bert", 0, "a"))
+    observer = kube.observer(kube.cache())
+    first = observer.snapshot(now())
+    assert first.nodes[0].price_per_hour == 7.34 and first.notices == ()
+    kube.price_book.update({("p3.16xlarge", "us-east-1a"): 5.5}, now())
+    kube.board.post(Notice("a", NoticeKind.INTERRUPTION, "aws-sqs", "m-1", received_at=now()))
+    second = observer.snapshot(now())  # no object changed: only what is not cached did
+    assert second.nodes[0].price_per_hour == 5.5
+    assert [n.id for n in second.notices] == ["m-1"]
+    assert second.jobs[0] is first.jobs[0]  # nothing of the job changed: built once
+
+
+def test_workers_on_a_deleted_node_while_in_discovery_are_remembered(kube: Kube) -> None:
+    kube.server.seed(node("a"), node("b"), training_job("bert"), worker("bert", 0, "a"),
+                     worker("bert", 1, "b"))
+    observer = kube.observer(kube.cache())
+    assert observer.snapshot(now()).jobs[0].failed_hosts == frozenset()
+    kube.server.delete("Node", "b")  # gone at once; its pod object lingers a while
+    job = wait_for(lambda: (j := observer.snapshot(now()).jobs[0]).failed_hosts and j,
+                   what="the lost worker")
+    assert job.failed_hosts == {"bert-worker-1"}
+
+
+def test_a_relist_reaches_the_next_snapshot(kube: Kube) -> None:
+    kube.server.seed(node("a"), training_job("bert"), worker("bert", 0, "a"),
+                     worker("bert", 1, "a"))
+    observer = kube.observer(kube.cache())
+    assert observer.snapshot(now()).nodes[0].gpus_requested == 2
+    kube.server.wait_until(lambda: kube.server.watch_count >= 6)
+    kube.server.latency = 0.2  # the re-watch arrives after the changes below
+    kube.server.drop_watches()
+    kube.server.delete("Pod", "bert-worker-1", NS)
+    kube.server.seed(worker("bert", 5, "a", gpus=3))
+    kube.server.compact()  # resuming is 410 Gone: the pods are listed again
+    s = wait_for(lambda: (s := observer.snapshot(now())).nodes[0].gpus_requested == 4 and s,
+                 what="the relisted pods")
+    assert [w.pod for w in s.jobs[0].workers] == ["bert-worker-0", "bert-worker-5"]
+    assert kube.server.count("GET", "pods", watch=False) >= 2

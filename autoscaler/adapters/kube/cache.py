@@ -2,7 +2,8 @@
 
 Nodes and pods are watched cluster-wide (idle GPUs depend on every pod on a node); jobs and
 scalers only in the configured namespaces, jobs also by label selector. Every selector is applied
-again client-side. Relevant changes call `wake(reason)` once the cache is synced.
+again client-side. Objects are trimmed as they come in to the fields the adapter reads (lean.py).
+Relevant changes call `wake(reason)` once the cache is synced.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import structlog
 from kubernetes import client
 
 from autoscaler.adapters.kube.jobs import is_elastic_cce
+from autoscaler.adapters.kube.lean import trimmer
 from autoscaler.adapters.kube.nodes import INSTANCE_TYPE_LABELS, first_label, instance_id, node_gpus
 from autoscaler.adapters.kube.pods import NOT_TERMINATED_SELECTOR, TERMINATED_PHASES
-from autoscaler.adapters.kube.reflector import Changes, Reflector
+from autoscaler.adapters.kube.reflector import Changes, KeyTracker, Reflector
 from autoscaler.adapters.kube.resources import (
     AI_TRAINING_JOBS,
     ALL_RESOURCES,
@@ -29,9 +31,9 @@ from autoscaler.adapters.kube.resources import (
     key_of,
     labels_of,
 )
-from autoscaler.config.selectors import LabelMatcher, label_matcher
 from autoscaler.adapters.kube.wakes import signature
 from autoscaler.config.kubernetes import KubernetesSettings
+from autoscaler.config.selectors import LabelMatcher, label_matcher
 from autoscaler.signals import Wake
 
 log = structlog.get_logger()
@@ -61,7 +63,7 @@ class KubeCache:
             for scope in [None] if resource in _CLUSTER_WIDE else scopes:
                 keep = _keeper(resource, scope, job_labels if is_job else None)
                 self._reflectors.setdefault(resource, {})[scope] = Reflector(
-                    api_client, resource, scope, keep, self._changed, self._stop,
+                    api_client, resource, scope, keep, trimmer(resource), self._changed, self._stop,
                     label_selector=settings.label_selector if is_job else "",
                     field_selector=NOT_TERMINATED_SELECTOR if resource is PODS else "",
                     watch_timeout=settings.watch_timeout.total_seconds(),
@@ -124,6 +126,14 @@ class KubeCache:
             if node_gpus(node, self._settings).whole > 0
             and (itype := first_label(labels_of(node), INSTANCE_TYPE_LABELS))
         }
+
+    def track(self, resource: Resource) -> KeyTracker:
+        """A tracker of the keys of `resource` that change from now on, starting with every key
+        held now: for readers that keep derived state current (the observer's pod index)."""
+        tracker = KeyTracker()
+        for reflector in self._reflectors[resource].values():
+            reflector.track(tracker)
+        return tracker
 
     def errors(self) -> int:
         """Failed lists/watches so far (each retried after a back-off)."""

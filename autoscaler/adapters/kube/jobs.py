@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from autoscaler.adapters.kube.pods import PodFacts, gpu_requests
@@ -79,7 +79,8 @@ def gpus_per_worker(
     return float(slots) if isinstance(slots, int | float) and slots > 0 else 1.0
 
 
-def _workers(pods: Sequence[PodFacts]) -> tuple[Worker, ...]:
+def workers_of(pods: Iterable[PodFacts]) -> tuple[Worker, ...]:
+    """A job's worker pods as the core's Workers, by replica index."""
     ordered = sorted(pods, key=lambda p: (p.index, p.name))
     return tuple(
         Worker(pod=p.name, node=p.node, host=p.name, index=p.index, pending=p.phase != "Running",
@@ -91,7 +92,7 @@ def _workers(pods: Sequence[PodFacts]) -> tuple[Worker, ...]:
 def build_job(
     job: Obj,
     backend: Backend,
-    pods: Sequence[PodFacts],
+    workers: tuple[Worker, ...],
     scalers: ScalerState | None,
     scaler: Scaler | None,
     settings: KubernetesSettings,
@@ -108,7 +109,7 @@ def build_job(
         max_workers=hi,
         gpus_per_worker=gpus_per_worker(job, replica, settings, memory_per_gpu),
         backend=backend,
-        workers=_workers(pods),
+        workers=workers,
         running=job_phase(job) == "Running",
         scaler=scaler,
         priority=_priority(labels),
@@ -119,12 +120,12 @@ def build_job(
     )
 
 
-def cce_scaler(job: Obj, pods: Sequence[PodFacts]) -> Scaler | None:
+def cce_scaler(job: Obj, workers: Sequence[Worker]) -> Scaler | None:
     """CCE has no scaler objects: a job in phase Scaling is one scale in flight."""
     if job_phase(job) != "Scaling":
         return None
     replica = worker_spec(job, Backend.CCE)
     name = f"{(job.get('metadata') or {}).get('name', '')}-scaling"
-    if (replica.replicas or 0) > len(pods):
+    if (replica.replicas or 0) > len(workers):
         return Scaler(ScalerKind.SCALE_OUT, name)
     return Scaler(ScalerKind.SCALE_IN, name, pods=replica.scale_in_pods)

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass
-from datetime import datetime
 
 from autoscaler.adapters.kube.pods import quantity
-from autoscaler.adapters.kube.resources import Obj, annotations_of, labels_of, parse_time
+from autoscaler.adapters.kube.resources import Obj, annotations_of, key_of, labels_of, parse_time
 from autoscaler.config.kubernetes import KubernetesSettings
 from autoscaler.core.model import CapacityType, Notice, NoticeKind
 from autoscaler.signals import NOTICE_ANNOTATION, decode_notice
@@ -98,6 +97,36 @@ def node_notices(node: Obj, settings: KubernetesSettings) -> list[Notice]:
     if value and (persisted := decode_notice(name, value)) is not None:
         out.append(persisted)
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFacts:
+    """All a snapshot reads of one Node object: derived once per object, not once per tick."""
+
+    name: str
+    ready: bool
+    notices: tuple[Notice, ...]
+    gpus: NodeGpus
+    capacity_type: CapacityType
+    instance_type: str
+    zone: str
+    schedulable: bool
+    labels: dict[str, str]
+
+
+def node_facts(node: Obj, settings: KubernetesSettings) -> NodeFacts:
+    labels = labels_of(node)
+    return NodeFacts(
+        name=key_of(node),
+        ready=ready(node),
+        notices=tuple(node_notices(node, settings)),
+        gpus=node_gpus(node, settings),
+        capacity_type=capacity_type(node, settings),
+        instance_type=first_label(labels, INSTANCE_TYPE_LABELS),
+        zone=first_label(labels, ZONE_LABELS),
+        schedulable=schedulable(node, settings),
+        labels=labels,
+    )
 
 
 def instance_id(provider_id: str) -> str:

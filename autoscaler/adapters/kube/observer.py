@@ -1,44 +1,82 @@
-"""The cluster as one Snapshot for the core, built from the cache in one pass over the pods."""
+"""The cluster as one Snapshot for the core, built from the cache.
+
+What an object means is worked out once per object, not once per tick: pods through the pod
+index (only changed pods are read), nodes and scalers memoised by object identity, jobs rebuilt
+only when one of their inputs changed. What does not come with a cached object is read afresh on
+every snapshot: the board's notices, spot prices, which nodes are alive.
+"""
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import datetime
+from typing import Generic, TypeVar
 
 import structlog
 
 from autoscaler.adapters.kube.cache import KubeCache
 from autoscaler.adapters.kube.jobs import FINISHED_PHASES, build_job, cce_scaler, job_phase
-from autoscaler.adapters.kube.nodes import (
-    INSTANCE_TYPE_LABELS,
-    ZONE_LABELS,
-    capacity_type,
-    first_label,
-    node_gpus,
-    node_notices,
-    ready,
-    schedulable,
-)
-from autoscaler.adapters.kube.pods import PodFacts, pod_facts
+from autoscaler.adapters.kube.nodes import NodeFacts, node_facts
+from autoscaler.adapters.kube.podindex import PodIndex
 from autoscaler.adapters.kube.resources import (
     AI_TRAINING_JOBS,
     NODES,
-    PODS,
     SCALE_INS,
     SCALE_OUTS,
     TRAINING_JOBS,
     Obj,
     key_of,
-    labels_of,
 )
-from autoscaler.adapters.kube.scalers import ScalerFacts, by_job, scaler_facts, scaler_state
+from autoscaler.adapters.kube.scalers import (
+    ScalerFacts,
+    ScalerState,
+    by_job,
+    scaler_facts,
+    scaler_state,
+)
 from autoscaler.config import Prices
 from autoscaler.config.kubernetes import KubernetesSettings
-from autoscaler.core.model import Backend, CapacityType, GpuNode, Job, Notice, Scaler, Snapshot
+from autoscaler.core.model import (
+    Backend,
+    CapacityType,
+    GpuNode,
+    Job,
+    Notice,
+    Scaler,
+    Snapshot,
+    Worker,
+)
 from autoscaler.signals import NoticeBoard, PriceBook
 
 log = structlog.get_logger()
+T = TypeVar("T")
+# what a job is built from: its object, workers, scalers, the scaler reported, GiB per GPU
+_JobInputs = tuple[Obj, tuple[Worker, ...], ScalerState | None, Scaler | None, float | None]
+_Built = dict[tuple[str, Backend], tuple[_JobInputs, Job]]  # by job key and backend
+
+
+class _Derived(Generic[T]):
+    """Values derived from cached objects, reused while the cache holds the very same dict: the
+    cache replaces a changed object, never changes one in place. Holding the object keeps its id
+    from being reused."""
+
+    def __init__(self, derive: Callable[[Obj], T]) -> None:
+        self._derive = derive
+        self._memo: dict[int, tuple[Obj, T]] = {}
+
+    def __call__(self, objs: Iterable[Obj]) -> list[T]:
+        memo: dict[int, tuple[Obj, T]] = {}  # anew each time: objects gone from the cache go
+        out: list[T] = []
+        for obj in objs:
+            hit = self._memo.get(id(obj))
+            value = hit[1] if hit is not None and hit[0] is obj else self._derive(obj)
+            memo[id(obj)] = (obj, value)
+            out.append(value)
+        self._memo = memo
+        return out
 
 
 class KubeObserver:
@@ -55,10 +93,12 @@ class KubeObserver:
         self._prices = prices
         self._board = board
         self._price_book = price_book
-        # Pod facts by object identity, reused while the cache holds the very same dict (a
-        # changed pod is a new dict): most pods do not change between snapshots. Holding the
-        # object keeps its id from being reused.
-        self._pod_memo: dict[int, tuple[Obj, PodFacts]] = {}
+        self._pods = PodIndex(cache, settings)
+        self._nodes = _Derived(lambda node: node_facts(node, settings))
+        self._scale_outs = _Derived(lambda obj: scaler_facts(SCALE_OUTS, obj))
+        self._scale_ins = _Derived(lambda obj: scaler_facts(SCALE_INS, obj))
+        self._gpu_nodes: dict[str, tuple[NodeFacts, GpuNode]] = {}  # the last snapshot's
+        self._built: _Built = {}  # the last snapshot's jobs
         self._warned: set[tuple[str, ...]] = set()
         # job -> hosts Horovod saw fail: a worker whose node died or went NotReady while it was
         # still in discovery. Horovod blacklists those names; et-operator may reuse them. Kept in
@@ -66,96 +106,103 @@ class KubeObserver:
         self._failed: dict[str, set[str]] = defaultdict(set)
 
     def snapshot(self, now: datetime) -> Snapshot:
-        pods = self._pods()
-        gpus_on: dict[str, float] = defaultdict(float)
-        memory_on: dict[str, float] = defaultdict(float)
-        workers: dict[str, list[PodFacts]] = defaultdict(list)
-        for p in pods:  # the terminated are filtered by the cache already
-            if p.node is not None:
-                gpus_on[p.node] += p.gpus
-                memory_on[p.node] += p.gpu_memory
-            if p.job is not None:
-                workers[p.job].append(p)
+        self._pods.refresh()
+        nodes, notices, alive, memory_per_gpu = self._read_nodes()
+        notices.extend(self._board.active(now))
+        jobs = self._jobs(memory_per_gpu)
+        for gone in self._failed.keys() - {j.key for j in jobs}:
+            del self._failed[gone]  # the job finished or was deleted
+        lost = self._pods.jobs_on(self._pods.nodes() - alive)
+        jobs = [self._with_failures(j, alive, j.key in lost) for j in jobs]
+        return Snapshot(nodes=tuple(nodes), notices=tuple(notices), jobs=tuple(jobs))
 
+    def _read_nodes(self) -> tuple[list[GpuNode], list[Notice], set[str], float | None]:
+        """The GPU nodes, the nodes' notices, the Ready nodes, the smallest GiB per shared GPU."""
+        price = functools.cache(self._price)  # for this snapshot only: prices move
+        built: dict[str, tuple[NodeFacts, GpuNode]] = {}
         nodes: list[GpuNode] = []
         notices: list[Notice] = []
         memory_per_gpu: list[float] = []
         alive: set[str] = set()
-        for node in self._cache.items(NODES):
-            if ready(node):
-                alive.add(key_of(node))
-            notices.extend(node_notices(node, self._settings))
-            gpu = node_gpus(node, self._settings)
-            if gpu.whole <= 0:
+        for node in self._nodes(self._cache.items(NODES)):
+            if node.ready:
+                alive.add(node.name)
+            notices.extend(node.notices)
+            if node.gpus.whole <= 0:
                 continue
-            name = key_of(node)
-            requested = gpus_on.get(name, 0.0)
-            if gpu.memory_per_gpu:
-                memory_per_gpu.append(gpu.memory_per_gpu)
-                requested += memory_on.get(name, 0.0) / gpu.memory_per_gpu
-            nodes.append(self._gpu_node(node, name, gpu.whole, requested))
-        notices.extend(self._board.active(now))
-        jobs = self._jobs(workers, min(memory_per_gpu, default=None))
-        for gone in self._failed.keys() - {j.key for j in jobs}:
-            del self._failed[gone]  # the job finished or was deleted
-        jobs = [self._with_failures(j, alive) for j in jobs]
-        return Snapshot(nodes=tuple(nodes), notices=tuple(notices), jobs=tuple(jobs))
+            requested, memory = self._pods.held(node.name)
+            if node.gpus.memory_per_gpu:
+                memory_per_gpu.append(node.gpus.memory_per_gpu)
+                requested += memory / node.gpus.memory_per_gpu
+            hourly = price(node.capacity_type, node.instance_type, node.zone)
+            gpu_node = self._gpu_node(node, requested, hourly)
+            built[node.name] = (node, gpu_node)
+            nodes.append(gpu_node)
+        self._gpu_nodes = built
+        return nodes, notices, alive, min(memory_per_gpu, default=None)
 
-    def _with_failures(self, job: Job, alive: set[str]) -> Job:
-        failed = self._failed[job.key]
-        for w in job.workers:
-            if not w.pending and w.node not in alive and w.host not in job.drained_hosts:
-                failed.add(w.host)
+    def _with_failures(self, job: Job, alive: set[str], lost: bool) -> Job:
+        """`lost`: the job has a pod on a node that is not alive, the only way to a new failure."""
+        if lost:
+            seen = self._failed[job.key]
+            for w in job.workers:
+                if not w.pending and w.node not in alive and w.host not in job.drained_hosts:
+                    seen.add(w.host)
+        failed = self._failed.get(job.key)
         return replace(job, failed_hosts=frozenset(failed)) if failed else job
 
-    def _pods(self) -> list[PodFacts]:
-        memo: dict[int, tuple[Obj, PodFacts]] = {}
-        out: list[PodFacts] = []
-        for pod in self._cache.items(PODS):
-            hit = self._pod_memo.get(id(pod))
-            facts = hit[1] if hit is not None and hit[0] is pod else pod_facts(pod, self._settings)
-            memo[id(pod)] = (pod, facts)
-            out.append(facts)
-        self._pod_memo = memo
-        return out
-
-    def _gpu_node(self, node: Obj, name: str, allocatable: float, requested: float) -> GpuNode:
-        labels = labels_of(node)
-        kind = capacity_type(node, self._settings)
-        itype, zone = first_label(labels, INSTANCE_TYPE_LABELS), first_label(labels, ZONE_LABELS)
+    def _price(self, kind: CapacityType, itype: str, zone: str) -> float | None:
         spot = kind is CapacityType.SPOT
         price = self._price_book.spot_price(itype, zone) if spot else None
-        if price is None:
-            price = self._prices.for_node(itype, spot=spot)
+        return price if price is not None else self._prices.for_node(itype, spot=spot)
+
+    def _gpu_node(self, node: NodeFacts, requested: float, price: float | None) -> GpuNode:
+        """The last snapshot's GpuNode if nothing in it changed: most never do between ticks."""
+        hit = self._gpu_nodes.get(node.name)
+        if (hit is not None and hit[0] is node and hit[1].gpus_requested == requested
+                and hit[1].price_per_hour == price):
+            return hit[1]
         return GpuNode(
-            name=name, gpus_allocatable=allocatable, gpus_requested=requested, capacity_type=kind,
-            price_per_hour=price, schedulable=schedulable(node, self._settings), zone=zone,
-            instance_type=itype, labels=labels,
+            name=node.name, gpus_allocatable=node.gpus.whole, gpus_requested=requested,
+            capacity_type=node.capacity_type, price_per_hour=price, schedulable=node.schedulable,
+            zone=node.zone, instance_type=node.instance_type, labels=node.labels,
         )
 
-    def _jobs(self, workers: dict[str, list[PodFacts]], memory_per_gpu: float | None) -> list[Job]:
-        scalers = by_job(
-            scaler_facts(resource, obj)
-            for resource in (SCALE_OUTS, SCALE_INS)
-            for obj in self._cache.items(resource)
-        )
+    def _jobs(self, memory_per_gpu: float | None) -> list[Job]:
+        scalers = by_job([*self._scale_outs(self._cache.items(SCALE_OUTS)),
+                          *self._scale_ins(self._cache.items(SCALE_INS))])
+        built: _Built = {}
         jobs: list[Job] = []
         for obj in self._cache.items(TRAINING_JOBS):
             if job_phase(obj) in FINISHED_PHASES:
                 continue
             key = key_of(obj)
             state = scaler_state(obj, key, scalers.get(key, []))
-            pods = [p for p in workers.get(key, ()) if p.backend is Backend.ET_OPERATOR]
+            workers = self._pods.workers(key, Backend.ET_OPERATOR)
             scaler = self._newest(key, state.in_flight)
-            jobs.append(build_job(obj, Backend.ET_OPERATOR, pods, state, scaler, self._settings,
-                                  memory_per_gpu))
+            inputs: _JobInputs = (obj, workers, state, scaler, memory_per_gpu)
+            jobs.append(self._job(built, Backend.ET_OPERATOR, inputs))
         for obj in self._cache.items(AI_TRAINING_JOBS):
             if job_phase(obj) in FINISHED_PHASES:
                 continue
-            pods = [p for p in workers.get(key_of(obj), ()) if p.backend is Backend.CCE]
-            jobs.append(build_job(obj, Backend.CCE, pods, None, cce_scaler(obj, pods),
-                                  self._settings, memory_per_gpu))
+            workers = self._pods.workers(key_of(obj), Backend.CCE)
+            inputs = (obj, workers, None, cce_scaler(obj, workers), memory_per_gpu)
+            jobs.append(self._job(built, Backend.CCE, inputs))
+        self._built = built
         return jobs
+
+    def _job(self, built: _Built, backend: Backend, inputs: _JobInputs) -> Job:
+        """The job built from `inputs`; the last snapshot's if its inputs were equal (the same
+        objects, mostly: equality stops at identity)."""
+        obj, workers, state, scaler, memory_per_gpu = inputs
+        key = (key_of(obj), backend)
+        hit = self._built.get(key)
+        if hit is not None and hit[0] == inputs:
+            job = hit[1]
+        else:
+            job = build_job(obj, backend, workers, state, scaler, self._settings, memory_per_gpu)
+        built[key] = (inputs, job)
+        return job
 
     def _newest(self, job: str, in_flight: tuple[ScalerFacts, ...]) -> Scaler | None:
         if not in_flight:

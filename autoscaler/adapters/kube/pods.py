@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -120,7 +121,7 @@ def pod_facts(pod: Obj, settings: KubernetesSettings) -> PodFacts:
         phase=str((pod.get("status") or {}).get("phase", "Pending")),
         gpus=gpus,
         gpu_memory=memory,
-        job=f"{namespace}/{worker[1]}" if worker else None,
+        job=sys.intern(f"{namespace}/{worker[1]}") if worker else None,  # one string per job
         backend=worker[0] if worker else None,
         index=_index(name, labels),
         ready_since=_ready_since(pod.get("status") or {}),

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import structlog
@@ -41,6 +42,24 @@ def _older(candidate: Obj, stored: Obj) -> bool:
     return a.isdigit() and b.isdigit() and int(a) < int(b)
 
 
+class KeyTracker:
+    """The keys of one kind stored, replaced or removed since the last `take()`: lets a reader
+    keep what it derives from the objects current in O(changes) instead of re-reading them all."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._keys: set[str] = set()
+
+    def mark(self, keys: Iterable[str]) -> None:
+        with self._lock:
+            self._keys.update(keys)
+
+    def take(self) -> set[str]:
+        with self._lock:
+            keys, self._keys = self._keys, set()
+        return keys
+
+
 class Reflector:
     def __init__(
         self,
@@ -48,6 +67,7 @@ class Reflector:
         resource: Resource,
         namespace: str | None,
         keep: Callable[[Obj], bool],
+        transform: Callable[[Obj], Obj],
         on_change: OnChange,
         stop: threading.Event,
         *,
@@ -60,6 +80,7 @@ class Reflector:
         self.namespace = namespace
         self._list_fn = resource.lister(api, namespace)
         self._keep = keep  # client-side filter: servers (and emulators) may ignore selectors
+        self._transform = transform  # what of each object is worth holding (see lean.py)
         self._on_change = on_change
         self._stop = stop
         selectors = (("label_selector", label_selector), ("field_selector", field_selector))
@@ -68,6 +89,8 @@ class Reflector:
         self._backoff = backoff
         self._lock = threading.Lock()
         self._items: dict[str, Obj] = {}
+        # weak: a tracker lives as long as its reader, and nobody has to unregister it
+        self._trackers: weakref.WeakSet[KeyTracker] = weakref.WeakSet()
         self._watch: watch.Watch | None = None
         self.synced = threading.Event()
         self.errors = 0
@@ -82,12 +105,19 @@ class Reflector:
         with self._lock:
             return self._items.get(key)
 
+    def track(self, tracker: KeyTracker) -> None:
+        """Mark every key held now in `tracker`, then every key that changes from now on."""
+        with self._lock:
+            self._trackers.add(tracker)
+            tracker.mark(self._items)
+
     def assume(self, obj: Obj) -> None:
         """Take in an object we just wrote, before its watch event arrives (write-through). Our
         own writes are no news: no change is reported, and the matching watch event then
         changes nothing either."""
-        if self._keep(obj):
-            self._apply("MODIFIED", obj, report=False)
+        lean = self._ingest(obj)
+        if self._keep(lean):
+            self._apply("MODIFIED", lean, report=False)
 
     # --- the loop ------------------------------------------------------------------------------
     def run(self) -> None:
@@ -136,15 +166,16 @@ class Reflector:
                 kwargs["_continue"] = token
             page = json.loads(self._list_fn(**kwargs).data)
             for obj in page.get("items") or ():
-                obj.setdefault("kind", self.resource.kind)  # typed lists omit it on items
-                if self._keep(obj):
-                    items[key_of(obj)] = obj
+                lean = self._held_version(obj) or self._ingest(obj)
+                if self._keep(lean):
+                    items[key_of(lean)] = lean
             meta = page.get("metadata") or {}
             token = meta.get("continue")
             if not token:
                 break
         with self._lock:
             old, self._items = self._items, items
+            self._touched([k for k in old.keys() | items.keys() if old.get(k) is not items.get(k)])
         if self.synced.is_set():  # a relist: report what changed while we were not watching
             self._on_change(self.resource, _diff(old, items))
         self.synced.set()
@@ -171,14 +202,27 @@ class Reflector:
                     continue
                 rv = _rv(obj) or rv
                 if kind in ("ADDED", "MODIFIED", "DELETED"):
-                    self._apply(kind, obj)
+                    self._apply(kind, self._ingest(obj))
         finally:
             self._watch = None
         return rv
 
+    def _held_version(self, obj: Obj) -> Obj | None:
+        """What we hold for `obj` if it is that very version: a relist then neither doubles the
+        cache nor makes readers derive anything again for objects that did not change."""
+        held = self.get(key_of(obj))
+        return held if held is not None and _rv(obj) and _rv(held) == _rv(obj) else None
+
+    def _ingest(self, obj: Obj) -> Obj:
+        """The cache's own copy of an API object: trimmed, and with its kind (typed lists omit
+        it on items). The object the caller holds is left as it is."""
+        lean = self._transform(obj)
+        lean.setdefault("kind", self.resource.kind)
+        return lean
+
     def _apply(self, kind: str, obj: Obj, report: bool = True) -> None:
+        """Store or remove `obj`, an object `_ingest` made."""
         key = key_of(obj)
-        obj.setdefault("kind", self.resource.kind)
         keep = kind != "DELETED" and self._keep(obj)
         with self._lock:
             old = self._items.get(key)
@@ -190,8 +234,14 @@ class Reflector:
                 del self._items[key]
             else:
                 return
+            self._touched((key,))
         if report:
             self._on_change(self.resource, [(old, obj if keep else None)])
+
+    def _touched(self, keys: Iterable[str]) -> None:
+        """Called with the lock held, so no tracker misses a change made between two reads."""
+        for tracker in self._trackers:
+            tracker.mark(keys)
 
 
 def _same(a: Obj, b: Obj) -> bool:

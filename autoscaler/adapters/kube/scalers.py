@@ -7,8 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from autoscaler.adapters.kube.resources import parse_time
-from autoscaler.adapters.kube.resources import SCALE_INS, Obj, Resource
+from autoscaler.adapters.kube.resources import SCALE_INS, Obj, Resource, parse_time
 from autoscaler.core.model import Scaler, ScalerKind
 
 SUCCEEDED = "ScaleSucceeded"
