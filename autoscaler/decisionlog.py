@@ -11,6 +11,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from autoscaler.core.model import Decision
 
@@ -123,7 +124,7 @@ def render_table(events: Iterable[dict[str, Any]], console: Console) -> int:
         if e.get("tags"):
             reason += f" (+{', '.join(e['tags'])})"
         action = e.get("action", "") + (" [dry-run]" if e.get("dry_run") else "")
-        table.add_row(
+        cells = (
             str(e.get("ts", "")).replace("T", " ").removesuffix("Z")[:19],
             str(e.get("job", "")),
             action,
@@ -133,6 +134,7 @@ def render_table(events: Iterable[dict[str, Any]], console: Console) -> int:
             str(e.get("policy", "")),
             ", ".join(who),
         )
+        table.add_row(*(Text(c) for c in cells))  # log content is never Rich markup
         shown += 1
     console.print(table)
     return shown

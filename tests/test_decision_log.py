@@ -151,3 +151,10 @@ def test_library_logs_come_out_as_redacted_json_lines(global_logging: None) -> N
     line = json.loads(out.getvalue().splitlines()[-1])
     assert line["level"] == "warning" and line["logger"] == "urllib3.connectionpool"
     assert "s3cr3t" not in line["event"] and "[redacted]" in line["event"]
+
+
+def test_table_marks_dry_run_lines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "d.jsonl"
+    path.write_text(write_log([SCALE_IN], dry_run=True))
+    assert main(["decisions", str(path)]) == 0
+    assert "scale_in [dry-run]" in capsys.readouterr().out
