@@ -27,9 +27,8 @@ from autoscaler.decisionlog import Filter, ReadStats, parse_ts, read_decisions, 
 from autoscaler.sim.run import simulate
 from autoscaler.sim.trace import TraceError, read_trace, synthetic_trace
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAILED = 0, 1
 
-Command = Callable[[argparse.Namespace], int]
 
 
 def main(argv: list[str] | None = None) -> int:

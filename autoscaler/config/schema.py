@@ -9,7 +9,7 @@ from pydantic import Field
 
 from autoscaler.config.cloud import AlibabaSettings, AwsSettings
 from autoscaler.config.daemon import DaemonSettings
-from autoscaler.config.discovery import DiscoverySettings, StandaloneSettings
+from autoscaler.config.discovery import StandaloneSettings
 from autoscaler.config.kubernetes import KubernetesSettings
 from autoscaler.core.policy import Duration, PolicySet, Price, StrictModel, Workers
 
@@ -38,7 +38,6 @@ class Config(PolicySet):
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
     aws: AwsSettings = Field(default_factory=AwsSettings)
     alibaba: AlibabaSettings = Field(default_factory=AlibabaSettings)
-    discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
     standalone: StandaloneSettings = Field(default_factory=StandaloneSettings)
 
 

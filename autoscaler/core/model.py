@@ -177,10 +177,6 @@ class Decision:
     # scale_out: how long the new workers may take to run before the operator rolls them back
     timeout: timedelta | None = None
 
-    @property
-    def changes_workers(self) -> bool:
-        return self.action in (Action.SCALE_OUT, Action.SCALE_IN)
-
     @classmethod
     def noop(cls, job: Job, reason: Reason, policy: str, **details: Any) -> Decision:
         """No change to `job`, and why (pods, hosts, nodes, tags, message as keywords)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import structlog
@@ -53,13 +53,6 @@ class OwnedHostsFile:
         if skipped:
             log.warning("discovery_file_lines_skipped", path=str(self.path), lines=skipped)
         return hosts
-
-    def modified_at(self) -> datetime | None:
-        """When the hosts last changed (we only write on change); None before the first write."""
-        try:
-            return datetime.fromtimestamp(self.path.stat().st_mtime, UTC)
-        except FileNotFoundError:
-            return None
 
     def joined(self) -> dict[str, datetime]:
         """When each host entered the file, as far as recorded (a hand-made file records none)."""
