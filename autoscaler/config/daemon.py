@@ -39,8 +39,9 @@ class LeaderElectionSettings(StrictModel):
 class DaemonSettings(StrictModel):
     mode: Literal["kubernetes", "standalone"] = "kubernetes"
     tick_interval: Positive = timedelta(seconds=15)  # periodic reconcile; watches wake it sooner
-    # after the first wake-up, wait this long for more before reconciling: a burst is one pass
-    wake_coalesce: NonNegative = timedelta(milliseconds=200)
+    # after the first wake-up, wait this long for more before reconciling: a burst (one SQS
+    # receive brings up to 10 notices together) is one pass, and every ms here delays a drain
+    wake_coalesce: NonNegative = timedelta(milliseconds=50)
     config_reload_interval: NonNegative = timedelta(seconds=30)  # 0 disables reloading
     sync_timeout: Positive = timedelta(seconds=60)  # how long --once waits for caches to fill
     # failed passes are retried after 1 s, 2 s, 4 s ... up to this
