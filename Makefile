@@ -21,9 +21,8 @@ test: $(VENV)/.installed
 horovod: $(VENV)/.installed
 	scripts/build-horovod.sh $(BIN)/python
 
-lint: $(VENV)/.installed
-	$(BIN)/lint-imports
-	$(BIN)/ruff check autoscaler tests
+lint: $(VENV)/.installed  # import contracts, ruff, mypy: also part of `make test`
+	$(BIN)/python -m pytest -q tests/test_layering.py tests/test_static_checks.py
 
 clean:
 	rm -rf $(VENV) simulate-out .pytest_cache

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
+from collections.abc import MutableMapping
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -24,7 +25,7 @@ _SECRET_VALUE = re.compile(
 REDACTED = "[redacted]"
 
 
-def redact(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
+def redact(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     return {k: _redact_value(k, v) for k, v in event.items()}
 
 
@@ -40,7 +41,7 @@ def _redact_value(key: str, value: Any) -> Any:
     return value
 
 
-def _timestamp(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
+def _timestamp(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     # Decisions carry the tick's `now` (simulated time in `simulate`); other lines get wall time.
     event.setdefault(
         "ts", datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

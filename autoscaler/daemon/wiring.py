@@ -92,7 +92,7 @@ def _kubernetes(
         actuator=actuator,
         synced=cache.synced,
         start=cache.start,
-        stop=lambda: (board.close(), cache.stop()),
+        stop=lambda: _stop_all(board.close, cache.stop),
         sources=sources,
         lock=lock,
         watch_errors=cache.errors,
@@ -112,3 +112,8 @@ def _standalone(config: Config, wake: Wake, dry_run: bool) -> Parts:
         start=observer.start,
         stop=observer.stop,
     )
+
+
+def _stop_all(*steps: Callable[[], None]) -> None:
+    for step in steps:
+        step()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import random
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -32,7 +32,7 @@ _ORDER = {"remove": 0, "add": 1, "notice": 2, "tick": 3}  # same instant: world 
 class Accounts:
     """Integrals over simulated time, advanced before every state change."""
 
-    gpu_hours: Counter[str] = field(default_factory=Counter)
+    gpu_hours: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     cost_usd: float = 0.0
     worker_hours: float = 0.0
     workers_over_time: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
