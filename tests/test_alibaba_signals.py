@@ -29,6 +29,7 @@ from alibabacloud_credentials.provider import (
     StaticSTSCredentialsProvider,
 )
 from aliyunsdkcore.acs_exception.exceptions import ServerException
+from cloud_fixtures import Index
 from core_fixtures import job, node, only, policies, snapshot
 from structlog.testing import capture_logs
 from support.http import serving
@@ -160,12 +161,6 @@ def ali() -> Iterator[FakeAlibaba]:
         yield fake
 
 
-class Index:
-    def __init__(self, known: dict[str, str] | None = None) -> None:
-        self.known = known or {}
-
-    def node_for_instance(self, instance_id: str) -> str | None:
-        return self.known.get(instance_id)
 
 
 @dataclass

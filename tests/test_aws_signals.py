@@ -16,6 +16,7 @@ import boto3
 import pytest
 import requests
 from botocore.config import Config as BotoConfig
+from cloud_fixtures import Index
 from core_fixtures import job, node, only, policies, snapshot
 from moto.server import ThreadedMotoServer
 from structlog.testing import capture_logs
@@ -45,14 +46,6 @@ EVENT_PATTERN = {
 }
 
 
-class Index:
-    """The Kubernetes observer's side of the seam: instance id -> node from spec.providerID."""
-
-    def __init__(self, known: dict[str, str] | None = None) -> None:
-        self.known = known or {}
-
-    def node_for_instance(self, instance_id: str) -> str | None:
-        return self.known.get(instance_id)
 
 
 @dataclass
