@@ -419,3 +419,15 @@ def test_a_relist_reaches_the_next_snapshot(kube: Kube) -> None:
                  what="the relisted pods")
     assert [w.pod for w in s.jobs[0].workers] == ["bert-worker-0", "bert-worker-5"]
     assert kube.server.count("GET", "pods", watch=False) >= 2
+
+
+def test_a_refill_to_min_does_not_start_the_cooldown(kube: Kube) -> None:
+    t0 = now() - timedelta(minutes=1)
+    refill = scaler("ScaleOut", "a-out-1", "a", outcome="ScaleSucceeded", at=t0)
+    refill["metadata"]["annotations"] = {"spot-autoscaler.io/reason": "below_min"}
+    growth = scaler("ScaleOut", "b-out-1", "b", outcome="ScaleSucceeded", at=t0)
+    growth["metadata"]["annotations"] = {"spot-autoscaler.io/reason": "idle_capacity"}
+    kube.server.seed(training_job("a"), training_job("b"), refill, growth)
+    jobs = by_name(snap(kube).jobs)
+    assert jobs["a"].last_scale_out_at is None
+    assert jobs["b"].last_scale_out_at is not None

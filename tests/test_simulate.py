@@ -10,9 +10,9 @@ import pytest
 
 from autoscaler.cli import main
 from autoscaler.config import Config
-from autoscaler.decisionlog import read_decisions
+from autoscaler.decisionlog import parse_ts, read_decisions
 from autoscaler.sim.run import simulate
-from autoscaler.sim.trace import TraceError, parse_trace, synthetic_trace
+from autoscaler.sim.trace import TraceError, TraceEvent, parse_trace, synthetic_trace
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
 P3 = TRACES / "bamboo-p3-trace.csv"
@@ -87,3 +87,16 @@ def test_bad_trace_file_is_a_clear_cli_error(
     bad.write_text("0,add\n")
     assert main(["simulate", "--trace", str(bad), "--out", str(tmp_path / "o")]) == 1
     assert "t.csv:1" in capsys.readouterr().err
+
+
+def test_the_refill_to_min_does_not_hold_back_growth() -> None:
+    # 18 nodes at t=0 (fresh, so min_idle holds growth beyond min); the job must not then wait a
+    # whole cooldown because its refill to min was a scale-out
+    trace = [TraceEvent(0.0, "add", f"node{i}") for i in range(1, 19)]
+    trace.append(TraceEvent(3600.0, "remove", "node1"))
+    out = io.StringIO()
+    simulate(Config(), trace, seed=1, decisions_out=out)
+    grown = [e for e in read_decisions(out.getvalue().splitlines()) if e["action"] == "scale_out"]
+    assert grown[0]["reason"] == "below_min" and grown[1]["reason"] == "idle_capacity"
+    refill_at, growth_at = (parse_ts(e["ts"]) for e in grown[:2])
+    assert (growth_at - refill_at).total_seconds() < 120  # min_idle (60 s), not the 2-min cooldown

@@ -133,7 +133,8 @@ class Job:
     scaler: Scaler | None = None  # the outstanding scaler, if any
     priority: int = 0
     labels: Mapping[str, str] = field(default_factory=dict)
-    # last finished ScaleOut: the cooldown clock (a forced scale-in on a notice does not restart it)
+    # last finished scale-out that grew the job: the cooldown clock (neither a forced scale-in nor
+    # a refill back to min restarts it)
     last_scale_out_at: datetime | None = None
     last_failed_scale_out_at: datetime | None = None  # ScaleFailed / rollback: backoff
     drained_hosts: frozenset[str] = frozenset()  # hidden from this job's discovery now

@@ -21,6 +21,7 @@ from autoscaler.core import (
     GpuNode,
     Job,
     Notice,
+    Reason,
     Scaler,
     ScalerKind,
     Snapshot,
@@ -59,6 +60,7 @@ class SimScaler:
     created_at: datetime
     pods: tuple[str, ...]
     deadline: datetime  # ScaleOut: timeout; ScaleIn: when the victims are deleted
+    refill: bool = False  # a ScaleOut back to min: it does not start the cooldown
 
 
 @dataclass
@@ -169,7 +171,9 @@ class SimulatedCluster:
                 job.scaler = None
             elif scaler.kind is ScalerKind.SCALE_OUT:
                 if all(self.pods[p].running for p in scaler.pods if p in self.pods):
-                    job.scaler, job.last_scale_out_at = None, now
+                    if not scaler.refill:
+                        job.last_scale_out_at = now
+                    job.scaler = None
                 elif now >= scaler.deadline:
                     self._fail_scale_out(job, now)
 
@@ -257,7 +261,12 @@ class SimulatedCluster:
             if decision.action is Action.SCALE_OUT:
                 pods = tuple(self._new_pod(job).name for _ in range(decision.count))
                 job.scaler = SimScaler(
-                    ScalerKind.SCALE_OUT, name, now, pods, now + self.scale_out_timeout
+                    ScalerKind.SCALE_OUT,
+                    name,
+                    now,
+                    pods,
+                    now + self.scale_out_timeout,
+                    refill=decision.reason is Reason.BELOW_MIN,
                 )
             else:
                 unknown = set(decision.pods) - set(self.pods)

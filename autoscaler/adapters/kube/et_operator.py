@@ -23,6 +23,7 @@ from autoscaler.adapters.kube.resources import (
     MANAGED_BY_LABEL,
     MANAGER,
     PODS,
+    REASON_ANNOTATION,
     SCALE_INS,
     SCALE_OUTS,
     Obj,
@@ -35,7 +36,6 @@ from autoscaler.core.policy import ScaleOutRules
 
 log = structlog.get_logger()
 
-REASON_ANNOTATION = "spot-autoscaler.io/reason"
 # et-operator copies a ScaleOut's name into a label of the pods it adds: label values are <= 63.
 _MAX_NAME = 63
 _DIGEST = 10

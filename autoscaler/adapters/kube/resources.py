@@ -12,6 +12,8 @@ from kubernetes import client
 Obj = dict[str, Any]
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+# on our scalers: the decision's reason code (a refill to min does not start the cooldown)
+REASON_ANNOTATION = "spot-autoscaler.io/reason"
 MANAGER = "spot-autoscaler"
 
 

@@ -7,8 +7,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from autoscaler.adapters.kube.resources import SCALE_INS, Obj, Resource, parse_time
-from autoscaler.core.model import Scaler, ScalerKind
+from autoscaler.adapters.kube.resources import (
+    REASON_ANNOTATION,
+    SCALE_INS,
+    Obj,
+    Resource,
+    parse_time,
+)
+from autoscaler.core.model import Reason, Scaler, ScalerKind
 
 SUCCEEDED = "ScaleSucceeded"
 FAILED = "ScaleFailed"
@@ -25,6 +31,7 @@ class ScalerFacts:
     pods: tuple[str, ...]  # ScaleIn: its victims; ScaleOut: the pods it added
     outcome: str | None  # ScaleSucceeded | ScaleFailed; None while it has not finished
     finished_at: datetime | None
+    refill: bool = False  # a ScaleOut we made to bring the job back to min
 
     def as_scaler(self) -> Scaler:
         return Scaler(self.kind, self.name, self.created_at, self.pods)
@@ -70,6 +77,7 @@ def scaler_facts(resource: Resource, obj: Obj) -> ScalerFacts:
         pods=tuple(str(p) for p in pods),
         outcome=outcome,
         finished_at=finished,
+        refill=(meta.get("annotations") or {}).get(REASON_ANNOTATION) == Reason.BELOW_MIN.value,
     )
 
 
@@ -94,7 +102,7 @@ class ScalerState:
     """A job's scalers summed up for the core."""
 
     in_flight: tuple[ScalerFacts, ...]  # unfinished, newest last
-    last_scale_out_at: datetime | None  # the last ScaleOut that succeeded
+    last_scale_out_at: datetime | None  # the last ScaleOut that grew the job (not a refill)
     last_failed_scale_out_at: datetime | None
     latest_finished: str  # name of the scaler that finished last ("" if none): a naming input
 
@@ -110,11 +118,10 @@ def scaler_state(job: Obj, job_key: str, scalers: list[ScalerFacts]) -> ScalerSt
     running.sort(key=lambda s: s.order)
     outs = [s for s in finished if s.kind is ScalerKind.SCALE_OUT]
     failed_outs = [s for s in outs if s.outcome == FAILED]
-    grown = [s for s in outs if s.outcome != FAILED]
+    grown = [s for s in outs if s.outcome != FAILED and not s.refill]
     return ScalerState(
         in_flight=tuple(running),
         last_scale_out_at=grown[-1].finished_at if grown else None,
         last_failed_scale_out_at=failed_outs[-1].finished_at if failed_outs else None,
         latest_finished=finished[-1].name if finished else "",
     )
-
