@@ -86,6 +86,11 @@ policies:
     assert any(p.startswith("bad.yaml:1: default_policy: 'nope' is not a defined policy") for p in found)
 
 
+@pytest.mark.parametrize("path", sorted((ROOT / "config").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_is_valid(path: Path) -> None:
+    assert load_config(path).policies
+
+
 def test_check_config_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check-config", str(ROOT / "config" / "example.yaml")]) == 0
     bad = tmp_path / "bad.yaml"

@@ -208,3 +208,13 @@ def test_a_kept_doomed_host_is_refilled_as_if_gone() -> None:
     assert only(ds, Action.NOOP)[0].reason is Reason.LAST_HOST_KEPT
     out = only(ds, Action.SCALE_OUT)[0]
     assert out.reason is Reason.BELOW_MIN and out.count == 1
+
+
+def test_hosts_that_joined_together_are_survivors_for_each_other() -> None:
+    # at the job's start every host is new: a survivor as old as the doomed host holds its state
+    start = NOW - timedelta(seconds=3)
+    placed = tuple(replace(w, ready_since=start) for w in workers("bert", ["a", "b"]))
+    j = replace(job(placement=["a", "b"]), workers=placed)
+    ds = run(snapshot([node("a"), node("b")], [j], [notice("a")]))
+    assert only(ds, Action.DRAIN)[0].hosts == ("bert-worker-0",)
+    assert Reason.LAST_HOST_KEPT not in only(ds, Action.DRAIN)[0].tags

@@ -263,3 +263,17 @@ def test_a_restarted_daemon_sees_the_same_world(three: Standalone, policies: Pol
 def _decision(action: Action, job: str = "standalone/j", **fields: Any) -> Decision:
     return Decision(job=job, action=action, reason=Reason.STEADY, policy="p", from_workers=0,
                     to_workers=0, **fields)
+
+
+def test_a_scale_in_after_its_drain_removes_nothing_more(tmp_path: Path) -> None:
+    # two workers on `a`; a#1 is drained (its slots leave at once), then its ScaleIn arrives: a#0,
+    # the host kept for Horovod, must stay
+    s = settings(tmp_path, "[{name: a, slots: 4}, {name: b, slots: 4}]",
+                 "{name: j, max_workers: 4, gpus_per_worker: 2}")
+    s.discovery_file.write_text("a:4\nb:4\n")
+    actuator = OwnedDiscoveryActuator(s)
+    now = datetime.now(UTC)
+    actuator.apply(_decision(Action.DRAIN, pods=("a#1",), hosts=("a",)), now)
+    assert s.discovery_file.read_text() == "a:2\nb:4\n"
+    actuator.apply(_decision(Action.SCALE_IN, pods=("a#1",)), now)
+    assert s.discovery_file.read_text() == "a:2\nb:4\n"

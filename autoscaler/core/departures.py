@@ -79,9 +79,10 @@ def plan_departures(
         return out
     assert reason is not None
     victims = tuple(w.pod for w in leaving)
-    hosts = tuple(w.host for w in leaving)
+    hosts = tuple(dict.fromkeys(w.host for w in leaving))  # standalone: a host holds several
     departing_nodes = tuple(sorted({w.node for w in leaving if w.node}))
-    to_drain = tuple(h for h in hosts if h not in job.drained_hosts)
+    draining = tuple(w for w in leaving if w.host not in job.drained_hosts)
+    to_drain = tuple(dict.fromkeys(w.host for w in draining))
     if to_drain:
         out.decisions.append(
             Decision(
@@ -91,8 +92,8 @@ def plan_departures(
                 policy=policy.name,
                 from_workers=n,
                 to_workers=n - len(leaving),
-                count=len(to_drain),
-                pods=tuple(w.pod for w in leaving if w.host in to_drain),
+                count=len(draining),
+                pods=tuple(w.pod for w in draining),
                 hosts=to_drain,
                 nodes=departing_nodes,
                 tags=tuple(tags),
@@ -178,8 +179,15 @@ def _last_host_to_keep(
 
     Horovod stops the job when no host of the previous set remains, and a replacement that joined
     moments ago has not been sent the state yet; keeping one old host until the refill has synced
-    lets the job shrink and grow instead of failing or starting over.
+    lets the job shrink and grow instead of failing or starting over. A survivor that joined no
+    later than the doomed hosts holds the same state, however recent (e.g. at the job's start).
     """
+    candidates = [w for w in job.workers if w.pod in why and not w.pending]
+    if not candidates:
+        return None
+    joined = [w.ready_since for w in candidates]
+    if None not in joined:  # as old as the oldest doomed host is settled enough
+        settled_by = max(settled_by, min(t for t in joined if t is not None))
     survivors = [
         w
         for w in job.workers
@@ -189,9 +197,6 @@ def _last_host_to_keep(
         and (w.ready_since is None or w.ready_since <= settled_by)
     ]
     if survivors:
-        return None
-    candidates = [w for w in job.workers if w.pod in why and not w.pending]
-    if not candidates:
         return None
 
     def lives_longest(w: Worker) -> tuple:

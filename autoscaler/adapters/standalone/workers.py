@@ -48,8 +48,12 @@ def workers_of(
 def without_workers(
     hosts: Sequence[HostSlots], pods: Sequence[str], gpus_per_worker: int
 ) -> list[HostSlots]:
-    """The hosts with the named workers' slots taken out; a host left with none disappears."""
-    leaving = Counter(pod.rpartition("#")[0] for pod in pods)
+    """The hosts with the named workers' slots taken out; a host left with none disappears.
+
+    Only workers still in the file count: a ScaleIn after its drain must not remove more.
+    """
+    present = {w.pod for w in workers_of(hosts, gpus_per_worker, {})}
+    leaving = Counter(pod.rpartition("#")[0] for pod in pods if pod in present)
     out = []
     for h in hosts:
         slots = h.slots - leaving[h.host] * gpus_per_worker
