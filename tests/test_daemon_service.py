@@ -195,3 +195,23 @@ def test_a_failing_observer_backs_off_and_recovers_without_ticks() -> None:
         d.stop()
     assert metric(text, "spot_autoscaler_errors_total", component="reconcile") == 2
     assert events(log).count("reconcile_failed") == 2 and events(log).count("backing_off") == 2
+
+
+def test_reload_hands_new_prices_to_the_mode(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(CONFIG)
+    world = World()
+    seen: list[float | None] = []
+    parts = Parts(
+        observer=world,
+        actuator=Recorder(world),
+        reconfigure=lambda new: seen.append(new.prices.for_node("p3.2xlarge", spot=False)),
+    )
+    d, log = daemon(config(), parts, WakeSignal(), config_path=path)
+    d.start()
+    try:
+        path.write_text(CONFIG + "prices: {on_demand: {p3.2xlarge: 3.06}}\n")
+        wait_for(lambda: seen == [3.06], what="the new prices")
+        assert "config_change_needs_restart" not in events(log)
+    finally:
+        d.stop()

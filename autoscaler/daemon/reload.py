@@ -1,9 +1,9 @@
 """Re-read the config file; apply new policies live, keep the old config when the file is bad.
 
-Only the policy part (`policies`, `default_policy`, `cluster_budget_per_hour`) changes a running
-daemon; other sections (ports, mode, watches, cloud sources) are wired at start, so a change there
-is logged as needing a restart. A ConfigMap volume is updated in place by the kubelet, so editing
-the ConfigMap is enough to change policies.
+The policy part (`policies`, `default_policy`, `cluster_budget_per_hour`) and `prices` change a
+running daemon; other sections (ports, mode, watches, cloud sources) are wired at start, so a
+change there is logged as needing a restart. A ConfigMap volume is updated in place by the
+kubelet, so editing the ConfigMap is enough to change policies and prices.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 from autoscaler.config import Config, ConfigError, load_config
 from autoscaler.core import PolicySet
 
-_LIVE = frozenset(PolicySet.model_fields)
+_LIVE = frozenset(PolicySet.model_fields) | {"prices"}
 _IGNORED = frozenset({"simulate"})  # the daemon does not read it
 
 

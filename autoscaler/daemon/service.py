@@ -43,6 +43,8 @@ class Parts:
     sources: list[NamedSource] = field(default_factory=list)  # notice and price feeds
     lock: LeaderLock | None = None  # None: this mode runs alone (no leader election)
     watch_errors: Callable[[], int] = lambda: 0  # failed lists/watches, retried by the caches
+    # what a mode takes live from a reloaded config besides the policies (e.g. prices)
+    reconfigure: Callable[[Config], None] = lambda _: None
 
 
 class Daemon:
@@ -87,7 +89,7 @@ class Daemon:
             ConfigReloader(
                 config_path,
                 config,
-                self.loop.set_policies,
+                self._apply_config,
                 logger,
                 lambda: self.metrics.error("config"),
             )
@@ -179,6 +181,10 @@ class Daemon:
             coalesce=True,
             misfire_grace_time=None,
         )
+
+    def _apply_config(self, config: Config) -> None:
+        self.parts.reconfigure(config)
+        self.loop.set_policies(config)
 
     def stop(self) -> None:
         """Stop acting first, then give up the Lease, then stop watching and serving.

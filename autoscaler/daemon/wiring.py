@@ -87,8 +87,10 @@ def _kubernetes(
         election.lease_duration,
         request_timeout=election.renew_deadline.total_seconds() / 2,  # two tries fit in a deadline
     )
+    observer = KubeObserver(cache, config.kubernetes, config.prices, board, prices)
     return Parts(
-        observer=KubeObserver(cache, config.kubernetes, config.prices, board, prices),
+        observer=observer,
+        reconfigure=lambda new: observer.set_prices(new.prices),
         actuator=actuator,
         synced=cache.synced,
         start=cache.start,

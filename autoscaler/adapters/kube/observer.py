@@ -105,6 +105,10 @@ class KubeObserver:
         # memory only: after a restart the warning is lost, never a wrong action taken.
         self._failed: dict[str, set[str]] = defaultdict(set)
 
+    def set_prices(self, prices: Prices) -> None:
+        """A reloaded config's price table: the next snapshot prices nodes with it."""
+        self._prices = prices
+
     def snapshot(self, now: datetime) -> Snapshot:
         self._pods.refresh()
         nodes, notices, alive, memory_per_gpu = self._read_nodes()
