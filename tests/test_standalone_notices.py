@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -45,7 +44,7 @@ def by_node(source: NoticeDirectory) -> dict[str, Notice]:
 
 def test_start_creates_the_directory_and_scans_it(notices: NoticeDirectory, wakes: Wakes) -> None:
     notices.start()
-    assert os.path.isdir(notices.path) and notices.scanned
+    assert os.path.isdir(notices.path) and notices.scans > 0
     assert notices.notices() == () and wakes.reasons == []
 
 
@@ -117,7 +116,8 @@ def test_other_files_are_ignored(notices: NoticeDirectory, wakes: Wakes) -> None
     for name in (".node-g.json.tmp", ".node-g.json", "node-g.txt", "bad host.json", "README"):
         (d / name).write_text("")
     (d / "dir.json").mkdir()
-    time.sleep(0.2)  # several polls: nothing may appear
+    seen = notices.scans
+    wait_for(lambda: notices.scans >= seen + 3, what="three polls")  # nothing may appear
     assert notices.notices() == () and wakes.reasons == []
 
 
@@ -125,7 +125,8 @@ def test_an_unchanged_directory_wakes_nobody(notices: NoticeDirectory, wakes: Wa
     notices.start()
     (Path(notices.path) / "node-h.json").write_text("")
     wait_for(lambda: len(wakes.reasons) == 1)
-    time.sleep(0.3)
+    seen = notices.scans
+    wait_for(lambda: notices.scans >= seen + 3, what="three more polls")
     assert len(wakes.reasons) == 1
 
 

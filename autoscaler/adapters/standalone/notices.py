@@ -37,7 +37,7 @@ class NoticeDirectory:
         self._files: dict[str, tuple[_Stamp, Notice]] = {}  # host -> what its file said
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.scanned = False  # True once the directory has been read
+        self.scans = 0  # directory reads so far (synced once > 0)
 
     def start(self) -> None:
         os.makedirs(self.path, exist_ok=True)
@@ -75,7 +75,7 @@ class NoticeDirectory:
                 found[host] = (stamp, notice)
         with self._lock:
             self._files = found
-        self.scanned = True
+        self.scans += 1
         posted = sorted(h for h in found if known.get(h) != found[h])
         withdrawn = sorted(set(known) - set(found))
         if posted or withdrawn:

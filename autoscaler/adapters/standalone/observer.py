@@ -37,7 +37,7 @@ class StandaloneObserver:
             self.notice_dir.stop()
 
     def synced(self) -> bool:
-        return self.notice_dir is None or self.notice_dir.scanned
+        return self.notice_dir is None or self.notice_dir.scans > 0
 
     def snapshot(self, now: datetime) -> Snapshot:
         hosts, joined = self.file.read(), self.file.joined()
