@@ -12,16 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from structlog.testing import CapturingLogger
 from support.kube_api import KubeApiServer
 from support.waiting import wait_for
-from test_daemon_support import JOB, KUBE_CONFIG, metric, node, worker
+from test_daemon_support import JOB, KUBE_CONFIG, metric, node, wired_daemon, worker
 
 from autoscaler.config import parse_config
-from autoscaler.daemon.loop import WakeSignal
-from autoscaler.daemon.metrics import Metrics
-from autoscaler.daemon.service import Daemon
-from autoscaler.daemon.wiring import build_parts
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = Path(sys.executable).with_name("spot-autoscaler")
@@ -137,11 +132,7 @@ def test_two_daemons_on_one_cluster_create_one_scaler(api: KubeApiServer, tmp_pa
         cfg = parse_config(
             KUBE_CONFIG.replace("retry_period: 0.1s}", f"retry_period: 0.1s, identity: {name}}}")
         )
-        wake, metrics, log = WakeSignal(), Metrics(), CapturingLogger()
-        parts = build_parts(
-            cfg, wake, log, metrics.error, kubeconfig=tmp_path / "kubeconfig", dry_run=False
-        )
-        daemons.append(Daemon(cfg, parts, wake, log, log, metrics=metrics))
+        daemons.append(wired_daemon(cfg, tmp_path / "kubeconfig")[0])
     for d in daemons:
         d.start()
     try:
@@ -171,11 +162,8 @@ def test_api_errors_are_logged_counted_and_outlived(api: KubeApiServer, tmp_path
     cfg = parse_config(text.replace("retry_period: 0.1s}", "retry_period: 0.1s, identity: r}"))
     api.fail_next(3, 500, path_contains="/scaleouts", method="POST")  # the API refuses to scale
     api.fail_next(2, 503, path_contains="/nodes?", method="GET")  # and the first lists fail
-    wake, metrics, log = WakeSignal(), Metrics(), CapturingLogger()
-    parts = build_parts(
-        cfg, wake, log, metrics.error, kubeconfig=tmp_path / "kubeconfig", dry_run=False
-    )
-    d = Daemon(cfg, parts, wake, log, log, metrics=metrics)
+    d, log = wired_daemon(cfg, tmp_path / "kubeconfig")
+    metrics = d.metrics
     d.start()
     try:
         api.wait_until(lambda: len(api.objects("scaleouts")) == 1, timeout=10)

@@ -5,16 +5,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from structlog.testing import CapturingLogger
 from support.waiting import wait_for
-from test_daemon_support import http_get, metric
+from test_daemon_support import http_get, metric, wired_daemon
 
 from autoscaler.config import parse_config
 from autoscaler.daemon.leader import AlwaysLeader
-from autoscaler.daemon.loop import WakeSignal
-from autoscaler.daemon.metrics import Metrics
-from autoscaler.daemon.service import Daemon
-from autoscaler.daemon.wiring import build_parts
 
 
 def test_a_notice_file_drains_its_host_from_the_discovery_file(tmp_path: Path) -> None:
@@ -31,10 +26,8 @@ standalone:
   notice_dir: {tmp_path / "notices"}
   notice_poll: 0.05s
 """)
-    wake, metrics, log = WakeSignal(), Metrics(), CapturingLogger()
-    parts = build_parts(cfg, wake, log, metrics.error, kubeconfig=None, dry_run=False)
-    assert parts.lock is None  # one process owns the file: no Lease, no API server
-    d = Daemon(cfg, parts, wake, log, log, metrics=metrics)
+    d, _ = wired_daemon(cfg, None)
+    assert d.parts.lock is None  # one process owns the file: no Lease, no API server
     assert isinstance(d.leadership, AlwaysLeader)
     d.start()
     try:

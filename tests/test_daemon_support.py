@@ -20,7 +20,9 @@ from autoscaler.config import Config, parse_config
 from autoscaler.config.schema import SimJob
 from autoscaler.core import CapacityType, Decision, Notice, NoticeKind, Snapshot
 from autoscaler.daemon.loop import WakeSignal
+from autoscaler.daemon.metrics import Metrics
 from autoscaler.daemon.service import Daemon, Parts
+from autoscaler.daemon.wiring import build_parts
 from autoscaler.sim.cluster import SimNode, SimulatedCluster
 
 # Fast clocks: everything a test waits for happens within a second or two.
@@ -102,6 +104,13 @@ class Recorder:
 
     def actions(self) -> list[str]:
         return [d.action.value for d, _ in self.applied]
+
+
+def wired_daemon(cfg: Config, kubeconfig: Path | None) -> tuple[Daemon, CapturingLogger]:
+    """A daemon wired as `spot-autoscaler run` wires it (real adapters); its log captured."""
+    wake, metrics, log = WakeSignal(), Metrics(), CapturingLogger()
+    parts = build_parts(cfg, wake, log, metrics.error, kubeconfig=kubeconfig, dry_run=False)
+    return Daemon(cfg, parts, wake, log, log, metrics=metrics), log
 
 
 def daemon(

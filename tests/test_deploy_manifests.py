@@ -14,19 +14,14 @@ from typing import Any
 
 import pytest
 import yaml
-from structlog.testing import CapturingLogger
 from support.kube_api import KubeApiServer
 from support.waiting import wait_for
-from test_daemon_support import JOB, KUBE_CONFIG, node, worker
+from test_daemon_support import JOB, KUBE_CONFIG, node, wired_daemon, worker
 
 from autoscaler.cli import main
 from autoscaler.config import parse_config
 from autoscaler.core import Notice, NoticeKind
 from autoscaler.core.policy import POLICY_LABEL
-from autoscaler.daemon.loop import WakeSignal
-from autoscaler.daemon.metrics import Metrics
-from autoscaler.daemon.service import Daemon
-from autoscaler.daemon.wiring import build_parts
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -167,11 +162,7 @@ def test_every_request_of_a_working_daemon_is_allowed_by_rbac(tmp_path: Path) ->
         cfg = parse_config(
             KUBE_CONFIG.replace("retry_period: 0.1s}", "retry_period: 0.1s, identity: r}")
         )
-        wake, metrics, log = WakeSignal(), Metrics(), CapturingLogger()
-        parts = build_parts(
-            cfg, wake, log, metrics.error, kubeconfig=tmp_path / "kubeconfig", dry_run=False
-        )
-        d = Daemon(cfg, parts, wake, log, log, metrics=metrics)
+        d, _ = wired_daemon(cfg, tmp_path / "kubeconfig")
         d.start()
         try:
             wait_for(lambda: d.loop.passes >= 1, timeout=10, what="a first pass")
@@ -185,8 +176,8 @@ def test_every_request_of_a_working_daemon_is_allowed_by_rbac(tmp_path: Path) ->
                 received_at=now,
             )
             # what a cloud source does through the board: persist on the Node, then wake
-            assert parts.actuator.persist_notice("node-0", notice)  # type: ignore[attr-defined]
-            wake("aws-sqs: interruption on node-0")
+            assert d.parts.actuator.persist_notice("node-0", notice)  # type: ignore[attr-defined]
+            d.wake("aws-sqs: interruption on node-0")
             api.wait_until(lambda: api.objects("scaleins"), timeout=5)
         finally:
             d.stop()
