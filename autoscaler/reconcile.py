@@ -13,14 +13,16 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from autoscaler.core import Action, Decision, PolicySet, Snapshot, decide, track_idle
+from autoscaler.core.model import ALERTS
 from autoscaler.decisionlog import log_decision
 
 _APPLY_ORDER = {
     Action.DRAIN: 0,
-    Action.SCALE_IN: 1,
-    Action.SCALE_OUT: 2,
-    Action.UNDRAIN: 3,
-    Action.NOOP: 4,
+    Action.CANCEL: 1,  # before the operator picks the scaler up
+    Action.SCALE_IN: 2,
+    Action.SCALE_OUT: 3,
+    Action.UNDRAIN: 4,
+    Action.NOOP: 5,
 }
 
 
@@ -58,15 +60,18 @@ class Reconciler:
         snapshot = self.observer.snapshot(now)
         self.idle_since = track_idle(self.idle_since, snapshot.nodes, now)
         decisions = decide(replace(snapshot, idle_since=self.idle_since), self.policies, now)
+        alerts: set[int] = set()  # noops a person must hear of, once per episode (an Event)
         for decision in decisions:
             if self._worth_logging(decision):
                 log_decision(self.logger, decision, now=now, dry_run=self.actuator.dry_run)
+                if decision.action is Action.NOOP and decision.reason in ALERTS:
+                    alerts.add(id(decision))
             if self.on_decision is not None:
                 self.on_decision(decision)
         # Every job's drain before any scaler: a drain is what races the node's death, and it
         # must not wait behind other jobs' API writes. Within a job, drain still precedes scale-in.
         for decision in sorted(decisions, key=lambda d: _APPLY_ORDER[d.action]):
-            if decision.action is Action.NOOP:
+            if decision.action is Action.NOOP and id(decision) not in alerts:
                 continue
             try:
                 self.actuator.apply(decision, now)

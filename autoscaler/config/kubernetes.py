@@ -120,5 +120,8 @@ class KubernetesSettings(StrictModel):
     watch_timeout: Duration = timedelta(minutes=5)
     # Most seconds between retries of a failing list/watch (doubling from half a second).
     watch_backoff_max: Duration = timedelta(seconds=30)
+    # How often a kind the API server does not serve (an operator's CRD that is not installed) is
+    # looked up again in API discovery, so a CRD installed later is picked up without a restart.
+    discovery_interval: Duration = timedelta(seconds=60)
     # Retries of a write that got 429 or 5xx before the error goes to the reconciler.
     write_retries: Annotated[int, Field(ge=0, le=10)] = 3

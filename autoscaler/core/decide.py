@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from autoscaler.core.capacity import CapacityPool, Claim, fill, grant_of
-from autoscaler.core.departures import Departures, plan_departures
+from autoscaler.core.departures import Departures, plan_departures, scaler_block
 from autoscaler.core.model import (
     Action,
     Backend,
@@ -109,12 +109,14 @@ def decide(snapshot: Snapshot, policies: PolicySet, now: datetime) -> list[Decis
 
 
 # Growth blocks that do not lift within a scaler's lifetime: no room is held for these.
-_NOT_SOON = frozenset({Reason.JOB_NOT_RUNNING, Reason.SCALE_OUT_DISABLED, Reason.BACKOFF})
+_NOT_SOON = frozenset(
+    {Reason.JOB_NOT_RUNNING, Reason.SCALE_OUT_DISABLED, Reason.BACKOFF, Reason.SCALER_STUCK}
+)
 
 
 def _growth_blocked(job: Job, policy: Policy, now: datetime) -> Reason | None:
-    if job.scaler is not None:
-        return Reason.SCALER_IN_FLIGHT
+    if (block := scaler_block(job, policy, now)) is not None:
+        return block[0]
     if not job.running:
         return Reason.JOB_NOT_RUNNING
     if not policy.scale_out.enabled:
@@ -155,9 +157,10 @@ def _growth_decision(plan: _Plan, pool: CapacityPool, now: datetime) -> Decision
     below = (Reason.BELOW_MIN,) if staying < lo else ()
     if claim is None:
         reason = blocked or Reason.STEADY
-        return Decision.noop(
-            job, reason, policy.name, tags=below, message=_NOOP_MESSAGES.get(reason, "")
-        )
+        message = _NOOP_MESSAGES.get(reason, "")
+        if reason is Reason.SCALER_STUCK and (block := scaler_block(job, policy, now)):
+            message = block[1]
+        return Decision.noop(job, reason, policy.name, tags=below, message=message)
     grant = grant_of(claim, pool, at_max=claim.target == plan.ceiling)
     if grant.count == 0:
         why_not = grant.why_not or Reason.NO_CAPACITY

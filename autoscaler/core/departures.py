@@ -60,6 +60,9 @@ def plan_departures(
         tags.append(Reason.BELOW_MIN)
 
     out = Departures(leaving=leaving, kept=kept)
+    cancel = _cancel(job, policy)
+    if cancel is not None:
+        out.decisions.append(cancel)
     out.decisions.extend(_undrains(job, policy, leaving, nodes))
     if kept is not None and not leaving:
         assert reason is not None
@@ -78,7 +81,6 @@ def plan_departures(
     if not leaving:
         return out
     assert reason is not None
-    victims = tuple(w.pod for w in leaving)
     hosts = tuple(dict.fromkeys(w.host for w in leaving))  # standalone: a host holds several
     departing_nodes = tuple(sorted({w.node for w in leaving if w.node}))
     draining = tuple(w for w in leaving if w.host not in job.drained_hosts)
@@ -101,7 +103,12 @@ def plan_departures(
             )
         )
     out.blocks_scale_out = reason
-    deferred = _scale_in_deferred(job, victims)
+    # a pod already being deleted leaves by itself; naming it could leave a ScaleIn whose pods
+    # are all gone by the time et-operator reads it (see _cancel)
+    victims = tuple(w.pod for w in leaving if not w.terminating)
+    if not victims:
+        return out
+    deferred = _scale_in_deferred(job, policy, victims, now)
     if deferred is not None:
         out.blocks_scale_out = deferred[0]
         if deferred[1]:
@@ -193,8 +200,9 @@ def _last_host_to_keep(
         for w in job.workers
         if w.pod not in why
         and not w.pending
+        and not w.terminating
         and w.host not in job.drained_hosts
-        and (w.ready_since is None or w.ready_since <= settled_by)
+        and _in_assignment(job, w, settled_by)
     ]
     if survivors:
         return None
@@ -206,10 +214,66 @@ def _last_host_to_keep(
     return max(candidates, key=lives_longest)
 
 
-def _scale_in_deferred(job: Job, victims: tuple[str, ...]) -> tuple[Reason, str] | None:
+def _in_assignment(job: Job, w: Worker, settled_by: datetime) -> bool:
+    """Whether Horovod has `w`'s host in its current rank assignment, so dropping the others
+    keeps a host of the previous set (driver.py `_update_host_assignments`). The launcher's own
+    report (its worker processes) is the evidence; without one, a host that has been ready
+    since `settled_by` is assumed to have passed a reset."""
+    if job.assigned_hosts is not None:
+        return w.host in job.assigned_hosts
+    return w.ready_since is None or w.ready_since <= settled_by
+
+
+def scaler_block(job: Job, policy: Policy, now: datetime) -> tuple[Reason, str] | None:
+    """Why the job's outstanding scaler blocks new ones: in flight, or stuck past max_age."""
+    scaler = job.scaler
+    if scaler is None:
+        return None
+    age = now - scaler.created_at if scaler.created_at is not None else None
+    if age is not None and age > policy.scalers.max_age:
+        return Reason.SCALER_STUCK, (
+            f"{scaler.kind}/{scaler.name} unfinished after {int(age.total_seconds())}s: see"
+            " docs/kubernetes.md#stuck-scalers (delete it once its pods are handled)"
+        )
+    return Reason.SCALER_IN_FLIGHT, ""
+
+
+def _cancel(job: Job, policy: Policy) -> Decision | None:
+    """Our ScaleIn, not picked up yet, whose pods have all gone (node died, evicted, NTH or
+    Karpenter got there first): et-operator keeps only named pods that still exist, and an empty
+    list means ALL workers (scalein.go `setsSaleInToDelete`, worker.go `DeleteWorkerPods`), so
+    it must be deleted before the operator runs it. A deleted scaler just ends
+    (scaler.go `executeScaling`)."""
+    scaler = job.scaler
+    if scaler is None or scaler.kind is not ScalerKind.SCALE_IN or not scaler.ours:
+        return None
+    live = {w.pod for w in job.workers if not w.terminating}
+    if scaler.started or live & set(scaler.pods):
+        return None
+    n = len(job.workers)
+    return Decision(
+        job=job.key,
+        action=Action.CANCEL,
+        reason=Reason.VICTIMS_GONE,
+        policy=policy.name,
+        from_workers=n,
+        to_workers=n,
+        pods=scaler.pods,
+        message=f"delete {scaler.kind}/{scaler.name}: none of its pods is left, and et-operator"
+        " would delete every worker of the job",
+    )
+
+
+def _scale_in_deferred(
+    job: Job, policy: Policy, victims: tuple[str, ...], now: datetime
+) -> tuple[Reason, str] | None:
     """(reason, message) when the ScaleIn cannot be created now; message '' = nothing to say."""
     scaler = job.scaler
     if scaler is not None:
+        block = scaler_block(job, policy, now)
+        assert block is not None
+        if block[0] is Reason.SCALER_STUCK:
+            return block
         if scaler.kind is ScalerKind.SCALE_IN and set(victims) <= set(scaler.pods):
             return Reason.SCALER_IN_FLIGHT, ""
         return (

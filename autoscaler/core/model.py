@@ -33,6 +33,8 @@ class Backend(StrEnum):
 class Action(StrEnum):
     SCALE_OUT = "scale_out"
     SCALE_IN = "scale_in"
+    # delete a scaler of ours before the operator runs it (it could only do harm now)
+    CANCEL = "cancel_scaler"
     DRAIN = "drain"
     UNDRAIN = "undrain"
     NOOP = "noop"
@@ -61,6 +63,13 @@ class Reason(StrEnum):
     HOST_GONE = "host_gone"
     STEADY = "steady"
     BLACKLIST_RISK = "blacklist_risk"
+    # a ScaleIn of ours names only pods that are gone: et-operator would delete EVERY worker
+    VICTIMS_GONE = "victims_gone"
+    SCALER_STUCK = "scaler_stuck"  # a scaler older than the policy's scalers.max_age
+
+
+# Noops that need a person: applied once per episode (a Warning Event), not only logged.
+ALERTS = frozenset({Reason.SCALER_STUCK})
 
 
 class ScalerKind(StrEnum):
@@ -110,6 +119,8 @@ class Worker:
     pending: bool = False
     # when it started running; a new worker holds no training state until Horovod syncs it
     ready_since: datetime | None = None  # None: long enough ago / unknown
+    # being deleted (evicted, NTH/Karpenter drain, a scaler): gone soon, whatever we decide
+    terminating: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +129,9 @@ class Scaler:
     name: str
     created_at: datetime | None = None
     pods: tuple[str, ...] = ()
+    ours: bool = False  # created by spot-autoscaler (we may delete it)
+    # the operator has picked it up (a ScaleIn's victims are frozen): deleting it no longer helps
+    started: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +154,12 @@ class Job:
     drained_hosts: frozenset[str] = frozenset()  # hidden from this job's discovery now
     # hosts Horovod saw fail (lost while still in discovery): it blacklists them for the job's life
     failed_hosts: frozenset[str] = frozenset()
+    # hosts the launcher runs Horovod worker processes on, i.e. in a rank assignment (published by
+    # the discovery sidecar); None = not reported, fall back to preemption.join_grace
+    assigned_hosts: frozenset[str] | None = None
+    # the index the operator gives its next new worker (et-operator: highest in
+    # status.targetWorkers + 1, which counts workers that are gone); None = after the live ones
+    next_index: int | None = None
 
     @property
     def key(self) -> str:
@@ -147,7 +167,9 @@ class Job:
 
     def next_pod_names(self, count: int) -> tuple[str, ...]:
         """The names et-operator gives a ScaleOut's pods: fresh indices after the highest in use."""
-        start = max((w.index for w in self.workers), default=-1) + 1
+        start = self.next_index
+        if start is None:
+            start = max((w.index for w in self.workers), default=-1) + 1
         return tuple(f"{self.name}-worker-{i}" for i in range(start, start + count))
 
 

@@ -116,6 +116,13 @@ class PreemptionRules(StrictModel):
     join_grace: Duration = timedelta(seconds=30)
 
 
+class ScalerRules(StrictModel):
+    # et-operator has no deadline for a ScaleIn (it waits on the launcher's `ps` output forever)
+    # nor for the exec steps of a ScaleOut: past this age a scaler is reported stuck (a Warning
+    # Event, a metric, a decision line); docs/kubernetes.md says how to recover
+    max_age: Duration = timedelta(minutes=15)
+
+
 class CostRules(StrictModel):
     max_price_per_gpu_hour: Price | None = None  # nodes above it get no new workers
     budget_per_hour: Price | None = None  # this job's spend cap
@@ -169,6 +176,7 @@ class Policy(StrictModel):
     limits: Limits = Limits()
     scale_out: ScaleOutRules = ScaleOutRules()
     preemption: PreemptionRules = PreemptionRules()
+    scalers: ScalerRules = ScalerRules()
     cost: CostRules = CostRules()
     windows: list[Window] = []
 

@@ -14,11 +14,19 @@ Check = Callable[[], str | None]  # None when fine, else what is wrong (shown to
 
 
 class Endpoints:
-    def __init__(self, host: str, port: int, metrics: Metrics, live: Check, ready: Check) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        metrics: Metrics,
+        live: Check,
+        ready: Check,
+        detail: Callable[[], str] = str,
+    ) -> None:
         routes: dict[str, Callable[[], tuple[int, str, bytes]]] = {
             "/metrics": lambda: (200, CONTENT_TYPE_LATEST, metrics.exposition()),
             "/healthz": lambda: _probe(live),
-            "/readyz": lambda: _probe(ready),
+            "/readyz": lambda: _probe(ready, detail()),  # detail: e.g. which backends are live
         }
         handler = type("Handler", (_Handler,), {"routes": routes})
         self._server = ThreadingHTTPServer((host, port), handler)
@@ -43,13 +51,10 @@ class Endpoints:
         self._server.server_close()
 
 
-def _probe(check: Check) -> tuple[int, str, bytes]:
+def _probe(check: Check, detail: str = "") -> tuple[int, str, bytes]:
     problem = check()
-    return (
-        (200, "text/plain", b"ok\n")
-        if problem is None
-        else (503, "text/plain", problem.encode() + b"\n")
-    )
+    body = ("ok" if problem is None else problem) + "\n" + (detail + "\n" if detail else "")
+    return (200 if problem is None else 503, "text/plain", body.encode())
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -111,8 +111,7 @@ class ReconcileLoop:
         finally:
             self._metrics.reconcile.observe(time.perf_counter() - started)
         self.passes += 1
-        for decision in decisions:
-            self._metrics.decided(decision)
+        self._metrics.decided(decisions)
         return self.reconciler.errors == errors_before
 
     def _run(self) -> None:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from autoscaler.core import Action, Decision, Job
+from autoscaler.core import Action, Decision, Job, Reason
 
 PREFIX = "spot_autoscaler"
 # A spot notice gives 2 minutes (AWS) or less: resolve the first seconds finely.
@@ -53,15 +53,39 @@ class Metrics:
         self.leader = Gauge(
             f"{PREFIX}_leader", "1 while this replica holds the lease and acts.", registry=r
         )
+        self.stuck_scalers = Gauge(
+            f"{PREFIX}_stuck_scalers",
+            "Jobs whose outstanding scaler is older than its policy's scalers.max_age.",
+            registry=r,
+        )
+        self.backend_live = Gauge(
+            f"{PREFIX}_backend_live",
+            "1 while the API server serves every kind an operator backend needs, else 0.",
+            ["backend"],
+            registry=r,
+        )
         self._jobs: set[str] = set()
+
+    def track_backends(self, backends: Callable[[], Mapping[str, bool]]) -> None:
+        """Read at scrape time: a CRD installed or removed shows without a reconcile pass."""
+        def live(name: str) -> Callable[[], float]:
+            return lambda: 1.0 if backends().get(name) else 0.0
+
+        for name in backends():
+            self.backend_live.labels(name).set_function(live(name))
 
     def track_leader(self, is_leader: Callable[[], bool]) -> None:
         """Read at scrape time, so a lapsed lease shows even while a renewal call hangs."""
         self.leader.set_function(lambda: 1.0 if is_leader() else 0.0)
 
-    def decided(self, decision: Decision) -> None:
-        if decision.action is not Action.NOOP:  # noops repeat every pass; the log explains them
-            self.decisions.labels(decision.action.value, decision.reason.value).inc()
+    def decided(self, decisions: Iterable[Decision]) -> None:
+        """One pass's decisions."""
+        stuck = 0
+        for decision in decisions:
+            if decision.action is not Action.NOOP:  # noops repeat every pass; the log says why
+                self.decisions.labels(decision.action.value, decision.reason.value).inc()
+            stuck += decision.reason is Reason.SCALER_STUCK
+        self.stuck_scalers.set(stuck)
 
     def error(self, component: str) -> None:
         self._errors.inc(component)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -38,6 +38,8 @@ class Parts:
     observer: Observer
     actuator: Actuator  # already the dry-run one under --dry-run
     synced: Callable[[], bool] = lambda: True  # caches hold the whole world
+    # operator backends and whether the API server serves what each needs ({} = not applicable)
+    backends: Callable[[], Mapping[str, bool]] = dict
     start: Callable[[], None] = lambda: None  # begin watches
     stop: Callable[[], None] = lambda: None
     sources: list[NamedSource] = field(default_factory=list)  # notice and price feeds
@@ -67,6 +69,7 @@ class Daemon:
         self.leadership = self._leadership(parts.lock)
         self.metrics.track_leader(self.leadership.is_leader)
         self.metrics.count_errors_from("watch", parts.watch_errors)
+        self.metrics.track_backends(parts.backends)
         tracker = NoticeTracker(self.metrics)
         self.reconciler = Reconciler(
             MeasuredObserver(parts.observer, self.metrics, tracker),
@@ -128,11 +131,20 @@ class Daemon:
         # the config is loaded before the daemon exists; a bad reload keeps the old one
         return None if self.parts.synced() else "caches not synced"
 
+    def backends_detail(self) -> str:
+        """The /readyz body's second line: which operator backends are live."""
+        backends = self.parts.backends()
+        if not backends:
+            return ""
+        words = [f"{b}={'live' if on else 'not-served'}" for b, on in sorted(backends.items())]
+        return "backends: " + " ".join(words)
+
     # --- service -----------------------------------------------------------------------------
     def start(self) -> None:
         s = self.settings
         self.endpoints = Endpoints(
-            s.metrics_bind_address, s.metrics_port, self.metrics, self.liveness, self.readiness
+            s.metrics_bind_address, s.metrics_port, self.metrics, self.liveness, self.readiness,
+            detail=self.backends_detail,
         )
         self.endpoints.start()
         self.parts.start()

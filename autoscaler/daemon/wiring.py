@@ -93,6 +93,7 @@ def _kubernetes(
         reconfigure=lambda new: observer.set_prices(new.prices),
         actuator=actuator,
         synced=cache.synced,
+        backends=cache.backends,
         start=cache.start,
         stop=lambda: _stop_all(board.close, cache.stop),
         sources=sources,

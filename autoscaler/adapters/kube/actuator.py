@@ -18,7 +18,7 @@ from autoscaler.adapters.kube.cce import CceActuator
 from autoscaler.adapters.kube.et_operator import EtOperatorActuator
 from autoscaler.adapters.kube.events import EventRecorder
 from autoscaler.adapters.kube.objects import ObjectApi
-from autoscaler.adapters.kube.outcomes import summary
+from autoscaler.adapters.kube.outcomes import refuse, summary
 from autoscaler.adapters.kube.resources import AI_TRAINING_JOBS, NODES, Obj, Resource
 from autoscaler.config import Config
 from autoscaler.core.model import Action, Decision, Notice
@@ -50,7 +50,16 @@ class KubeActuator:
             raise LookupError(f"job {decision.job} is not in the cache (deleted, or not managed)")
         resource, job = found
         backend = self._cce if resource is AI_TRAINING_JOBS else self._et
-        if decision.action is Action.SCALE_OUT:
+        scaling = decision.action in (Action.SCALE_OUT, Action.SCALE_IN)
+        if scaling and not self._cache.backends().get(resource.backend, False):
+            # e.g. TrainingJobs served but the ScaleIn CRD not installed: nothing could run it
+            refuse(decision, "backend_not_served", backend=resource.backend)
+            return
+        if decision.action is Action.NOOP:  # an alert (core.model.ALERTS): tell people
+            self._recorder.record(job, _event_reason(decision), decision.message, now, warning=True)
+        elif decision.action is Action.CANCEL and resource is not AI_TRAINING_JOBS:
+            self._et.cancel(job, decision, now)
+        elif decision.action is Action.SCALE_OUT:
             backend.scale_out(job, decision, now)
         elif decision.action is Action.SCALE_IN:
             backend.scale_in(job, decision, now)
@@ -99,6 +108,11 @@ class KubeActuator:
         self._recorder.record(
             patched, "HostsDrained" if drain else "HostsUndrained", message + summary(decision), now
         )
+
+
+def _event_reason(decision: Decision) -> str:
+    """`scaler_stuck` -> `ScalerStuck`: Event reasons are UpperCamelCase."""
+    return "".join(word.capitalize() for word in decision.reason.value.split("_"))
 
 
 class DryRunActuator:

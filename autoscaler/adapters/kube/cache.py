@@ -23,6 +23,7 @@ from autoscaler.adapters.kube.reflector import Changes, KeyTracker, Reflector
 from autoscaler.adapters.kube.resources import (
     AI_TRAINING_JOBS,
     ALL_RESOURCES,
+    BACKENDS,
     JOB_RESOURCES,
     NODES,
     PODS,
@@ -58,6 +59,8 @@ class KubeCache:
         scopes: list[str | None] = list(settings.namespaces) or [None]
         backoff = (backoff_min, max(backoff_min, settings.watch_backoff_max.total_seconds()))
         self._reflectors: dict[Resource, dict[str | None, Reflector]] = {}
+        self._backends_lock = threading.Lock()
+        self._backends_logged: dict[str, bool] | None = None
         for resource in ALL_RESOURCES:
             is_job = resource in JOB_RESOURCES
             for scope in [None] if resource in _CLUSTER_WIDE else scopes:
@@ -68,6 +71,8 @@ class KubeCache:
                     field_selector=NOT_TERMINATED_SELECTOR if resource is PODS else "",
                     watch_timeout=settings.watch_timeout.total_seconds(),
                     backoff=backoff,
+                    rediscover=settings.discovery_interval.total_seconds(),
+                    on_served=self._served_looked_up,
                 )
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -135,6 +140,14 @@ class KubeCache:
             reflector.track(tracker)
         return tracker
 
+    def served(self, resource: Resource) -> bool:
+        """Whether the API server serves this kind (as last looked up in discovery)."""
+        return all(r.served for r in self._reflectors[resource].values())
+
+    def backends(self) -> dict[str, bool]:
+        """Each operator backend and whether it can act: every kind it needs is served."""
+        return {name: all(map(self.served, kinds)) for name, kinds in BACKENDS.items()}
+
     def errors(self) -> int:
         """Failed lists/watches so far (each retried after a back-off)."""
         return sum(r.errors for r in self._all())
@@ -147,6 +160,12 @@ class KubeCache:
         if reflector is not None:
             reflector.assume(obj)
 
+    def forget(self, resource: Resource, obj: Obj) -> None:
+        """Drop an object we just deleted, before its watch event arrives."""
+        reflector = self._owner(resource, key_of(obj))
+        if reflector is not None:
+            reflector.forget(obj)
+
     # --- internals -----------------------------------------------------------------------------
     def _all(self) -> list[Reflector]:
         return [r for scopes in self._reflectors.values() for r in scopes.values()]
@@ -156,6 +175,23 @@ class KubeCache:
         if None in scopes:
             return scopes[None]
         return scopes.get(key.split("/", 1)[0]) if "/" in key else None
+
+    def _served_looked_up(self) -> None:
+        """Log which backends are live once every kind has been looked up, then on each change;
+        a backend that comes up wakes the daemon (its jobs may need work)."""
+        if any(r.served is None for r in self._all()):
+            return
+        backends = self.backends()
+        with self._backends_lock:
+            before, self._backends_logged = self._backends_logged, backends
+        if backends == before:
+            return
+        log.info("backends", live=sorted(b for b, on in backends.items() if on),
+                 not_served=sorted(b for b, on in backends.items() if not on))
+        if before is not None and self._wake is not None and any(
+            on and not before.get(b) for b, on in backends.items()
+        ):
+            self._wake("backend served")
 
     def _changed(self, resource: Resource, changes: Changes) -> None:
         if self._wake is None or not self.synced():

@@ -36,6 +36,8 @@ from autoscaler.core.policy import ScaleOutRules
 
 log = structlog.get_logger()
 
+
+
 # et-operator copies a ScaleOut's name into a label of the pods it adds: label values are <= 63.
 _MAX_NAME = 63
 _DIGEST = 10
@@ -85,10 +87,13 @@ class EtOperatorActuator:
 
     def scale_in(self, job: Obj, decision: Decision, now: datetime) -> None:
         namespace = job["metadata"]["namespace"]
-        # et-operator silently drops names it does not know; a pod already gone needs no ScaleIn
-        victims = sorted(p for p in decision.pods if self._cache.get(PODS, f"{namespace}/{p}"))
-        if not victims:  # never fall back to a count: it removes the highest indices instead
-            refuse(decision, "no_known_victims", pods=list(decision.pods))
+        # et-operator keeps only named pods that exist when it first runs the ScaleIn, and none
+        # means EVERY worker goes (scalein.go `setsSaleInToDelete` leaves status.toDeletePods
+        # empty; worker.go `DeleteWorkerPods(job, nil)` deletes all pods with grace 0). So name
+        # only pods that exist and are not already Terminating, and never create one without.
+        victims = sorted(p for p in decision.pods if self._alive(namespace, p))
+        if not victims:  # never fall back to a count either: it removes the highest indices
+            refuse(decision, "no_live_victims", pods=list(decision.pods))
             return
         state = self._state(job)
         name = scaler_name(
@@ -99,6 +104,43 @@ class EtOperatorActuator:
         message = f"ScaleIn {name}: remove {', '.join(victims)}, {summary(decision)}"
         request = _Request(SCALE_INS, name, spec, "ScaleInCreated", message)
         self._create(job, state, decision, request, now)
+
+    def cancel(self, job: Obj, decision: Decision, now: datetime) -> None:
+        """Delete our not-yet-started ScaleIn whose pods are all gone (see core `_cancel`)."""
+        namespace = job["metadata"]["namespace"]
+        state = self._state(job)
+        for scaler in state.in_flight:
+            obj = self._cache.get(SCALE_INS, f"{namespace}/{scaler.name}")
+            if obj is None or scaler.kind.value != SCALE_INS.kind:
+                continue
+            facts = scaler_facts(SCALE_INS, obj)
+            alive = any(self._alive(namespace, p) for p in facts.pods)
+            if not facts.ours or facts.started or alive:
+                continue  # not ours, picked up, or a victim is back: nothing to undo
+            try:
+                self._objects.delete(SCALE_INS, namespace, facts.name,
+                                     str(obj["metadata"].get("resourceVersion", "")))
+            except ApiException as exc:
+                if exc.status == 404:
+                    continue  # gone already
+                if exc.status == 409:  # changed meanwhile: the next pass looks again
+                    refuse(decision, "scaler_changed", scaler=facts.name)
+                    continue
+                raise
+            self._cache.forget(SCALE_INS, obj)
+            self._recorder.record(
+                job, "ScaleInCancelled",
+                f"ScaleIn {facts.name} deleted before et-operator ran it: none of "
+                f"{', '.join(facts.pods)} is left, and an empty ScaleIn deletes every worker",
+                now, warning=True,
+            )
+            log.warning("scaler_cancelled", job=decision.job, scaler=facts.name,
+                        pods=list(facts.pods))
+
+    def _alive(self, namespace: str, pod: str) -> bool:
+        """The pod exists and is not being deleted."""
+        obj = self._cache.get(PODS, f"{namespace}/{pod}")
+        return obj is not None and not (obj.get("metadata") or {}).get("deletionTimestamp")
 
     def _state(self, job: Obj) -> ScalerState:
         key = key_of(job)

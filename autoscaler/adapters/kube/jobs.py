@@ -10,7 +10,12 @@ from autoscaler.adapters.kube.resources import Obj, annotations_of, labels_of
 from autoscaler.adapters.kube.scalers import ScalerState
 from autoscaler.config.kubernetes import KubernetesSettings
 from autoscaler.core.model import Backend, Job, Scaler, ScalerKind, Worker
-from autoscaler.signals import DRAINED_ANNOTATION, decode_drained
+from autoscaler.signals import (
+    ASSIGNED_ANNOTATION,
+    DRAINED_ANNOTATION,
+    decode_assigned,
+    decode_drained,
+)
 
 # A job label that sets its priority (higher gets idle GPUs first); a policy may override it.
 PRIORITY_LABEL = "spot-autoscaler.io/priority"
@@ -84,7 +89,7 @@ def workers_of(pods: Iterable[PodFacts]) -> tuple[Worker, ...]:
     ordered = sorted(pods, key=lambda p: (p.index, p.name))
     return tuple(
         Worker(pod=p.name, node=p.node, host=p.name, index=p.index, pending=p.phase != "Running",
-               ready_since=p.ready_since)
+               ready_since=p.ready_since, terminating=p.terminating)
         for p in ordered
     )
 
@@ -117,7 +122,21 @@ def build_job(
         last_scale_out_at=scalers.last_scale_out_at if scalers else None,
         last_failed_scale_out_at=scalers.last_failed_scale_out_at if scalers else None,
         drained_hosts=decode_drained(annotations_of(job).get(DRAINED_ANNOTATION)),
+        assigned_hosts=decode_assigned(annotations_of(job).get(ASSIGNED_ANNOTATION)),
+        next_index=next_worker_index(job) if backend is Backend.ET_OPERATOR else None,
     )
+
+
+def next_worker_index(job: Obj) -> int | None:
+    """The index et-operator gives the next worker it creates: one past the highest index in
+    status.targetWorkers, a list that keeps workers which died without a scaler (scaleout.go
+    `setScaleOutWorkers` and worker.go `handleWorkersFailed` via `getWorkerPodsMaxIndex`, whose
+    maximum starts at 0 and skips names without a numeric suffix). None before it has one."""
+    names = (job.get("status") or {}).get("targetWorkers")
+    if not isinstance(names, list) or not names:
+        return None
+    indices = [int(tail) for n in names if (tail := str(n).rsplit("-", 1)[-1]).isdigit()]
+    return max([0, *indices]) + 1
 
 
 def cce_scaler(job: Obj, workers: Sequence[Worker]) -> Scaler | None:

@@ -49,6 +49,16 @@ class ObjectApi:
             _content_type=MERGE_PATCH,
         )
 
+    def delete(self, resource: Resource, namespace: str, name: str, resource_version: str) -> Obj:
+        """Delete the very version we decided on: a precondition makes the server answer 409 if
+        the object changed since (e.g. the operator picked it up meanwhile)."""
+        options = {"preconditions": {"resourceVersion": resource_version}}
+        return self._call(
+            f"delete {resource.plural} {namespace}/{name}",
+            self._custom.delete_namespaced_custom_object,
+            resource.group, resource.version, namespace, resource.plural, name, body=options,
+        )
+
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Obj:
         def once() -> Obj:
             response = fn(*args, _preload_content=False, _request_timeout=_TIMEOUT, **kwargs)

@@ -36,6 +36,7 @@ class PodFacts:
     backend: Backend | None
     index: int
     ready_since: datetime | None  # Ready condition's transition, else the container's start
+    terminating: bool = False  # metadata.deletionTimestamp set: Terminating for its grace period
 
 
 def quantity(value: Any) -> float:
@@ -125,6 +126,7 @@ def pod_facts(pod: Obj, settings: KubernetesSettings) -> PodFacts:
         backend=worker[0] if worker else None,
         index=_index(name, labels),
         ready_since=_ready_since(pod.get("status") or {}),
+        terminating=bool(meta.get("deletionTimestamp")),
     )
 
 

@@ -3,6 +3,10 @@
 Errors back off (doubling, capped) and resume the watch where it stopped; 410 Gone means the
 server forgot that far back, so the reflector lists again. Watches carry a server timeout and a
 slightly longer client read timeout, so a silent connection cannot hang the thread.
+
+A kind from an operator's CRD may not be served at all (not installed, or removed): it is looked up
+in API discovery first, holds nothing and counts as synced while absent, and is looked up again
+every `rediscover` seconds, so a CRD installed later is picked up without a restart.
 """
 
 from __future__ import annotations
@@ -19,10 +23,12 @@ from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
 from autoscaler.adapters.kube.resources import Obj, Resource, key_of
+from autoscaler.adapters.kube.served import is_served
 
 # (old, new) per changed object: old None = added, new None = deleted
 Changes = list[tuple[Obj | None, Obj | None]]
 OnChange = Callable[[Resource, Changes], None]
+OnServed = Callable[[], None]  # a kind's served state was looked up (it may have changed)
 
 _PAGE = 500
 _CONNECT_TIMEOUT = 10.0
@@ -75,9 +81,12 @@ class Reflector:
         field_selector: str = "",
         watch_timeout: float = 300.0,
         backoff: tuple[float, float] = (0.5, 30.0),
+        rediscover: float = 60.0,
+        on_served: OnServed | None = None,
     ) -> None:
         self.resource = resource
         self.namespace = namespace
+        self._api = api
         self._list_fn = resource.lister(api, namespace)
         self._keep = keep  # client-side filter: servers (and emulators) may ignore selectors
         self._transform = transform  # what of each object is worth holding (see lean.py)
@@ -92,6 +101,10 @@ class Reflector:
         # weak: a tracker lives as long as its reader, and nobody has to unregister it
         self._trackers: weakref.WeakSet[KeyTracker] = weakref.WeakSet()
         self._watch: watch.Watch | None = None
+        self._rediscover = rediscover
+        self._on_served = on_served
+        # None until looked up; built-in kinds are always served
+        self.served: bool | None = None if resource.backend else True
         self.synced = threading.Event()
         self.errors = 0
         self._log = log.bind(kind=resource.kind, namespace=namespace or "*")
@@ -119,6 +132,10 @@ class Reflector:
         if self._keep(lean):
             self._apply("MODIFIED", lean, report=False)
 
+    def forget(self, obj: Obj) -> None:
+        """Drop an object we just deleted (write-through, like `assume`)."""
+        self._apply("DELETED", self._ingest(obj), report=False)
+
     # --- the loop ------------------------------------------------------------------------------
     def run(self) -> None:
         rv: str | None = None
@@ -126,6 +143,9 @@ class Reflector:
         while not self._stop.is_set():
             try:
                 if rv is None:
+                    if not self._discover():
+                        self._stop.wait(self._rediscover)
+                        continue
                     rv = self._list()
                 rv = self._watch_once(rv)
                 delay = self._backoff[0]
@@ -134,6 +154,8 @@ class Reflector:
                     self._log.info("watch_expired_relisting")
                     rv = None
                     continue
+                if exc.status == 404 and self.resource.backend:  # its CRD went away: look it up
+                    self.served, rv = None, None
                 delay = self._failed(exc, delay)
             except (urllib3.exceptions.ReadTimeoutError, TimeoutError):
                 # the server ignored timeoutSeconds and went quiet: just watch again
@@ -155,6 +177,28 @@ class Reflector:
         self._log.warning("watch_failed", error=error, retry_in=delay)
         self._stop.wait(delay)
         return min(delay * 2, self._backoff[1])
+
+    def _discover(self) -> bool:
+        """Whether the kind is served (looked up unless known); an absent kind holds nothing and
+        is synced: there is nothing of it to wait for."""
+        if self.served:
+            return True
+        served = is_served(self._api, self.resource)
+        changed = served != self.served
+        self.served = served
+        if not served:
+            with self._lock:
+                old, self._items = self._items, {}
+                self._touched(old)
+            if old:
+                self._on_change(self.resource, [(o, None) for o in old.values()])
+            self.synced.set()
+        if changed:
+            self._log.debug("kind_served" if served else "kind_not_served",
+                           group=self.resource.group, version=self.resource.version)
+            if self._on_served is not None:
+                self._on_served()
+        return served
 
     def _list(self) -> str:
         items: dict[str, Obj] = {}

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from autoscaler.adapters.kube.resources import (
+    MANAGED_BY_LABEL,
+    MANAGER,
     REASON_ANNOTATION,
     SCALE_INS,
     Obj,
@@ -32,9 +34,13 @@ class ScalerFacts:
     outcome: str | None  # ScaleSucceeded | ScaleFailed; None while it has not finished
     finished_at: datetime | None
     refill: bool = False  # a ScaleOut we made to bring the job back to min
+    ours: bool = False  # labelled as created by spot-autoscaler
+    # a ScaleIn whose victims et-operator has frozen in status.toDeletePods (scalein.go
+    # `setsSaleInToDelete`); before that it names pods in spec only
+    started: bool = True
 
     def as_scaler(self) -> Scaler:
-        return Scaler(self.kind, self.name, self.created_at, self.pods)
+        return Scaler(self.kind, self.name, self.created_at, self.pods, self.ours, self.started)
 
     @property
     def order(self) -> tuple[datetime, str]:
@@ -54,8 +60,9 @@ def _last_condition(status: Obj) -> Obj | None:
 def scaler_facts(resource: Resource, obj: Obj) -> ScalerFacts:
     meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
     kind = ScalerKind.SCALE_IN if resource is SCALE_INS else ScalerKind.SCALE_OUT
+    frozen = status.get("toDeletePods") or ()
     if kind is ScalerKind.SCALE_IN:
-        pods = status.get("toDeletePods") or ((spec.get("toDelete") or {}).get("podNames")) or ()
+        pods = frozen or ((spec.get("toDelete") or {}).get("podNames")) or ()
     else:
         pods = status.get("addPods") or ()
     last = _last_condition(status)
@@ -78,6 +85,8 @@ def scaler_facts(resource: Resource, obj: Obj) -> ScalerFacts:
         outcome=outcome,
         finished_at=finished,
         refill=(meta.get("annotations") or {}).get(REASON_ANNOTATION) == Reason.BELOW_MIN.value,
+        ours=(meta.get("labels") or {}).get(MANAGED_BY_LABEL) == MANAGER,
+        started=kind is ScalerKind.SCALE_OUT or bool(frozen),
     )
 
 
