@@ -208,6 +208,15 @@ class Policy(StrictModel):
             policy = policy.model_copy(update=update)
         return policy
 
+    @model_validator(mode="after")
+    def _scaler_age(self) -> Policy:
+        if self.scalers.max_age <= self.scale_out.timeout:
+            raise ValueError(
+                f"scalers.max_age ({self.scalers.max_age}) must exceed scale_out.timeout"
+                f" ({self.scale_out.timeout}): a ScaleOut waiting for its pods is not stuck"
+            )
+        return self
+
     def bounds(self, job: Job) -> tuple[int, int]:
         """Effective (min, max) workers: the job's spec narrowed by this policy. Min wins a tie."""
         lo = max(job.min_workers, self.limits.min_workers or 0)
