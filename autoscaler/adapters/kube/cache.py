@@ -208,6 +208,12 @@ class KubeCache:
                 return
 
 
+def pod_alive(cache: KubeCache, namespace: str, pod: str) -> bool:
+    """The pod exists and is not being deleted (no deletionTimestamp)."""
+    obj = cache.get(PODS, f"{namespace}/{pod}")
+    return obj is not None and not (obj.get("metadata") or {}).get("deletionTimestamp")
+
+
 def _keeper(
     resource: Resource, namespace: str | None, job_labels: LabelMatcher | None
 ) -> Callable[[Obj], bool]:

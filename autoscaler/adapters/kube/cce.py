@@ -10,7 +10,7 @@ from datetime import datetime
 
 import structlog
 
-from autoscaler.adapters.kube.cache import KubeCache
+from autoscaler.adapters.kube.cache import KubeCache, pod_alive
 from autoscaler.adapters.kube.events import EventRecorder
 from autoscaler.adapters.kube.jobs import CCE_WORKER_REPLICA, job_phase, worker_spec
 from autoscaler.adapters.kube.objects import ObjectApi
@@ -31,10 +31,12 @@ class CceActuator:
         self._patch(job, decision, (), now)
 
     def scale_in(self, job: Obj, decision: Decision, now: datetime) -> None:
-        if not decision.pods:
-            refuse(decision, "no_victims")
+        namespace = job["metadata"]["namespace"]
+        victims = tuple(p for p in decision.pods if pod_alive(self._cache, namespace, p))
+        if not victims:  # a pod already gone or going needs no scale-in (and names nobody)
+            refuse(decision, "no_live_victims", pods=list(decision.pods))
             return
-        self._patch(job, decision, tuple(decision.pods), now)
+        self._patch(job, decision, victims, now)
 
     def _patch(self, job: Obj, decision: Decision, victims: tuple[str, ...], now: datetime) -> None:
         meta = job["metadata"]
@@ -46,9 +48,9 @@ class CceActuator:
         if job_phase(job) != "Running":  # Scaling = the previous change is still being carried out
             refuse(decision, "job_not_running", phase=job_phase(job))
             return
-        trainer: Obj = {"replicas": decision.to_workers}
-        if victims:
-            trainer["scaleInpods"] = list(victims)
+        # the operator never clears scaleInpods: a scale-out clears it, so old victims named
+        # there cannot be taken for the next scale-in's
+        trainer: Obj = {"replicas": decision.to_workers, "scaleInpods": list(victims) or None}
         patch = {"spec": {"replicaSpecs": {CCE_WORKER_REPLICA: trainer}}}
         namespace, name = meta["namespace"], meta["name"]
         patched = self._objects.merge_patch(AI_TRAINING_JOBS, namespace, name, patch)

@@ -14,7 +14,7 @@ from datetime import datetime
 import structlog
 from kubernetes.client.exceptions import ApiException
 
-from autoscaler.adapters.kube.cache import KubeCache
+from autoscaler.adapters.kube.cache import KubeCache, pod_alive
 from autoscaler.adapters.kube.events import EventRecorder
 from autoscaler.adapters.kube.jobs import job_phase
 from autoscaler.adapters.kube.objects import ObjectApi
@@ -22,7 +22,6 @@ from autoscaler.adapters.kube.outcomes import already_done, refuse, summary
 from autoscaler.adapters.kube.resources import (
     MANAGED_BY_LABEL,
     MANAGER,
-    PODS,
     REASON_ANNOTATION,
     SCALE_INS,
     SCALE_OUTS,
@@ -91,7 +90,7 @@ class EtOperatorActuator:
         # means EVERY worker goes (scalein.go `setsSaleInToDelete` leaves status.toDeletePods
         # empty; worker.go `DeleteWorkerPods(job, nil)` deletes all pods with grace 0). So name
         # only pods that exist and are not already Terminating, and never create one without.
-        victims = sorted(p for p in decision.pods if self._alive(namespace, p))
+        victims = sorted(p for p in decision.pods if pod_alive(self._cache, namespace, p))
         if not victims:  # never fall back to a count either: it removes the highest indices
             refuse(decision, "no_live_victims", pods=list(decision.pods))
             return
@@ -114,7 +113,7 @@ class EtOperatorActuator:
             if obj is None or scaler.kind.value != SCALE_INS.kind:
                 continue
             facts = scaler_facts(SCALE_INS, obj)
-            alive = any(self._alive(namespace, p) for p in facts.pods)
+            alive = any(pod_alive(self._cache, namespace, p) for p in facts.pods)
             if not facts.ours or facts.started or alive:
                 continue  # not ours, picked up, or a victim is back: nothing to undo
             try:
@@ -136,11 +135,6 @@ class EtOperatorActuator:
             )
             log.warning("scaler_cancelled", job=decision.job, scaler=facts.name,
                         pods=list(facts.pods))
-
-    def _alive(self, namespace: str, pod: str) -> bool:
-        """The pod exists and is not being deleted."""
-        obj = self._cache.get(PODS, f"{namespace}/{pod}")
-        return obj is not None and not (obj.get("metadata") or {}).get("deletionTimestamp")
 
     def _state(self, job: Obj) -> ScalerState:
         key = key_of(job)

@@ -19,8 +19,13 @@ from autoscaler.signals import (
 
 # A job label that sets its priority (higher gets idle GPUs first); a policy may override it.
 PRIORITY_LABEL = "spot-autoscaler.io/priority"
-# Phases after which a job never scales again: left out of snapshots.
-FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+# Phases after which a job never scales again: left out of snapshots. et-operator:
+# api/v1/types.go JobSucceeded/JobFailed. CCE reports its own words (Succeed, not Succeeded) and
+# ends a job also on Timeout, Preemption and node failure.
+FINISHED_PHASES = {
+    Backend.ET_OPERATOR: frozenset({"Succeeded", "Failed"}),
+    Backend.CCE: frozenset({"Succeed", "Succeeded", "Failed", "Timeout", "Preempted", "NodeFail"}),
+}
 CCE_WORKER_REPLICA = "trainer"
 
 
@@ -147,4 +152,7 @@ def cce_scaler(job: Obj, workers: Sequence[Worker]) -> Scaler | None:
     name = f"{(job.get('metadata') or {}).get('name', '')}-scaling"
     if (replica.replicas or 0) > len(workers):
         return Scaler(ScalerKind.SCALE_OUT, name)
-    return Scaler(ScalerKind.SCALE_IN, name, pods=replica.scale_in_pods)
+    # the operator never clears scaleInpods: names from earlier scale-ins linger there
+    live = {w.pod for w in workers}
+    victims = tuple(p for p in replica.scale_in_pods if p in live)
+    return Scaler(ScalerKind.SCALE_IN, name, pods=victims)

@@ -178,7 +178,7 @@ class KubeObserver:
         built: _Built = {}
         jobs: list[Job] = []
         for obj in self._cache.items(TRAINING_JOBS):
-            if job_phase(obj) in FINISHED_PHASES:
+            if job_phase(obj) in FINISHED_PHASES[Backend.ET_OPERATOR]:
                 continue
             key = key_of(obj)
             state = scaler_state(obj, key, scalers.get(key, []))
@@ -187,7 +187,7 @@ class KubeObserver:
             inputs: _JobInputs = (obj, workers, state, scaler, memory_per_gpu)
             jobs.append(self._job(built, Backend.ET_OPERATOR, inputs))
         for obj in self._cache.items(AI_TRAINING_JOBS):
-            if job_phase(obj) in FINISHED_PHASES:
+            if job_phase(obj) in FINISHED_PHASES[Backend.CCE]:
                 continue
             workers = self._pods.workers(key_of(obj), Backend.CCE)
             inputs = (obj, workers, None, cce_scaler(obj, workers), memory_per_gpu)
