@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
-from autoscaler.core import Action, Decision, PolicySet, Snapshot, decide, track_idle
+from autoscaler.core import Action, Decision, Job, PolicySet, Snapshot, decide, track_idle
 from autoscaler.core.model import ALERTS
 from autoscaler.decisionlog import log_decision
 
@@ -36,6 +36,14 @@ class Actuator(Protocol):
     dry_run: bool
 
     def apply(self, decision: Decision, now: datetime) -> None: ...
+
+
+@runtime_checkable
+class Keeper(Protocol):
+    """An actuator that also keeps standing objects true for the managed jobs each pass (e.g.
+    the Kubernetes one's PodDisruptionBudgets)."""
+
+    def keep(self, jobs: list[Job], now: datetime) -> None: ...
 
 
 class Reconciler:
@@ -83,6 +91,13 @@ class Reconciler:
                     action=decision.action.value,
                     error=f"{type(exc).__name__}: {exc}",
                 )
+        if isinstance(self.actuator, Keeper):
+            managed = [j for j in snapshot.jobs if self.policies.for_job(j) is not None]
+            try:
+                self.actuator.keep(managed, now)
+            except Exception as exc:  # like a decision's failure: logged, retried next pass
+                self.errors += 1
+                self.logger.error("keep_failed", error=f"{type(exc).__name__}: {exc}")
         return decisions
 
     def _worth_logging(self, decision: Decision) -> bool:

@@ -124,15 +124,25 @@ def test_node_schedulability_and_kubernetes_side_notices(kube: Kube) -> None:
         ("annotated", NoticeKind.REBALANCE, "aws-sqs"),
         ("expired", NoticeKind.INTERRUPTION, "k8s-condition"),
         ("ok", NoticeKind.INTERRUPTION, "alibaba-ecs"),
+        # guard_evictions (default): a drain waits on our budget, so its cordon must make us act
+        ("cordoned", NoticeKind.MAINTENANCE, "k8s-cordon"),
     }
     taint_notice = next(n for n in s.notices if n.source == "k8s-taint")
     assert taint_notice.id.endswith("evt-1") and taint_notice.received_at is not None
 
 
-@pytest.mark.parametrize("kube", [{"cordon_is_notice": True}], indirect=True)
+@pytest.mark.parametrize(
+    "kube", [{"cordon_is_notice": True, "guard_evictions": False}], indirect=True
+)
 def test_cordon_counts_as_a_notice_when_configured(kube: Kube) -> None:
     kube.server.seed(node("cordoned", unschedulable=True))
     assert [(n.node, n.kind) for n in snap(kube).notices] == [("cordoned", NoticeKind.MAINTENANCE)]
+
+
+@pytest.mark.parametrize("kube", [{"guard_evictions": False}], indirect=True)
+def test_without_eviction_guards_a_cordon_alone_is_no_notice(kube: Kube) -> None:
+    kube.server.seed(node("cordoned", unschedulable=True))
+    assert snap(kube).notices == ()
 
 
 @pytest.mark.parametrize(

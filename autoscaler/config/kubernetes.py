@@ -115,6 +115,11 @@ class KubernetesSettings(StrictModel):
     # A cordoned node as a maintenance notice (its workers leave). Off: cordoned nodes only stop
     # receiving new workers, since people cordon for many reasons.
     cordon_is_notice: bool = False
+    # One PodDisruptionBudget (maxUnavailable 0) per managed et-operator job, so evictions by NTH,
+    # Karpenter, `kubectl drain` or cluster-autoscaler wait while the daemon drains the host from
+    # Horovod discovery and has the pod deleted by name. A cordoned node then counts as a notice
+    # (someone is draining it and waits on us). See docs/kubernetes.md "Node handlers".
+    guard_evictions: bool = True
     # Server-side watch timeout; the client's read timeout is a little longer so a silent
     # connection can never hang a watch. Scale-out timeouts come from the policy, not from here.
     watch_timeout: Duration = timedelta(minutes=5)

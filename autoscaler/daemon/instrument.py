@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 
-from autoscaler.core import Action, Decision, Notice, Snapshot
+from autoscaler.core import Action, Decision, Job, Notice, Snapshot
 from autoscaler.daemon.metrics import Metrics
-from autoscaler.reconcile import Actuator, Observer
+from autoscaler.reconcile import Actuator, Keeper, Observer
 
 NoticeKey = tuple[str, str]  # (source, id): what makes a notice distinct
 
@@ -85,3 +85,12 @@ class GuardedActuator:
             raise
         if decision.action in (Action.DRAIN, Action.SCALE_IN):
             self._tracker.answered(decision.nodes, datetime.now(UTC))
+
+    def keep(self, jobs: list[Job], now: datetime) -> None:
+        if not isinstance(self._inner, Keeper) or not self._is_leader():
+            return  # standing objects are the leader's to keep, like every write
+        try:
+            self._inner.keep(jobs, now)
+        except Exception:
+            self._metrics.error("actuator")
+            raise

@@ -17,11 +17,12 @@ from autoscaler.adapters.kube.cache import KubeCache
 from autoscaler.adapters.kube.cce import CceActuator
 from autoscaler.adapters.kube.et_operator import EtOperatorActuator
 from autoscaler.adapters.kube.events import EventRecorder
+from autoscaler.adapters.kube.guard import EvictionGuard
 from autoscaler.adapters.kube.objects import ObjectApi
 from autoscaler.adapters.kube.outcomes import refuse, summary
-from autoscaler.adapters.kube.resources import AI_TRAINING_JOBS, NODES, Obj, Resource
+from autoscaler.adapters.kube.resources import AI_TRAINING_JOBS, NODES, TRAINING_JOBS, Obj, Resource
 from autoscaler.config import Config
-from autoscaler.core.model import Action, Decision, Notice
+from autoscaler.core.model import Action, Backend, Decision, Job, Notice
 
 log = structlog.get_logger()
 
@@ -41,6 +42,16 @@ class KubeActuator:
         self._recorder = recorder
         self._et = EtOperatorActuator(self._objects, cache, recorder)
         self._cce = CceActuator(self._objects, cache, recorder)
+        guarded = config.kubernetes.guard_evictions
+        self._guard = EvictionGuard(self._objects, cache) if guarded else None
+
+    def keep(self, jobs: list[Job], now: datetime) -> None:
+        """One PodDisruptionBudget per managed et-operator job (guard.py), none for others."""
+        if self._guard is None or not self._cache.synced():
+            return
+        ours = (j.key for j in jobs if j.backend is Backend.ET_OPERATOR)
+        found = (self._cache.get(TRAINING_JOBS, key) for key in ours)
+        self._guard.keep(obj for obj in found if obj is not None)
 
     def apply(self, decision: Decision, now: datetime) -> None:
         if not self._cache.synced():  # a partial view could hide a scaler that already runs

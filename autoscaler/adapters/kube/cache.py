@@ -25,7 +25,10 @@ from autoscaler.adapters.kube.resources import (
     ALL_RESOURCES,
     BACKENDS,
     JOB_RESOURCES,
+    MANAGED_BY_LABEL,
+    MANAGER,
     NODES,
+    PDBS,
     PODS,
     Obj,
     Resource,
@@ -40,6 +43,7 @@ from autoscaler.signals import Wake
 log = structlog.get_logger()
 
 _CLUSTER_WIDE = (NODES, PODS)
+_OURS = f"{MANAGED_BY_LABEL}={MANAGER}"  # the only PodDisruptionBudgets we read: our own
 
 
 class KubeCache:
@@ -55,7 +59,7 @@ class KubeCache:
         self._wake = wake
         self._stop = threading.Event()
         self._threads: list[tuple[Reflector, threading.Thread]] = []
-        job_labels = label_matcher(settings.label_selector)  # fails early on a bad selector
+        label_matcher(settings.label_selector)  # fails early on a bad selector
         scopes: list[str | None] = list(settings.namespaces) or [None]
         backoff = (backoff_min, max(backoff_min, settings.watch_backoff_max.total_seconds()))
         self._reflectors: dict[Resource, dict[str | None, Reflector]] = {}
@@ -63,11 +67,12 @@ class KubeCache:
         self._backends_logged: dict[str, bool] | None = None
         for resource in ALL_RESOURCES:
             is_job = resource in JOB_RESOURCES
+            selector = _OURS if resource is PDBS else settings.label_selector if is_job else ""
             for scope in [None] if resource in _CLUSTER_WIDE else scopes:
-                keep = _keeper(resource, scope, job_labels if is_job else None)
+                keep = _keeper(resource, scope, label_matcher(selector) if selector else None)
                 self._reflectors.setdefault(resource, {})[scope] = Reflector(
                     api_client, resource, scope, keep, trimmer(resource), self._changed, self._stop,
-                    label_selector=settings.label_selector if is_job else "",
+                    label_selector=selector,
                     field_selector=NOT_TERMINATED_SELECTOR if resource is PODS else "",
                     watch_timeout=settings.watch_timeout.total_seconds(),
                     backoff=backoff,
@@ -215,7 +220,7 @@ def pod_alive(cache: KubeCache, namespace: str, pod: str) -> bool:
 
 
 def _keeper(
-    resource: Resource, namespace: str | None, job_labels: LabelMatcher | None
+    resource: Resource, namespace: str | None, labels: LabelMatcher | None
 ) -> Callable[[Obj], bool]:
     """The client-side filter for one reflector."""
 
@@ -223,7 +228,7 @@ def _keeper(
         meta = obj.get("metadata") or {}
         if namespace is not None and meta.get("namespace") != namespace:
             return False
-        if job_labels is not None and not job_labels(labels_of(obj)):
+        if labels is not None and not labels(labels_of(obj)):
             return False
         if resource is PODS:
             return (obj.get("status") or {}).get("phase") not in TERMINATED_PHASES

@@ -91,7 +91,9 @@ def node_notices(node: Obj, settings: KubernetesSettings) -> list[Notice]:
                 Notice(node=name, kind=kind, source="k8s-condition", id=f"{cond['type']}@{since}",
                        received_at=parse_time(since))
             )
-    if settings.cordon_is_notice and spec.get("unschedulable"):
+    # with eviction guards a drain waits for us: the cordon that starts it must make us act
+    cordon_counts = settings.cordon_is_notice or settings.guard_evictions
+    if cordon_counts and spec.get("unschedulable"):
         out.append(Notice(node=name, kind=NoticeKind.MAINTENANCE, source="k8s-cordon", id="cordon"))
     value = annotations_of(node).get(NOTICE_ANNOTATION)
     if value and (persisted := decode_notice(name, value)) is not None:

@@ -104,7 +104,7 @@ class Reflector:
         self._rediscover = rediscover
         self._on_served = on_served
         # None until looked up; built-in kinds are always served
-        self.served: bool | None = None if resource.backend else True
+        self.served: bool | None = None if resource.group else True
         self.synced = threading.Event()
         self.errors = 0
         self._log = log.bind(kind=resource.kind, namespace=namespace or "*")
@@ -154,7 +154,7 @@ class Reflector:
                     self._log.info("watch_expired_relisting")
                     rv = None
                     continue
-                if exc.status == 404 and self.resource.backend:  # its CRD went away: look it up
+                if exc.status == 404 and self.resource.group:  # its CRD went away: look it up
                     self.served, rv = None, None
                 delay = self._failed(exc, delay)
             except (urllib3.exceptions.ReadTimeoutError, TimeoutError):

@@ -52,6 +52,7 @@ class Resource:
 
 NODES = Resource("Node", "", "v1", "nodes", namespaced=False)
 PODS = Resource("Pod", "", "v1", "pods", namespaced=True)
+PDBS = Resource("PodDisruptionBudget", "policy", "v1", "poddisruptionbudgets", True)
 ET_OPERATOR = "et-operator"
 CCE = "cce"
 _KAI = "kai.alibabacloud.com"
@@ -65,7 +66,7 @@ AI_TRAINING_JOBS = Resource(
 
 JOB_RESOURCES = (TRAINING_JOBS, AI_TRAINING_JOBS)
 SCALER_RESOURCES = (SCALE_OUTS, SCALE_INS)
-ALL_RESOURCES = (NODES, PODS, *JOB_RESOURCES, *SCALER_RESOURCES)
+ALL_RESOURCES = (NODES, PODS, *JOB_RESOURCES, *SCALER_RESOURCES, PDBS)
 # a backend can act only while the API server serves every kind it needs
 BACKENDS = {
     name: tuple(r for r in ALL_RESOURCES if r.backend == name) for name in (ET_OPERATOR, CCE)

@@ -1,0 +1,122 @@
+"""Evictions of an elastic job's workers go through the daemon: one PodDisruptionBudget per job.
+
+NTH (with taintNode), Karpenter, `kubectl drain` and cluster-autoscaler evict pods through the
+eviction API, which honours PodDisruptionBudgets; they taint or cordon the node first and evict a
+second later, long before Horovod could drop the host gracefully. A budget that allows no
+voluntary disruption of the job's workers makes those evictions wait (they retry) while the
+daemon, seeing the taint or cordon as a notice, drains the host from discovery and has
+et-operator delete the pod by name: a DELETE, which no budget blocks (worker.go
+`DeleteWorkerPods`). The drain then finishes by itself.
+
+Only our budgets are touched (label managed-by=spot-autoscaler, named `<job>-spot-guard`); each
+is owned by its TrainingJob, so the garbage collector removes it with the job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import structlog
+from kubernetes.client.exceptions import ApiException
+
+from autoscaler.adapters.kube.cache import KubeCache
+from autoscaler.adapters.kube.objects import ObjectApi
+from autoscaler.adapters.kube.pods import ET_JOB_LABEL, ET_ROLE_LABEL
+from autoscaler.adapters.kube.resources import (
+    MANAGED_BY_LABEL,
+    MANAGER,
+    PDBS,
+    Obj,
+    key_of,
+    labels_of,
+)
+
+log = structlog.get_logger()
+
+SUFFIX = "-spot-guard"
+
+
+def guard_name(job: str) -> str:
+    return f"{job[: 63 - len(SUFFIX)]}{SUFFIX}"
+
+
+def desired_guard(job: Obj) -> Obj:
+    meta = job["metadata"]
+    return {
+        "apiVersion": PDBS.api_version,
+        "kind": PDBS.kind,
+        "metadata": {
+            "name": guard_name(meta["name"]),
+            "namespace": meta["namespace"],
+            "labels": {MANAGED_BY_LABEL: MANAGER},
+            "ownerReferences": [{
+                "apiVersion": job.get("apiVersion", ""), "kind": job.get("kind", ""),
+                "name": meta["name"], "uid": meta.get("uid", ""),
+            }],
+        },
+        "spec": {
+            # et-operator's worker labels (trainingjob_controller.go `GenLabels` + role)
+            "selector": {"matchLabels": {ET_JOB_LABEL: meta["name"], ET_ROLE_LABEL: "worker"}},
+            "maxUnavailable": 0,
+            # a worker that is not Ready holds no training state: let it be evicted (k8s >= 1.27)
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
+class EvictionGuard:
+    """Keeps one budget per guarded job and none for other jobs, level-triggered."""
+
+    def __init__(self, objects: ObjectApi, cache: KubeCache) -> None:
+        self._objects = objects
+        self._cache = cache
+
+    def keep(self, jobs: Iterable[Obj]) -> None:
+        if not self._cache.served(PDBS):
+            return
+        wanted = {key_of(want): want for want in map(desired_guard, jobs)}
+        for key, want in wanted.items():
+            held = self._cache.get(PDBS, key)
+            same = held is not None and _essentials(held.get("spec") or {}) == _essentials(
+                want["spec"]
+            )
+            if same:
+                continue
+            self._write(want, held)
+        for held in self._cache.items(PDBS):
+            if labels_of(held).get(MANAGED_BY_LABEL) == MANAGER and key_of(held) not in wanted:
+                self._delete(held)
+
+    def _write(self, want: Obj, held: Obj | None) -> None:
+        meta = want["metadata"]
+        try:
+            if held is None:
+                done = self._objects.create(PDBS, meta["namespace"], want)
+            else:
+                done = self._objects.merge_patch(
+                    PDBS, meta["namespace"], meta["name"], {"spec": want["spec"]}
+                )
+        except ApiException as exc:
+            if exc.status != 409:  # 409: made by an earlier pass whose event has not come yet
+                raise
+            return
+        self._cache.assume(PDBS, done)
+        log.info("eviction_guard_written", job=meta["ownerReferences"][0]["name"],
+                 namespace=meta["namespace"], budget=meta["name"])
+
+    def _delete(self, held: Obj) -> None:
+        meta = held["metadata"]
+        try:
+            self._objects.delete(PDBS, meta["namespace"], meta["name"],
+                                 str(meta.get("resourceVersion", "")))
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                raise
+            return
+        self._cache.forget(PDBS, held)
+        log.info("eviction_guard_removed", namespace=meta["namespace"], budget=meta["name"])
+
+
+def _essentials(spec: Obj) -> Obj:
+    """What must match: a server older than 1.27 drops unhealthyPodEvictionPolicy."""
+    return {k: spec.get(k) for k in ("selector", "maxUnavailable")}
