@@ -103,8 +103,11 @@ RULES = {  # (apiGroup, resource) -> verbs, exactly what the daemon does
     ("", "events"): {"create", "patch"},
     ("kai.alibabacloud.com", "trainingjobs"): {"get", "list", "watch", "patch"},
     ("kai.alibabacloud.com", "scaleouts"): {"get", "list", "watch", "create"},
-    ("kai.alibabacloud.com", "scaleins"): {"get", "list", "watch", "create"},
+    # delete: only our ScaleIn whose pods are all gone, before et-operator runs it
+    ("kai.alibabacloud.com", "scaleins"): {"get", "list", "watch", "create", "delete"},
     ("kongming.cce.baiudbce.com", "aitrainingjobs"): {"get", "list", "watch", "patch"},
+    # kubernetes.guard_evictions: our own budgets only
+    ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create", "patch", "delete"},
 }
 
 
