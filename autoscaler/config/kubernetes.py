@@ -68,7 +68,10 @@ DEFAULT_NOTICE_TAINTS: dict[str, NoticeKind] = {
     f"{_NTH}/rebalance-recommendation": NoticeKind.REBALANCE,
     f"{_NTH}/scheduled-maintenance": NoticeKind.MAINTENANCE,
     f"{_NTH}/asg-lifecycle-termination": NoticeKind.INTERRUPTION,
+    # Karpenter v1 (pkg/apis/v1/taints.go DisruptedTaintKey) and, before v1, v1beta1's
+    # `karpenter.sh/disruption=disrupting` (pkg/apis/v1beta1/taints.go, e.g. v0.37.0)
     "karpenter.sh/disrupted": NoticeKind.INTERRUPTION,
+    "karpenter.sh/disruption": NoticeKind.INTERRUPTION,
     "ToBeDeletedByClusterAutoscaler": NoticeKind.INTERRUPTION,
 }
 
