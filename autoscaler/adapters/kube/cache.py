@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime
 
 import structlog
 from kubernetes import client
@@ -34,6 +35,7 @@ from autoscaler.adapters.kube.resources import (
     Resource,
     key_of,
     labels_of,
+    parse_time,
 )
 from autoscaler.adapters.kube.wakes import signature
 from autoscaler.config.kubernetes import KubernetesSettings
@@ -217,6 +219,11 @@ def pod_alive(cache: KubeCache, namespace: str, pod: str) -> bool:
     """The pod exists and is not being deleted (no deletionTimestamp)."""
     obj = cache.get(PODS, f"{namespace}/{pod}")
     return obj is not None and not (obj.get("metadata") or {}).get("deletionTimestamp")
+
+
+def pod_created(cache: KubeCache, namespace: str, pod: str) -> datetime | None:
+    obj = cache.get(PODS, f"{namespace}/{pod}")
+    return parse_time((obj or {}).get("metadata", {}).get("creationTimestamp"))
 
 
 def _keeper(

@@ -14,7 +14,7 @@ from datetime import datetime
 import structlog
 from kubernetes.client.exceptions import ApiException
 
-from autoscaler.adapters.kube.cache import KubeCache, pod_alive
+from autoscaler.adapters.kube.cache import KubeCache, pod_alive, pod_created
 from autoscaler.adapters.kube.events import EventRecorder
 from autoscaler.adapters.kube.jobs import job_phase
 from autoscaler.adapters.kube.objects import ObjectApi
@@ -29,8 +29,14 @@ from autoscaler.adapters.kube.resources import (
     Resource,
     key_of,
 )
-from autoscaler.adapters.kube.scalers import ScalerState, scaler_facts, scaler_state
-from autoscaler.core.model import Decision
+from autoscaler.adapters.kube.scalers import (
+    FAILED,
+    ScalerFacts,
+    ScalerState,
+    scaler_facts,
+    scaler_state,
+)
+from autoscaler.core.model import Decision, ScalerKind
 from autoscaler.core.policy import ScaleOutRules
 
 log = structlog.get_logger()
@@ -90,11 +96,15 @@ class EtOperatorActuator:
         # means EVERY worker goes (scalein.go `setsSaleInToDelete` leaves status.toDeletePods
         # empty; worker.go `DeleteWorkerPods(job, nil)` deletes all pods with grace 0). So name
         # only pods that exist and are not already Terminating, and never create one without.
-        victims = sorted(p for p in decision.pods if pod_alive(self._cache, namespace, p))
+        facts = self._facts(job)
+        named = self._named_before(namespace, facts)
+        victims = sorted(
+            p for p in decision.pods if pod_alive(self._cache, namespace, p) and p not in named
+        )
         if not victims:  # never fall back to a count either: it removes the highest indices
-            refuse(decision, "no_live_victims", pods=list(decision.pods))
+            refuse(decision, "no_live_victims", pods=list(decision.pods), named_before=named)
             return
-        state = self._state(job)
+        state = scaler_state(job, key_of(job), facts)
         name = scaler_name(
             job["metadata"]["name"], "in",
             ["ScaleIn", decision.job, *victims, state.latest_finished],
@@ -136,15 +146,32 @@ class EtOperatorActuator:
             log.warning("scaler_cancelled", job=decision.job, scaler=facts.name,
                         pods=list(facts.pods))
 
-    def _state(self, job: Obj) -> ScalerState:
+    def _facts(self, job: Obj) -> list[ScalerFacts]:
         key = key_of(job)
-        facts = [
+        return [
             f
             for resource in (SCALE_OUTS, SCALE_INS)
             for obj in self._cache.items(resource)
             if (f := scaler_facts(resource, obj)).job == key
         ]
-        return scaler_state(job, key, facts)
+
+    def _state(self, job: Obj) -> ScalerState:
+        return scaler_state(job, key_of(job), self._facts(job))
+
+    def _named_before(self, namespace: str, facts: list[ScalerFacts]) -> list[str]:
+        """Pods an earlier ScaleIn of ours already names (in flight, or done: the cache may
+        still hold a pod it deleted). Naming one again could make a ScaleIn whose pods are all
+        gone when et-operator reads it, i.e. one that deletes every worker. A pod created after
+        that ScaleIn is a new pod under a reused name (et-operator reuses indices) and may go."""
+        out = []
+        for f in facts:
+            if f.kind is not ScalerKind.SCALE_IN or not f.ours or f.outcome == FAILED:
+                continue
+            for pod in f.pods:
+                born = pod_created(self._cache, namespace, pod)
+                if born is None or f.created_at is None or born <= f.created_at:
+                    out.append(pod)
+        return sorted(set(out))
 
     def _create(
         self, job: Obj, state: ScalerState, decision: Decision, request: _Request, now: datetime
