@@ -14,6 +14,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from autoscaler.core.model import Notice, NoticeKind
+from autoscaler.times import parse_utc
 
 NOTICE_ANNOTATION = "spot-autoscaler.io/notice"
 # On a TrainingJob/AITrainingJob: the hosts hidden from its Horovod discovery (a JSON list). The
@@ -49,13 +50,19 @@ def decode_notice(node: str, value: str) -> Notice | None:
             kind=NoticeKind(data["kind"]),
             source=str(data.get("source", "annotation")),
             id=str(data.get("id", "")),
-            deadline=datetime.fromisoformat(data["deadline"]) if data.get("deadline") else None,
-            received_at=datetime.fromisoformat(data["received_at"])
-            if data.get("received_at")
-            else None,
+            deadline=_time(data.get("deadline")),
+            received_at=_time(data.get("received_at")),
         )
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def _time(value: object) -> datetime | None:
+    """A present but unreadable time makes the whole annotation unreadable."""
+    parsed = parse_utc(value)
+    if value and parsed is None:
+        raise ValueError(f"not a time: {value!r}")
+    return parsed
 
 
 # A Node holds one persisted notice: a harder one replaces a softer one, never the reverse.

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from email.utils import parsedate_to_datetime
 from typing import Any
 
 from autoscaler.core.model import NoticeKind
+from autoscaler.times import parse_utc
 
 INTERRUPTION = "EC2 Spot Instance Interruption Warning"
 REBALANCE = "EC2 Instance Rebalance Recommendation"
@@ -105,11 +106,10 @@ def _instance(detail: dict[str, Any]) -> str:
 
 
 def _iso_time(value: str) -> datetime:
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        raise Unparsable(f"bad time {value!r}") from None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    parsed = parse_utc(value)
+    if parsed is None:
+        raise Unparsable(f"bad time {value!r}")
+    return parsed
 
 
 def _health_time(value: str) -> datetime:

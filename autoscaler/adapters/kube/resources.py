@@ -9,6 +9,8 @@ from typing import Any
 
 from kubernetes import client
 
+from autoscaler.times import parse_utc
+
 Obj = dict[str, Any]
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
@@ -89,9 +91,4 @@ def annotations_of(obj: Obj) -> dict[str, str]:
 
 
 def parse_time(value: object) -> datetime | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value)
-    except ValueError:
-        return None
+    return parse_utc(value)

@@ -11,10 +11,11 @@ import json
 import time
 import urllib.error
 import urllib.request
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Protocol
 
 from autoscaler.core.model import Notice, NoticeKind
+from autoscaler.times import parse_utc
 
 AWS_METADATA_URL = "http://169.254.169.254"
 ALIBABA_METADATA_URL = "http://100.100.100.200"
@@ -49,13 +50,10 @@ def _request(
 
 
 def _time(value: object) -> datetime:
-    if not isinstance(value, str):
+    parsed = parse_utc(value)
+    if parsed is None:
         raise MetadataError(f"not a time: {value!r}")
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        raise MetadataError(f"not a time: {value!r}") from None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    return parsed
 
 
 class AwsImds:

@@ -19,6 +19,7 @@ import structlog
 from autoscaler.adapters.discovery.hostlines import valid_host
 from autoscaler.core.model import Notice, NoticeKind
 from autoscaler.signals import Wake
+from autoscaler.times import parse_utc
 
 SOURCE = "notice-dir"
 _SUFFIX = ".json"
@@ -116,9 +117,9 @@ def _read(path: str, host: str, mtime: datetime) -> Notice | None:
         return plain
     try:
         data = json.loads(text)
-        deadline = datetime.fromisoformat(data["deadline"]) if data.get("deadline") else None
-        if deadline is not None and deadline.tzinfo is None:
-            deadline = deadline.replace(tzinfo=UTC)
+        deadline = parse_utc(data.get("deadline"))
+        if data.get("deadline") and deadline is None:
+            raise ValueError(f"not a time: {data['deadline']!r}")
         return Notice(
             node=host, kind=NoticeKind(data.get("kind", NoticeKind.INTERRUPTION)), source=SOURCE,
             id=str(data.get("id") or host), deadline=deadline, received_at=mtime,
