@@ -14,6 +14,7 @@ from kubernetes.client import ApiClient
 from support.kube_api import KubeApiServer
 
 from autoscaler.adapters.kube import EventRecorder, KubeActuator, KubeCache, KubeObserver
+from autoscaler.adapters.kube.rejects import Rejections
 from autoscaler.config import Config, Prices
 from autoscaler.config.kubernetes import KubernetesSettings
 from autoscaler.core.policy import Policy, ScaleOutRules
@@ -200,6 +201,7 @@ class Kube:
     config: Config
     board: NoticeBoard = field(default_factory=NoticeBoard)
     price_book: PriceBook = field(default_factory=PriceBook)
+    rejections: Rejections = field(default_factory=Rejections)  # shared, as the wiring does
     wakes: list[str] = field(default_factory=list)
     clients: list[ApiClient] = field(default_factory=list)
     caches: list[KubeCache] = field(default_factory=list)
@@ -220,12 +222,13 @@ class Kube:
         return cache
 
     def observer(self, cache: KubeCache) -> KubeObserver:
-        return KubeObserver(cache, self.settings, self.config.prices, self.board, self.price_book)
+        return KubeObserver(cache, self.settings, self.config.prices, self.board, self.price_book,
+                            self.rejections)
 
     def actuator(self, cache: KubeCache) -> KubeActuator:
         api = self.server.api_client()
         self.clients.append(api)
-        return KubeActuator(api, self.config, EventRecorder(api), cache)
+        return KubeActuator(api, self.config, EventRecorder(api), cache, self.rejections)
 
     def reconciler(self, cache: KubeCache | None = None, dry_run: bool = False) -> Reconciler:
         from autoscaler.adapters.kube import DryRunActuator

@@ -224,3 +224,17 @@ def test_identity_prefers_config_then_pod_name(monkeypatch: pytest.MonkeyPatch) 
     assert identity(None) == "spot-autoscaler-7d9f-x2"
     monkeypatch.delenv("POD_NAME")
     assert identity(None) == f"{socket.gethostname()}-{os.getpid()}"
+
+
+def test_metrics_expose_rejected_objects_and_live_backends() -> None:
+    from autoscaler.daemon.metrics import Metrics
+
+    metrics = Metrics()
+    metrics.count_rejected(lambda: {("TrainingJob", "AttributeError"): 2})
+    live = {"et-operator": True, "cce": True}
+    metrics.track_backends(lambda: live)
+    live["cce"] = False  # read at scrape time: a CRD removed shows without a pass
+    text = metrics.exposition().decode()
+    assert 'objects_rejected_total{kind="TrainingJob",reason="AttributeError"} 2.0' in text
+    assert 'backend_live{backend="et-operator"} 1.0' in text
+    assert 'backend_live{backend="cce"} 0.0' in text

@@ -44,6 +44,8 @@ class Metrics:
         )
         self._errors = _Errors()
         r.register(self._errors)
+        self._rejected = _Rejected()
+        r.register(self._rejected)
         self.reconcile = Histogram(
             f"{PREFIX}_reconcile_duration_seconds",
             "One observe-decide-act pass.",
@@ -94,6 +96,10 @@ class Metrics:
         """Errors another part counts itself (e.g. the watch caches' failed lists and watches)."""
         self._errors.external[component] = count
 
+    def count_rejected(self, counts: Callable[[], Mapping[tuple[str, str], int]]) -> None:
+        """Malformed objects skipped, counted by the adapter, read at scrape time."""
+        self._rejected.counts = counts
+
     def set_workers(self, jobs: Iterable[Job]) -> None:
         seen = set()
         for job in jobs:
@@ -131,4 +137,21 @@ class _Errors(Collector):
             counts[component] = counts.get(component, 0) + count()
         for component, value in sorted(counts.items()):
             family.add_metric([component], value)
+        yield family
+
+
+class _Rejected(Collector):
+    """`objects_rejected_total{kind,reason}`: objects skipped as malformed (each version once)."""
+
+    def __init__(self) -> None:
+        self.counts: Callable[[], Mapping[tuple[str, str], int]] = dict
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            f"{PREFIX}_objects_rejected",
+            "Objects skipped as malformed (logged and told as an Event once per version).",
+            labels=["kind", "reason"],
+        )
+        for (kind, reason), value in sorted(self.counts().items()):
+            family.add_metric([kind, reason], value)
         yield family

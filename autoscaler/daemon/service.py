@@ -40,6 +40,8 @@ class Parts:
     synced: Callable[[], bool] = lambda: True  # caches hold the whole world
     # operator backends and whether the API server serves what each needs ({} = not applicable)
     backends: Callable[[], Mapping[str, bool]] = dict
+    # objects skipped as malformed so far, by (kind, reason)
+    rejected: Callable[[], Mapping[tuple[str, str], int]] = dict
     start: Callable[[], None] = lambda: None  # begin watches
     stop: Callable[[], None] = lambda: None
     sources: list[NamedSource] = field(default_factory=list)  # notice and price feeds
@@ -70,6 +72,7 @@ class Daemon:
         self.metrics.track_leader(self.leadership.is_leader)
         self.metrics.count_errors_from("watch", parts.watch_errors)
         self.metrics.track_backends(parts.backends)
+        self.metrics.count_rejected(parts.rejected)
         tracker = NoticeTracker(self.metrics)
         self.reconciler = Reconciler(
             MeasuredObserver(parts.observer, self.metrics, tracker),

@@ -63,15 +63,17 @@ def _kubernetes(
     )
     from autoscaler.adapters.kube.client import api_client, own_namespace
     from autoscaler.adapters.kube.lease import LeaseLock
+    from autoscaler.adapters.kube.rejects import Rejections
 
     api = api_client(kubeconfig)
     election = config.daemon.leader_election
     me = identity(election.identity)
     cache = KubeCache(api, config.kubernetes, wake)
+    rejections = Rejections()
     actuator = (
         DryRunActuator()
         if dry_run
-        else KubeActuator(api, config, EventRecorder(api, host=me), cache)
+        else KubeActuator(api, config, EventRecorder(api, host=me), cache, rejections)
     )
     board = PersistingBoard(actuator.persist_notice, logger, lambda: on_error("notices"))
     prices = PriceBook()
@@ -87,13 +89,14 @@ def _kubernetes(
         election.lease_duration,
         request_timeout=election.renew_deadline.total_seconds() / 2,  # two tries fit in a deadline
     )
-    observer = KubeObserver(cache, config.kubernetes, config.prices, board, prices)
+    observer = KubeObserver(cache, config.kubernetes, config.prices, board, prices, rejections)
     return Parts(
         observer=observer,
         reconfigure=lambda new: observer.set_prices(new.prices),
         actuator=actuator,
         synced=cache.synced,
         backends=cache.backends,
+        rejected=rejections.counts,
         start=cache.start,
         stop=lambda: _stop_all(board.close, cache.stop),
         sources=sources,

@@ -20,6 +20,7 @@ from autoscaler.adapters.kube.events import EventRecorder
 from autoscaler.adapters.kube.guard import EvictionGuard
 from autoscaler.adapters.kube.objects import ObjectApi
 from autoscaler.adapters.kube.outcomes import refuse, summary
+from autoscaler.adapters.kube.rejects import Rejections
 from autoscaler.adapters.kube.resources import AI_TRAINING_JOBS, NODES, TRAINING_JOBS, Obj, Resource
 from autoscaler.config import Config
 from autoscaler.core.model import Action, Backend, Decision, Job, Notice
@@ -36,8 +37,10 @@ class KubeActuator:
         config: Config,
         recorder: EventRecorder,
         cache: KubeCache,
+        rejections: Rejections | None = None,
     ) -> None:
         self._cache = cache
+        self._rejections = rejections
         self._objects = ObjectApi(api_client, config.kubernetes.write_retries)
         self._recorder = recorder
         self._et = EtOperatorActuator(self._objects, cache, recorder)
@@ -46,7 +49,10 @@ class KubeActuator:
         self._guard = EvictionGuard(self._objects, cache) if guarded else None
 
     def keep(self, jobs: list[Job], now: datetime) -> None:
-        """One PodDisruptionBudget per managed et-operator job (guard.py), none for others."""
+        """Warning Events for objects the observer rejected; one PodDisruptionBudget per managed
+        et-operator job (guard.py), none for others."""
+        for obj, message in self._rejections.untold() if self._rejections else ():
+            self._recorder.record(obj, "ObjectRejected", message, now, warning=True)
         if self._guard is None or not self._cache.synced():
             return
         ours = (j.key for j in jobs if j.backend is Backend.ET_OPERATOR)

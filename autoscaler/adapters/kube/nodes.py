@@ -114,6 +114,7 @@ class NodeFacts:
     zone: str
     schedulable: bool
     labels: dict[str, str]
+    bad_notice_annotation: bool = False  # present but unreadable: rejected (rejects.py)
 
 
 def node_facts(node: Obj, settings: KubernetesSettings) -> NodeFacts:
@@ -128,7 +129,13 @@ def node_facts(node: Obj, settings: KubernetesSettings) -> NodeFacts:
         zone=first_label(labels, ZONE_LABELS),
         schedulable=schedulable(node, settings),
         labels=labels,
+        bad_notice_annotation=_bad_annotation(node),
     )
+
+
+def _bad_annotation(node: Obj) -> bool:
+    value = annotations_of(node).get(NOTICE_ANNOTATION)
+    return value is not None and decode_notice(key_of(node), value) is None
 
 
 def instance_id(provider_id: str) -> str:

@@ -21,6 +21,7 @@ from autoscaler.adapters.kube.cache import KubeCache
 from autoscaler.adapters.kube.jobs import FINISHED_PHASES, build_job, cce_scaler, job_phase
 from autoscaler.adapters.kube.nodes import NodeFacts, node_facts
 from autoscaler.adapters.kube.podindex import PodIndex
+from autoscaler.adapters.kube.rejects import Rejections
 from autoscaler.adapters.kube.resources import (
     AI_TRAINING_JOBS,
     NODES,
@@ -79,6 +80,10 @@ class _Derived(Generic[T]):
         return out
 
 
+def _node_reader(settings: KubernetesSettings) -> Callable[[Obj], NodeFacts]:
+    return lambda obj: node_facts(obj, settings)
+
+
 class KubeObserver:
     def __init__(
         self,
@@ -87,16 +92,23 @@ class KubeObserver:
         prices: Prices,
         board: NoticeBoard,
         price_book: PriceBook,
+        rejections: Rejections | None = None,
     ) -> None:
         self._cache = cache
+        self._rejects = rejections or Rejections()
+        rejects = self._rejects
         self._settings = settings
         self._prices = prices
         self._board = board
         self._price_book = price_book
-        self._pods = PodIndex(cache, settings)
-        self._nodes = _Derived(lambda node: node_facts(node, settings))
-        self._scale_outs = _Derived(lambda obj: scaler_facts(SCALE_OUTS, obj))
-        self._scale_ins = _Derived(lambda obj: scaler_facts(SCALE_INS, obj))
+        self._pods = PodIndex(cache, settings, rejects)
+        self._nodes = _Derived(lambda obj: rejects.read("Node", obj, _node_reader(settings)))
+        self._scale_outs = _Derived(
+            lambda obj: rejects.read("ScaleOut", obj, lambda o: scaler_facts(SCALE_OUTS, o))
+        )
+        self._scale_ins = _Derived(
+            lambda obj: rejects.read("ScaleIn", obj, lambda o: scaler_facts(SCALE_INS, o))
+        )
         self._gpu_nodes: dict[str, tuple[NodeFacts, GpuNode]] = {}  # the last snapshot's
         self._built: _Built = {}  # the last snapshot's jobs
         self._warned: set[tuple[str, ...]] = set()
@@ -129,9 +141,16 @@ class KubeObserver:
         memory_per_gpu: list[float] = []
         alive: set[str] = set()
         for node in self._nodes(self._cache.items(NODES)):
+            if node is None:
+                continue  # malformed: rejected
             if node.ready:
                 alive.add(node.name)
             notices.extend(node.notices)
+            if node.bad_notice_annotation:
+                obj = self._cache.get(NODES, node.name)
+                if obj is not None:
+                    self._rejects.reject("Node", obj, "bad_notice_annotation",
+                                         "the spot-autoscaler.io/notice annotation is unreadable")
             if node.gpus.whole <= 0:
                 continue
             requested, memory = self._pods.held(node.name)
@@ -173,25 +192,34 @@ class KubeObserver:
         )
 
     def _jobs(self, memory_per_gpu: float | None) -> list[Job]:
-        scalers = by_job([*self._scale_outs(self._cache.items(SCALE_OUTS)),
-                          *self._scale_ins(self._cache.items(SCALE_INS))])
+        facts = [*self._scale_outs(self._cache.items(SCALE_OUTS)),
+                 *self._scale_ins(self._cache.items(SCALE_INS))]
+        scalers = by_job(f for f in facts if f is not None)
         built: _Built = {}
         jobs: list[Job] = []
-        for obj in self._cache.items(TRAINING_JOBS):
-            if job_phase(obj) in FINISHED_PHASES[Backend.ET_OPERATOR]:
-                continue
+
+        def et_operator(obj: Obj) -> Job:
             key = key_of(obj)
             state = scaler_state(obj, key, scalers.get(key, []))
             workers = self._pods.workers(key, Backend.ET_OPERATOR)
             scaler = self._newest(key, state.in_flight)
             inputs: _JobInputs = (obj, workers, state, scaler, memory_per_gpu)
-            jobs.append(self._job(built, Backend.ET_OPERATOR, inputs))
-        for obj in self._cache.items(AI_TRAINING_JOBS):
-            if job_phase(obj) in FINISHED_PHASES[Backend.CCE]:
-                continue
+            return self._job(built, Backend.ET_OPERATOR, inputs)
+
+        def cce(obj: Obj) -> Job:
             workers = self._pods.workers(key_of(obj), Backend.CCE)
             inputs = (obj, workers, None, cce_scaler(obj, workers), memory_per_gpu)
-            jobs.append(self._job(built, Backend.CCE, inputs))
+            return self._job(built, Backend.CCE, inputs)
+
+        for resource, backend, build in (
+            (TRAINING_JOBS, Backend.ET_OPERATOR, et_operator),
+            (AI_TRAINING_JOBS, Backend.CCE, cce),
+        ):
+            for obj in self._cache.items(resource):
+                if job_phase(obj) in FINISHED_PHASES[backend]:
+                    continue
+                if (job := self._rejects.read(resource.kind, obj, build)) is not None:
+                    jobs.append(job)
         self._built = built
         return jobs
 

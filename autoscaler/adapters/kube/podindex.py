@@ -14,7 +14,8 @@ from typing import TypeVar
 from autoscaler.adapters.kube.cache import KubeCache
 from autoscaler.adapters.kube.jobs import workers_of
 from autoscaler.adapters.kube.pods import PodFacts, pod_facts
-from autoscaler.adapters.kube.resources import PODS
+from autoscaler.adapters.kube.rejects import Rejections
+from autoscaler.adapters.kube.resources import PODS, Obj
 from autoscaler.config.kubernetes import KubernetesSettings
 from autoscaler.core.model import Backend, Worker
 
@@ -24,8 +25,11 @@ _NOTHING = (0.0, 0.0)
 
 
 class PodIndex:
-    def __init__(self, cache: KubeCache, settings: KubernetesSettings) -> None:
+    def __init__(
+        self, cache: KubeCache, settings: KubernetesSettings, rejects: Rejections
+    ) -> None:
         self._cache = cache
+        self._rejects = rejects
         self._settings = settings
         self._changes = cache.track(PODS)  # every pod the cache holds, to start with
         self._facts: dict[str, PodFacts] = {}  # by pod key
@@ -44,8 +48,10 @@ class PodIndex:
                 nodes.add(_leave(self._on_node, old.node, key))
                 if (job := _job_of(old)) is not None:
                     jobs.add(_leave(self._of_job, job, key))
-            if (pod := self._cache.get(PODS, key)) is not None:
-                self._facts[key] = new = pod_facts(pod, self._settings)
+            pod = self._cache.get(PODS, key)
+            new = self._rejects.read("Pod", pod, self._facts_of) if pod is not None else None
+            if new is not None:
+                self._facts[key] = new
                 nodes.add(_join(self._on_node, new.node, key, new))
                 if (job := _job_of(new)) is not None:
                     jobs.add(_join(self._of_job, job, key, new))
@@ -60,6 +66,9 @@ class PodIndex:
                 self._workers[job] = workers_of(pods.values())
             else:
                 self._workers.pop(job, None)
+
+    def _facts_of(self, pod: Obj) -> PodFacts:
+        return pod_facts(pod, self._settings)
 
     def held(self, node: str) -> tuple[float, float]:
         """(whole GPUs, shared-GPU memory) the pods bound to `node` request."""
