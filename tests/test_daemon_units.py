@@ -91,6 +91,17 @@ def test_failed_or_lost_renewals_step_down() -> None:
     assert not e.is_leader() and changes == [True, False]
 
 
+def test_seeing_another_holder_steps_down_at_once_not_at_the_deadline() -> None:
+    # e.g. this replica was paused (SIGSTOP) past the lease duration and another took over
+    lock, clock, changes, errors = FakeLock(), Clock(), [], []
+    e = elector(lock, clock, changes, errors)
+    e.step()
+    lock.answer = False
+    clock.t += 1  # well within our own renew deadline
+    e.step()
+    assert not e.is_leader() and changes == [True, False]
+
+
 def test_release_gives_the_lease_up_once_and_for_good() -> None:
     lock, clock, changes, errors = FakeLock(), Clock(), [], []
     e = elector(lock, clock, changes, errors)

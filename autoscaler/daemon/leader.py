@@ -80,6 +80,10 @@ class LeaderElector:
                 if self._lock.try_acquire_or_renew():
                     # the attempt's start, not its end: the lease was valid from before the call
                     self._renewed_at = started
+                elif self._lock.holder and self._lock.holder != self._lock.identity:
+                    # someone else holds it now (we were paused, or partitioned): stop acting at
+                    # once, not when our own deadline runs out
+                    self._renewed_at = None
             except Exception as exc:  # API down: leadership lapses by the deadline, we retry
                 self._on_error()
                 self._logger.warning("lease_error", error=f"{type(exc).__name__}: {exc}")
