@@ -26,7 +26,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
@@ -43,7 +43,7 @@ _REASONS = {400: "BadRequest", 403: "Forbidden", 404: "NotFound", 405: "MethodNo
             409: "Conflict", 410: "Expired", 415: "UnsupportedMediaType", 422: "Invalid",
             429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable",
             504: "Timeout"}
-_BUILTIN_GROUPS = {"", "coordination.k8s.io", "events.k8s.io"}
+_BUILTIN_GROUPS = {"", "coordination.k8s.io", "events.k8s.io", "policy"}
 # Strategic merge patch: these lists merge by key instead of being replaced.
 _SMP_MERGE_KEYS = {"conditions": "type", "containers": "name", "initContainers": "name",
                    "volumes": "name", "env": "name", "ownerReferences": "uid", "addresses": "type"}
@@ -304,6 +304,7 @@ def _default_resources() -> list[Resource]:
         Resource("", "v1", "events", "Event", field_labels=_EVENT_FIELDS, **no_status),
         Resource("", "v1", "configmaps", "ConfigMap", **no_status),
         Resource("coordination.k8s.io", "v1", "leases", "Lease", **no_status),
+        Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True),
         Resource("events.k8s.io", "v1", "events", "Event", **no_status),
         Resource("kai.alibabacloud.com", "v1alpha1", "trainingjobs", "TrainingJob", **cr),
         Resource("kai.alibabacloud.com", "v1alpha1", "scaleins", "ScaleIn", **cr),
@@ -331,6 +332,10 @@ class KubeApiServer:
         self.now: Callable[[], datetime] = lambda: datetime.now(UTC)  # override to pin time
         self.watch_count = 0  # open watch streams
         self.request_log: list[RequestRecord] = []
+        self._withdrawn: dict[tuple[str, str, str], Resource] = {}  # kinds not served now
+        # Seconds the simulated kubelet takes to finish a Terminating pod; None = never by
+        # itself (finish_terminating() does it). Pods on no node go at once, as on the real one.
+        self.kubelet_delay: float | None = 0.0
         for res in _default_resources():
             self.register(res)
         for ns in ("default", "kube-system", "kube-public", "kube-node-lease"):
@@ -387,6 +392,69 @@ class KubeApiServer:
     def register(self, res: Resource) -> None:
         with self._lock:
             self._resources[(res.group, res.version, res.plural)] = res
+
+    def unserve(self, ref: str) -> None:
+        """Stop serving a kind, as when its CRD is not installed (or deleted, which deletes its
+        objects): gone from discovery, 404 on every path; watches on it end."""
+        with self._lock:
+            res = self.resource(ref)
+            del self._resources[(res.group, res.version, res.plural)]
+            self._withdrawn[(res.group, res.version, res.plural)] = res
+            for key in [k for k in self._objects if k[0] == res.key]:
+                del self._objects[key]
+        self.drop_watches(abrupt=False)
+
+    def serve(self, ref: str) -> None:
+        """Serve a withdrawn kind again (its CRD installed later), with no objects."""
+        with self._lock:
+            found = [k for k, r in self._withdrawn.items() if ref in (r.plural, r.kind, r.key)]
+            self._resources[found[0]] = self._withdrawn.pop(found[0])
+            self._lock.notify_all()
+
+    def finish_terminating(self, name: str | None = None, namespace: str | None = None) -> None:
+        """The kubelet is done with Terminating pods (all, or the one named): they go."""
+        with self._lock:
+            res = self.resource("pods")
+            for key, obj in list(self._objects.items()):
+                meta = obj["metadata"]
+                if key[0] == res.key and meta.get("deletionTimestamp") and \
+                        name in (None, meta["name"]) and namespace in (None, meta["namespace"]):
+                    self._remove(res, key, obj)
+
+    def set_container_states(self, name: str, namespace: str, states: dict[str, Any]) -> Obj:
+        """Set a pod's container states, the way the kubelet reports them: each value is
+        "running", "waiting" or an exit code (terminated). The phase follows like the kubelet's
+        (pkg/kubelet/kubelet_pods.go getPhase): Succeeded/Failed only once every regular
+        container has terminated (for restartPolicy Never); native sidecars (init containers
+        with restartPolicy Always) never keep a pod Running; a running regular container does."""
+        with self._lock:
+            key, old = self._existing(self.resource("pods"), namespace, name)
+            pod = copy.deepcopy(old)
+            spec = pod.get("spec") or {}
+            sidecars = {c["name"] for c in spec.get("initContainers") or ()
+                        if c.get("restartPolicy") == "Always"}
+
+            def status(cname: str) -> Obj:
+                value = states[cname]
+                if value == "running":
+                    state: Obj = {"running": {"startedAt": self._timestamp()}}
+                elif value == "waiting":
+                    state = {"waiting": {"reason": "ContainerCreating"}}
+                else:
+                    state = {"terminated": {"exitCode": int(value), "reason":
+                             "Completed" if int(value) == 0 else "Error"}}
+                return {"name": cname, "state": state, "ready": value == "running"}
+
+            regular = [c["name"] for c in spec.get("containers") or ()]
+            st = pod.setdefault("status", {})
+            st["containerStatuses"] = [status(c) for c in regular if c in states]
+            st["initContainerStatuses"] = [status(c) for c in sorted(sidecars) if c in states]
+            codes = [states.get(c) for c in regular]
+            if all(isinstance(v, int) for v in codes):
+                st["phase"] = "Succeeded" if all(v == 0 for v in codes) else "Failed"
+            elif any(v == "running" for v in codes):
+                st["phase"] = "Running"
+            return self._commit(self.resource("pods"), key, old, pod)
 
     def fail_next(self, n: int = 1, status: int = 500, path_contains: str | None = None,
                   method: str | None = None) -> None:
@@ -609,6 +677,9 @@ class KubeApiServer:
         res = self._resources.get((group, version, rest[0]))
         name = rest[1] if len(rest) > 1 else None
         sub = rest[2] if len(rest) > 2 else None
+        if res is not None and res.plural == "pods" and sub == "eviction" and name is not None \
+                and h.command == "POST" and namespace is not None:
+            return 201, self._evict(namespace, name, body or {})
         if (res is None or len(rest) > 3
                 or (sub is not None and (sub != "status" or not res.status_subresource))
                 or (namespace is not None and not res.namespaced)
@@ -630,7 +701,10 @@ class KubeApiServer:
             ctype = h.headers.get("Content-Type", "")
             return 200, self._patch(res, namespace, name, body, ctype, sub)
         if method == "DELETE" and name is not None and sub is None:
-            return 200, self._delete(res, namespace, name, body or {})
+            options = dict(body or {})  # the client sends gracePeriodSeconds as a query param
+            if query.get("gracePeriodSeconds", "").isdigit():
+                options["gracePeriodSeconds"] = int(query["gracePeriodSeconds"])
+            return 200, self._delete(res, namespace, name, options)
         if method == "DELETE" and name is None:
             return 200, self._delete_collection(res, namespace, query)
         raise ApiError(405, f"{method} is not supported on this path")
@@ -801,6 +875,9 @@ class KubeApiServer:
                 if want and want != old["metadata"].get(k):
                     raise ApiError(409, f"Precondition failed: {k} in precondition: {want}, "
                                         f"{k} in object meta: {old['metadata'].get(k)}")
+            grace = self._grace(res, old, options)
+            if grace:  # a bound pod: Terminating for its grace period, until the kubelet is done
+                return self._terminate(res, key, old, grace)
             if old["metadata"].get("finalizers"):  # deletion waits for them; returns the object
                 if old["metadata"].get("deletionTimestamp"):
                     return copy.deepcopy(old)
@@ -817,6 +894,111 @@ class KubeApiServer:
             return gone
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                 "details": {**_details(res, name), "uid": old["metadata"]["uid"]}}
+
+    def _grace(self, res: Resource, pod: Obj, options: Obj) -> int:
+        """The grace period a delete gives a pod (0 for other kinds and unbound pods, which
+        the real server deletes at once): the request's, else the pod's own, else 30 s."""
+        if res.plural != "pods" or not (pod.get("spec") or {}).get("nodeName"):
+            return 0
+        given = options.get("gracePeriodSeconds")
+        if given is None:
+            given = (pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
+        held = pod["metadata"].get("deletionGracePeriodSeconds")
+        return int(min(given, held) if held is not None else given)
+
+    def _terminate(self, res: Resource, key: Key, old: Obj, grace: int) -> Obj:
+        """Mark a pod Terminating (deletionTimestamp = now + grace, as the real registry sets
+        it); its phase stays until the kubelet stops the containers and removes it."""
+        marked = copy.deepcopy(old)
+        meta = marked["metadata"]
+        if meta.get("deletionTimestamp") and meta.get("deletionGracePeriodSeconds") == grace:
+            return copy.deepcopy(old)  # deleting again changes nothing
+        meta["deletionGracePeriodSeconds"] = grace
+        meta["deletionTimestamp"] = (self.now() + timedelta(seconds=grace)).astimezone(
+            UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        self._rv += 1
+        meta["resourceVersion"] = str(self._rv)
+        self._objects[key] = marked
+        self._emit(res, "MODIFIED", marked, old)
+        if self.kubelet_delay == 0:
+            self._remove(res, key, marked)
+        elif self.kubelet_delay is not None:
+            ns, name = key[1], key[2]
+            timer = threading.Timer(self.kubelet_delay, self.finish_terminating, (name, ns))
+            timer.daemon = True
+            timer.start()
+        return copy.deepcopy(marked)
+
+    def _evict(self, namespace: str, name: str, body: Obj) -> Obj:
+        """POST pods/<name>/eviction (policy/v1 Eviction), honouring PodDisruptionBudgets like
+        the real registry (pkg/registry/core/pod/storage/eviction.go): a healthy pod may go
+        only if every budget selecting it still allows a disruption; otherwise 429. An
+        evicted pod gets the DisruptionTarget condition and is deleted gracefully."""
+        pods = self.resource("pods")
+        with self._lock:
+            key, pod = self._existing(pods, namespace, name)
+            if not pod["metadata"].get("deletionTimestamp"):
+                for pdb in self._budgets_for(pod):
+                    if not self._healthy(pod) and \
+                            pdb["spec"].get("unhealthyPodEvictionPolicy") == "AlwaysAllow":
+                        continue
+                    healthy, desired = self._budget(pdb)
+                    if healthy - desired <= 0 and self._healthy(pod):
+                        pdb_name = pdb["metadata"]["name"]
+                        raise ApiError(
+                            429, "Cannot evict pod as it would violate the pod's disruption "
+                                 "budget.", "TooManyRequests",
+                            {"causes": [{"reason": "DisruptionBudget", "message":
+                                         f"The disruption budget {pdb_name} needs {desired} "
+                                         f"healthy pods and has {healthy} currently"}]})
+                target = copy.deepcopy(pod)
+                conditions = target.setdefault("status", {}).setdefault("conditions", [])
+                conditions.append({"type": "DisruptionTarget", "status": "True",
+                                   "reason": "EvictionByEvictionAPI",
+                                   "message": "Eviction API: evicting",
+                                   "lastTransitionTime": self._timestamp()})
+                pod = self._commit(pods, key, pod, target)
+            options = (body.get("deleteOptions") or {})
+        self._delete(pods, namespace, name, options)
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                "code": 201}
+
+    def _budgets_for(self, pod: Obj) -> list[Obj]:
+        ns, labels = pod["metadata"]["namespace"], pod["metadata"].get("labels") or {}
+        out = []
+        for (k, pns, _), pdb in self._objects.items():
+            if k != "poddisruptionbudgets.policy" or pns != ns:
+                continue
+            match = ((pdb.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+            if all(labels.get(a) == b for a, b in match.items()):
+                out.append(pdb)
+        return out
+
+    @staticmethod
+    def _healthy(pod: Obj) -> bool:
+        status = pod.get("status") or {}
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                    for c in status.get("conditions") or ())
+        return status.get("phase") == "Running" and ready and \
+            not pod["metadata"].get("deletionTimestamp")
+
+    def _budget(self, pdb: Obj) -> tuple[int, int]:
+        """(currently healthy, desired healthy) over the pods the budget selects."""
+        spec, ns = pdb.get("spec") or {}, pdb["metadata"]["namespace"]
+        match = (spec.get("selector") or {}).get("matchLabels") or {}
+        pods = [o for (k, pns, _), o in self._objects.items() if k == "pods" and pns == ns
+                and all((o["metadata"].get("labels") or {}).get(a) == b
+                        for a, b in match.items())]
+        expected, healthy = len(pods), sum(map(self._healthy, pods))
+
+        def amount(value: Any) -> int:
+            if isinstance(value, str) and value.endswith("%"):
+                return -(-expected * int(value[:-1]) // 100)  # rounded up, like the real one
+            return int(value)
+
+        if "minAvailable" in spec:
+            return healthy, amount(spec["minAvailable"])
+        return healthy, expected - amount(spec.get("maxUnavailable", 0))
 
     def _delete_collection(self, res: Resource, namespace: str | None,
                            query: dict[str, str]) -> Obj:
