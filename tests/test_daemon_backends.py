@@ -1,0 +1,79 @@
+"""Clusters run et-operator or CCE, rarely both: the daemon watches only the kinds the API server
+serves (API discovery), says which backends are live, and picks up a CRD installed later."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+
+from support.kube_api import KubeApiServer
+from support.waiting import wait_for
+from test_daemon_kube import json_lines, run_cli
+from test_daemon_support import JOB, KUBE_CONFIG, http_get, metric, node, wired_daemon, worker
+
+from autoscaler.config import parse_config
+
+# the CRDs are looked up again every 0.2 s here (60 s by default)
+FAST_DISCOVERY = KUBE_CONFIG.replace(
+    "kubernetes: {label_selector: spot-autoscaler.io/enabled=true}",
+    "kubernetes: {discovery_interval: 0.2s}",
+)
+CCE_JOB = {
+    "apiVersion": "kongming.cce.baiudbce.com/v1", "kind": "AITrainingJob",
+    "metadata": {"name": "ernie", "namespace": "default"},
+    "spec": {"faultTolerant": True, "replicaSpecs": {"trainer": {"replicas": 1}}},
+    "status": {"phase": "Running"},
+}
+
+
+def test_once_acts_on_a_cluster_without_the_cce_crd(tmp_path: Path) -> None:
+    # before: `run --once` waited for an AITrainingJob watch that could never sync, exit 1
+    with KubeApiServer() as api:
+        api.unserve("AITrainingJob")
+        api.seed(node(0), node(1), worker(0), JOB)
+        api.kubeconfig(str(tmp_path / "kubeconfig"))
+        (tmp_path / "config.yaml").write_text(KUBE_CONFIG.replace("sync_timeout: 10s",
+                                                                  "sync_timeout: 3s"))
+        proc = run_cli(tmp_path, "--once")
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert len(api.objects("scaleouts")) == 1
+        [line] = [e for e in json_lines(err) if e.get("event") == "backends"]
+        assert (line["live"], line["not_served"]) == (["et-operator"], ["cce"])
+
+
+def test_readyz_and_metrics_say_which_backends_live_and_a_later_crd_is_picked_up(
+    tmp_path: Path,
+) -> None:
+    with KubeApiServer() as api:
+        api.unserve("AITrainingJob")
+        api.unserve("ScaleIn")  # et-operator half installed: it cannot act either
+        api.seed(node(0), worker(0), JOB)
+        kubeconfig = Path(api.kubeconfig(str(tmp_path / "kubeconfig")))
+        daemon, _ = wired_daemon(parse_config(FAST_DISCOVERY), kubeconfig)
+        stop = threading.Event()
+        thread = threading.Thread(target=daemon.run_until, args=(stop,), daemon=True)
+        thread.start()
+        try:
+            wait_for(lambda: daemon.endpoints is not None and daemon.parts.synced(), timeout=10,
+                     what="ready without the CRDs")
+            assert daemon.endpoints is not None
+            port = daemon.endpoints.port
+            code, body = http_get(port, "/readyz")
+            assert code == 200 and "backends: cce=not-served et-operator=not-served" in body
+            _, text = http_get(port, "/metrics")
+            assert metric(text, "spot_autoscaler_backend_live", backend="et-operator") == 0.0
+            api.serve("ScaleIn")
+            api.serve("AITrainingJob")
+            api.seed(CCE_JOB)
+            wait_for(lambda: "cce=live et-operator=live" in http_get(port, "/readyz")[1],
+                     timeout=10, what="both backends live after their CRDs are installed")
+
+            def jobs() -> set[str]:
+                return {j.key for j in daemon.parts.observer.snapshot(datetime.now(UTC)).jobs}
+
+            wait_for(lambda: "default/ernie" in jobs(), timeout=10, what="the CCE job seen")
+        finally:
+            stop.set()
+            thread.join(10)
