@@ -1,0 +1,142 @@
+"""The daemon's Kubernetes adapter against a stand-in et-operator that does what the real one
+does (tests/support/et_operator.py, each behaviour cited from et-operator's source), including
+deleting every worker for a ScaleIn whose pods are gone, and waiting on `ps` forever."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from kube_fixtures import (
+    NS,
+    Kube,
+    kube_fixture,  # noqa: F401  (the `kube` fixture)
+    node,
+    now,
+    training_job,
+    worker,
+)
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+from support.et_operator import SSH_ATTACH, EtOperator
+from support.waiting import wait_for
+
+from autoscaler.core import Action, Reason
+
+NTH_ITN = {"key": "aws-node-termination-handler/spot-itn", "value": "evt-9", "effect": "NoSchedule"}
+
+
+def seeded(kube: Kube, tmp_path: Path) -> EtOperator:
+    kube.server.seed(node("a", taints=[NTH_ITN]), node("b"), node("c"),
+                     training_job("bert", replicas=3),
+                     worker("bert", 0, "a"), worker("bert", 1, "b"), worker("bert", 2, "c"))
+    operator = EtOperator(kube.server, NS, tmp_path / "hostfile")
+    operator.step()  # the job Running, its three workers current
+    return operator
+
+
+def pods(kube: Kube) -> list[str]:
+    return sorted(p["metadata"]["name"] for p in kube.server.objects("Pod", NS))
+
+
+def test_the_stand_in_deletes_every_worker_for_a_scale_in_whose_pods_are_gone(
+    kube: Kube, tmp_path: Path
+) -> None:
+    # what the daemon must never let happen (scalein.go setsSaleInToDelete + DeleteWorkerPods)
+    operator = seeded(kube, tmp_path)
+    kube.server.seed({"apiVersion": "kai.alibabacloud.com/v1alpha1", "kind": "ScaleIn",
+                      "metadata": {"name": "by-hand", "namespace": NS},
+                      "spec": {"selector": {"name": "bert"},
+                               "toDelete": {"podNames": ["bert-worker-9"]}}})
+    operator.step()
+    assert pods(kube) == []
+
+
+def test_a_scale_in_whose_pods_vanished_first_is_cancelled_and_the_job_survives(
+    kube: Kube, tmp_path: Path
+) -> None:
+    operator = seeded(kube, tmp_path)
+    cache = kube.cache()
+    rec = kube.reconciler(cache)
+    assert [d.action for d in rec.tick(now()) if d.action is not Action.NOOP] == [
+        Action.DRAIN, Action.SCALE_IN]
+    # the node dies and takes worker-0 with it before et-operator gets to our ScaleIn
+    kube.server.delete("Pod", "bert-worker-0", NS)
+    wait_for(lambda: any("bert-worker-0 deleted" in w for w in kube.wakes), what="the pod gone")
+    cancel = [d for d in rec.tick(now()) if d.action is Action.CANCEL]
+    assert [d.reason for d in cancel] == [Reason.VICTIMS_GONE]
+    operator.step()
+    assert pods(kube) == ["bert-worker-1", "bert-worker-2"]  # not every worker
+    assert kube.server.objects("ScaleIn", NS) == []
+
+
+def test_evictions_wait_for_the_daemon_which_removes_the_worker_by_name(
+    kube: Kube, tmp_path: Path
+) -> None:
+    operator = seeded(kube, tmp_path)
+    for name in ("bert-worker-0", "bert-worker-1", "bert-worker-2"):  # Ready, as the kubelet says
+        kube.server.patch("Pod", name, {"status": {"conditions": [
+            {"type": "Ready", "status": "True"}]}}, NS)
+    rec = kube.reconciler()
+    rec.tick(now())  # the guard budget is kept from the first pass
+    [budget] = kube.server.objects("PodDisruptionBudget", NS)
+    assert budget["spec"]["maxUnavailable"] == 0
+    # NTH's drain (kubectl's drain helper) evicts: the budget makes it wait
+    core = client.CoreV1Api(kube.server.api_client())
+    eviction = {"apiVersion": "policy/v1", "kind": "Eviction",
+                "metadata": {"name": "bert-worker-0"}}
+    with pytest.raises(ApiException) as err:
+        core.create_namespaced_pod_eviction("bert-worker-0", NS, eviction)
+    assert err.value.status == 429
+    operator.step()  # et-operator runs our ScaleIn: the pod goes by name, gracefully drained
+    assert pods(kube) == ["bert-worker-1", "bert-worker-2"]
+    hostfile = (tmp_path / "hostfile").read_text()
+    assert hostfile == "bert-worker-1:1\nbert-worker-2:1\n"
+
+
+def test_a_scale_in_stuck_on_the_launchers_ps_is_reported(kube: Kube, tmp_path: Path) -> None:
+    operator = seeded(kube, tmp_path)
+    operator.has_ps = False  # the launcher image has no `ps`: the ScaleIn waits forever
+    rec = kube.reconciler()
+    rec.tick(now())
+    operator.step()
+    operator.step()
+    assert pods(kube) == ["bert-worker-0", "bert-worker-1", "bert-worker-2"]
+    later = now() + timedelta(minutes=20)
+    stuck = [d for d in rec.tick(later) if d.reason is Reason.SCALER_STUCK]
+    assert stuck and "ScaleIn" in stuck[0].message
+    assert kube.events("ScalerStuck")
+
+
+def test_the_ps_wait_matches_substrings(kube: Kube, tmp_path: Path) -> None:
+    # a process for worker-10 holds back the ScaleIn of worker-1 (strings.Contains)
+    operator = seeded(kube, tmp_path)
+    operator.processes = [f"root 42 1 0 {SSH_ATTACH} bert-worker-10 python train.py"]
+    kube.server.seed({"apiVersion": "kai.alibabacloud.com/v1alpha1", "kind": "ScaleIn",
+                      "metadata": {"name": "by-hand", "namespace": NS},
+                      "spec": {"selector": {"name": "bert"},
+                               "toDelete": {"podNames": ["bert-worker-1"]}}})
+    operator.step()
+    assert "bert-worker-1" in pods(kube)
+    operator.processes = []
+    operator.step()
+    assert "bert-worker-1" not in pods(kube)
+
+
+def test_new_worker_names_are_predicted_as_et_operator_makes_them(
+    kube: Kube, tmp_path: Path
+) -> None:
+    operator = seeded(kube, tmp_path)
+    kube.server.delete("Pod", "bert-worker-2", NS)  # lost without a scaler (restartPolicy Never)
+    operator.step()  # stays in targetWorkers
+    kube.server.patch("Node", "a", {"spec": {"taints": []}})
+    cache = kube.cache()
+    [job] = kube.observer(cache).snapshot(now()).jobs
+    predicted = job.next_pod_names(2)
+    rec = kube.reconciler(cache)
+    assert [d.action for d in rec.tick(now()) if d.action is not Action.NOOP] == [
+        Action.SCALE_OUT]
+    operator.step()
+    [out] = kube.server.objects("ScaleOut", NS)
+    assert tuple(out["status"]["addPods"][:2]) == predicted == ("bert-worker-3", "bert-worker-4")
