@@ -275,9 +275,11 @@ def test_status_subresource(crd: client.CustomObjectsApi, v1: client.CoreV1Api) 
     main = crd.patch_namespaced_custom_object(*KAI, NS, "scaleouts", "s",
                                               {"status": {"phase": "x"}})
     assert "status" not in main  # the main resource ignores status
+    # et-operator's CRD requires these status fields (tests/support/crds)
+    full = {"phase": "Scaling", "conditions": [], "replicaStatuses": {}, "restartCount": 0}
     st = crd.patch_namespaced_custom_object_status(
-        *KAI, NS, "scaleouts", "s", {"status": {"phase": "Scaling"}, "spec": {"timeout": 1}})
-    assert st["status"] == {"phase": "Scaling"}
+        *KAI, NS, "scaleouts", "s", {"status": full, "spec": {"timeout": 1}})
+    assert st["status"] == full
     assert "timeout" not in st["spec"]  # /status ignores everything but status
     assert st["metadata"]["generation"] == 1  # status changes do not bump generation
     st["status"]["phase"] = "ScaleSucceeded"
@@ -494,3 +496,17 @@ def test_seed_and_direct_access(kube_api: KubeApiServer, v1: client.CoreV1Api) -
     assert [n.metadata.name for n in v1.list_node(label_selector="spot=true").items] == ["n1"]
     kube_api.delete("nodes", "n1")
     assert v1.list_node().items == []
+
+
+def test_custom_resources_are_pruned_and_validated_by_their_crd_schema(
+    crd: client.CustomObjectsApi,
+) -> None:
+    body = {**scaleout("s"), "spec": {"selector": {"name": "job"}, "toAdd": {"count": 1},
+                                      "unknownField": 1}}
+    created = crd.create_namespaced_custom_object(*KAI, NS, "scaleouts", body)
+    assert "unknownField" not in created["spec"]  # pruned, silently, as the real server does
+    bad = {**scaleout("t"), "spec": {"selector": {"name": "job"}, "toAdd": {"count": "two"}}}
+    with pytest.raises(ApiException) as exc:
+        crd.create_namespaced_custom_object(*KAI, NS, "scaleouts", bad)
+    assert exc.value.status == 422
+    assert "spec.toAdd.count in body must be of type integer" in status_of(exc.value)["message"]

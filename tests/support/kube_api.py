@@ -31,6 +31,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
+from support import structural
+
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient  # type: ignore[import-untyped]
 
@@ -776,6 +778,24 @@ class KubeApiServer:
                                     f"metadata.labels: Invalid value: {k!r}: {v!r}")
         return body
 
+    @staticmethod
+    def _conform(res: Resource, obj: Obj, old: Obj | None = None) -> Obj:
+        """Prune and validate a custom resource against its CRD's structural schema; an update
+        is judged on what it changes (validation ratcheting)."""
+        schema = structural.schemas().get((res.group, res.version, res.plural))
+        if schema is None:
+            return obj
+        pruned, problems = (structural.conform(schema, obj) if old is None
+                            else structural.conform(schema, obj, old=old))
+        if problems:
+            name = (obj.get("metadata") or {}).get("name", "")
+            raise ApiError(422, f'{res.kind}.{res.group} "{name}" is invalid: '
+                                + ", ".join(problems), "Invalid",
+                           {"name": name, "group": res.group, "kind": res.kind,
+                            "causes": [{"reason": "FieldValueInvalid", "message": p}
+                                       for p in problems]})
+        return pruned
+
     def _get(self, res: Resource, namespace: str | None, name: str) -> Obj:
         with self._lock:
             return copy.deepcopy(self._existing(res, namespace, name)[1])
@@ -801,13 +821,14 @@ class KubeApiServer:
 
     def _create(self, res: Resource, namespace: str | None, body: Any) -> Obj:
         obj = copy.deepcopy(self._check_body(res, namespace, body))
-        meta = obj["metadata"]
-        if res.namespaced:
-            meta["namespace"] = namespace
         if res.initial_status is not None and res.status_subresource:
             obj.pop("status", None)
             if res.initial_status:
                 obj["status"] = copy.deepcopy(res.initial_status)
+        obj = self._conform(res, obj)
+        meta = obj["metadata"]
+        if res.namespaced:
+            meta["namespace"] = namespace
         with self._lock:
             if not meta.get("name") and meta.get("generateName"):
                 suffix = "".join(random.choices("bcdfghjklmnpqrstvwxz2456789", k=5))
@@ -841,7 +862,8 @@ class KubeApiServer:
             rv = body["metadata"].get("resourceVersion")
             if rv and rv != old["metadata"]["resourceVersion"]:
                 raise _conflict(res, name)
-            return self._commit(res, key, old, self._with_subresource(res, old, body, sub))
+            new = self._conform(res, self._with_subresource(res, old, body, sub), old)
+            return self._commit(res, key, old, new)
 
     def _patch(self, res: Resource, namespace: str | None, name: str, body: Any, ctype: str,
                sub: str | None) -> Obj:
@@ -866,7 +888,8 @@ class KubeApiServer:
             if rv is not None and rv != old["metadata"]["resourceVersion"]:
                 raise _conflict(res, name)
             self._check_body(res, namespace, patched, name)
-            return self._commit(res, key, old, self._with_subresource(res, old, patched, sub))
+            new = self._conform(res, self._with_subresource(res, old, patched, sub), old)
+            return self._commit(res, key, old, new)
 
     def _delete(self, res: Resource, namespace: str | None, name: str, options: Obj) -> Obj:
         with self._lock:
