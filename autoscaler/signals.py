@@ -19,6 +19,10 @@ NOTICE_ANNOTATION = "spot-autoscaler.io/notice"
 # On a TrainingJob/AITrainingJob: the hosts hidden from its Horovod discovery (a JSON list). The
 # daemon writes it; the launcher's sidecar turns it into the drain file the discovery script reads.
 DRAINED_ANNOTATION = "spot-autoscaler.io/drained-hosts"
+# On a TrainingJob: the hosts running a Horovod worker in its launcher now, i.e. in Horovod's
+# current rank assignment (a sorted JSON list). The launcher's sidecar writes it from the
+# discovery script's assigned-hosts file; absent means unknown (no worker process seen yet).
+ASSIGNED_ANNOTATION = "spot-autoscaler.io/assigned-hosts"
 
 Wake = Callable[[str], None]  # ask the daemon for a reconcile pass now; the argument says why
 
@@ -91,6 +95,16 @@ def decode_drained(value: str | None) -> frozenset[str]:
     return (
         frozenset(h for h in data if isinstance(h, str)) if isinstance(data, list) else frozenset()
     )
+
+
+def encode_assigned(hosts: frozenset[str] | set[str]) -> str:
+    """The same encoding as the drained hosts: a sorted JSON list."""
+    return encode_drained(hosts)
+
+
+def decode_assigned(value: str | None) -> frozenset[str]:
+    """Assigned hosts from the annotation; a malformed value counts as none (never raises)."""
+    return decode_drained(value)
 
 
 class NoticeBoard:
