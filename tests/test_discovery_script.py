@@ -381,6 +381,23 @@ def test_output_is_cached_only_when_it_changes(edl: Overlay) -> None:
     ]  # no temporary file left
 
 
+def test_a_failing_awk_repeats_the_last_output(edl: Overlay, tmp_path: Path) -> None:
+    edl.set(lines("w-0:1", "w-1:1"))
+    good = edl.discover()
+    broken = tmp_path / "bin"
+    broken.mkdir()
+    (broken / "awk").write_text("#!/bin/sh\necho 'awk: out of memory' >&2\nexit 2\n")
+    (broken / "awk").chmod(0o755)
+    edl.set(lines("w-0:1"), drained=["w-1"])
+    env = {**edl.env(), "PATH": f"{broken}{os.pathsep}{os.environ['PATH']}"}
+    result = subprocess.run(
+        ["sh", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=10
+    )
+    assert (result.returncode, result.stdout) == (0, good)
+    assert "out of memory" in result.stderr
+    assert edl.discover() == lines("w-0:1")  # and the next good call goes on from there
+
+
 def test_an_unwritable_cache_never_fails_the_call(edl: Overlay, tmp_path: Path) -> None:
     edl.set(lines("w-0:1"))
     env = {**edl.env(), "SPOT_CACHE_FILE": str(tmp_path / "no-such-dir" / "last-hosts")}

@@ -198,42 +198,6 @@ def test_a_bad_job_reference_is_a_usage_error() -> None:
     assert "NAMESPACE/NAME" in result.stderr
 
 
-def test_the_example_role_allows_every_request_the_sidecar_makes(
-    kube_api: KubeApiServer, sidecar: Sidecar
-) -> None:
-    example = ROOT / "deploy" / "launcher-sidecar-example.yaml"
-    docs = list(yaml.safe_load_all(example.read_text()))
-    (role,) = [d for d in docs if d["kind"] == "Role"]
-    (binding,) = [d for d in docs if d["kind"] == "RoleBinding"]
-    (job,) = [d for d in docs if d["kind"] == "TrainingJob"]
-    granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"]
-               for r in rule["resources"] for v in rule["verbs"]}
-    assert binding["subjects"][0]["name"] == f"{job['metadata']['name']}-launcher"
-    assert binding["roleRef"]["name"] == role["metadata"]["name"]
-
-    kube_api.seed(training_job(drained={"bert-worker-1"}), launcher_pod())
-    sidecar.thread.start()
-    sidecar.script_writes("bert-worker-0")
-    wait_for(lambda: sidecar.published() and kube_api.watch_count == 2)
-    kube_api.patch("pods", LAUNCHER, launcher_pod("launcher"), NS)
-    wait_for(lambda: not sidecar.thread.is_alive(), what="the exit")
-
-    def verb(r: Any) -> str:
-        return "watch" if r.watch else {"GET": "list", "PATCH": "patch"}[r.method]
-
-    made = {("" if r.path.startswith("/api/") else r.path.split("/")[2],
-             "pods" if "/pods" in r.path else "trainingjobs", verb(r)) for r in kube_api.requests()}
-    assert made == {("kai.alibabacloud.com", "trainingjobs", "list"),
-                    ("kai.alibabacloud.com", "trainingjobs", "watch"),
-                    ("kai.alibabacloud.com", "trainingjobs", "patch"),
-                    ("", "pods", "list"), ("", "pods", "watch")}
-    assert made <= granted
-    assert {r.path for r in kube_api.requests()} == {  # one namespace, one job, one pod
-        LIST_PATH, JOB_PATH, f"/api/v1/namespaces/{NS}/pods"}
-    pod_lists = [r for r in kube_api.requests() if "/pods" in r.path]
-    assert {r.query.get("fieldSelector") for r in pod_lists} == {f"metadata.name={LAUNCHER}"}
-
-
 # --- the assigned hosts: discover_hosts.sh's file -> the job's annotation ----------------------
 def launcher_pod(*terminated: str) -> dict[str, Any]:
     def state(name: str) -> dict[str, Any]:
@@ -385,6 +349,42 @@ def test_exit_with_container_needs_the_downward_api(tmp_path: Path) -> None:
     )
     assert result.returncode == 1
     assert "POD_NAME" in result.stderr
+
+
+def test_the_example_role_allows_every_request_the_sidecar_makes(
+    kube_api: KubeApiServer, sidecar: Sidecar
+) -> None:
+    example = ROOT / "deploy" / "launcher-sidecar-example.yaml"
+    docs = list(yaml.safe_load_all(example.read_text()))
+    (role,) = [d for d in docs if d["kind"] == "Role"]
+    (binding,) = [d for d in docs if d["kind"] == "RoleBinding"]
+    (job,) = [d for d in docs if d["kind"] == "TrainingJob"]
+    granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"]
+               for r in rule["resources"] for v in rule["verbs"]}
+    assert binding["subjects"][0]["name"] == f"{job['metadata']['name']}-launcher"
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+
+    kube_api.seed(training_job(drained={"bert-worker-1"}), launcher_pod())
+    sidecar.thread.start()
+    sidecar.script_writes("bert-worker-0")
+    wait_for(lambda: sidecar.published() and kube_api.watch_count == 2)
+    kube_api.patch("pods", LAUNCHER, launcher_pod("launcher"), NS)
+    wait_for(lambda: not sidecar.thread.is_alive(), what="the exit")
+
+    def verb(r: Any) -> str:
+        return "watch" if r.watch else {"GET": "list", "PATCH": "patch"}[r.method]
+
+    made = {("" if r.path.startswith("/api/") else r.path.split("/")[2],
+             "pods" if "/pods" in r.path else "trainingjobs", verb(r)) for r in kube_api.requests()}
+    assert made == {("kai.alibabacloud.com", "trainingjobs", "list"),
+                    ("kai.alibabacloud.com", "trainingjobs", "watch"),
+                    ("kai.alibabacloud.com", "trainingjobs", "patch"),
+                    ("", "pods", "list"), ("", "pods", "watch")}
+    assert made <= granted
+    assert {r.path for r in kube_api.requests()} == {  # one namespace, one job, one pod
+        LIST_PATH, JOB_PATH, f"/api/v1/namespaces/{NS}/pods"}
+    pod_lists = [r for r in kube_api.requests() if "/pods" in r.path]
+    assert {r.query.get("fieldSelector") for r in pod_lists} == {f"metadata.name={LAUNCHER}"}
 
 
 # --- the shipped manifests: every launcher sidecar lets its pod complete ----------------------

@@ -140,7 +140,8 @@ function settled(h) {
 BEGIN {
     oldview = hosts(cache ".view", "oldview")
     view = fresh ? hosts("-", "view") : 0
-    if (!view) { for (i = 1; i <= N["oldview"]; i++) add("view", HOST["oldview", i], SLOTS["oldview", HOST["oldview", i]]) }
+    for (i = 1; !view && i <= oldview; i++)  # not fresh: the last good view
+        add("view", HOST["oldview", i], SLOTS["oldview", HOST["oldview", i]])
     prev = hosts(cache, "prev")
     if (!N["view"]) {  # nothing good known yet: the previous output again, no state change
         if (!prev) print "m " hostfile " is missing, torn or holds no valid line"
@@ -239,6 +240,10 @@ for l in $result; do
         *) echo "discover_hosts.sh: ${l#m }" >&2 ;;
     esac
 done
+if [ -z "$out" ]; then  # awk failed (or nothing is known yet): the last output, nothing saved
+    out=$(cat -- "$cache" 2>/dev/null; echo .)
+    out=${out%.} write=$nl
+fi
 printf '%s' "$out"
 case $write in *"${nl}times$nl"*) save "$cache.times" "$times" ;; esac
 case $write in *"${nl}view$nl"*) save "$cache.view" "$view" ;; esac
