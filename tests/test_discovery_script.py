@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -29,31 +28,14 @@ SCRIPT = script_path(OVERLAY_SCRIPT)
 SETTLE, JOIN = 15, 60  # the script's defaults
 
 
-@dataclass
 class Overlay:
     """One launcher's /etc/edl (hostfile, drain file, the script's state) and its /proc."""
 
-    dir: Path
-
-    @property
-    def hostfile(self) -> Path:
-        return self.dir / "hostfile"
-
-    @property
-    def drain(self) -> Path:
-        return self.dir / "drained-hosts"
-
-    @property
-    def cache(self) -> Path:
-        return self.dir / "last-hosts"
-
-    @property
-    def assigned(self) -> Path:
-        return self.dir / "assigned-hosts"
-
-    @property
-    def proc(self) -> Path:
-        return self.dir / "proc"
+    def __init__(self, dir: Path) -> None:
+        self.dir = dir
+        self.hostfile, self.drain = dir / "hostfile", dir / "drained-hosts"
+        self.cache, self.assigned = dir / "last-hosts", dir / "assigned-hosts"
+        self.proc = dir / "proc"
 
     def env(self) -> dict[str, str]:
         return {
@@ -218,14 +200,19 @@ def test_all_hosts_drained_on_the_first_call_keeps_the_first_host(edl: Overlay) 
     assert edl.discover() == lines("w-0:1")
 
 
-def every_host_drained_then_a_replacement(edl: Overlay) -> None:
-    """w-0 and w-1 run workers (settled); both are drained at once; w-3 replaces them."""
-    edl.set(lines("w-0:1", "w-1:1"))
+def two_settled_workers(edl: Overlay, hostfile: str = lines("w-0:1", "w-1:1")) -> None:
+    """w-0 and w-1 printed, then running workers for SETTLE seconds (clock: 1000 + SETTLE)."""
+    edl.set(hostfile)
     edl.discover()
     edl.worker(100, "w-0")
     edl.worker(101, "w-1")
     edl.discover()
     edl.clock(1000 + SETTLE)
+
+
+def every_host_drained_then_a_replacement(edl: Overlay) -> None:
+    """w-0 and w-1 run workers (settled); both are drained at once; w-3 replaces them."""
+    two_settled_workers(edl)
     edl.set(drained=["w-0", "w-1"])
     assert edl.discover() == lines("w-0:1")  # the anchor: Horovod needs a host of its assignment
     edl.exit(101)  # Horovod removed w-1 at its next commit
@@ -312,12 +299,7 @@ def test_a_hidden_host_whose_worker_still_runs_is_re_announced(edl: Overlay) -> 
     """Horovod drops a removal notice that reaches a worker during a reset: the host stays in
     its assignment though discovery hides it. Showing it for one call and hiding it again makes
     the driver notify once more."""
-    edl.set(lines("w-0:1", "w-1:1"))
-    edl.discover()
-    edl.worker(100, "w-0")
-    edl.worker(101, "w-1")
-    edl.discover()
-    edl.clock(1000 + SETTLE)
+    two_settled_workers(edl)
     edl.set(drained=["w-1"])
     assert edl.discover() == lines("w-0:1")  # hidden at 1000 + SETTLE
     edl.clock(1000 + 2 * SETTLE - 1)
@@ -335,14 +317,10 @@ def test_a_hidden_host_whose_worker_still_runs_is_re_announced(edl: Overlay) -> 
 def test_a_host_the_operator_removed_is_re_announced_with_its_last_slots(edl: Overlay) -> None:
     """A ScaleIn rewrites the hostfile without the host, then waits (no timeout) for its worker
     to exit: a lost notice would hold it forever."""
-    edl.set(lines("w-0:1", "w-1:4"))
-    edl.discover()
-    edl.worker(100, "w-0")
-    edl.worker(101, "w-1")
-    edl.discover()
+    two_settled_workers(edl, lines("w-0:1", "w-1:4"))
     edl.set(lines("w-0:1"))
     assert edl.discover() == lines("w-0:1")
-    edl.clock(1000 + SETTLE)
+    edl.clock(1000 + 2 * SETTLE)
     assert edl.discover() == lines("w-0:1", "w-1:4")
 
 

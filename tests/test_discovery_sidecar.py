@@ -228,6 +228,12 @@ class Sidecar:
             "stop": self.stop, "poll": 0.02,
         })
 
+    def start(self) -> None:
+        """With the job and its launcher pod, once both watches run."""
+        self.api.seed(training_job(drained=set()), launcher_pod())
+        self.thread.start()
+        wait_for(lambda: self.api.watch_count == 2, what="the job and pod watches")
+
     def script_writes(self, *hosts: str) -> None:
         """As discover_hosts.sh writes it: sorted, one per line, temp file + rename."""
         tmp = self.assigned.with_name("assigned-hosts.123")
@@ -261,9 +267,7 @@ def sidecar(kube_api: KubeApiServer, tmp_path: Path) -> Iterator[Sidecar]:
 def test_assigned_hosts_are_published_on_the_job_when_they_change(
     kube_api: KubeApiServer, sidecar: Sidecar
 ) -> None:
-    kube_api.seed(training_job(drained=set()), launcher_pod())
-    sidecar.thread.start()
-    wait_for(lambda: kube_api.watch_count == 2, what="the job and pod watches")
+    sidecar.start()
     assert sidecar.published() is None and sidecar.patches() == 0  # no file: nothing known
     sidecar.script_writes("bert-worker-1", "bert-worker-0")
     took = seconds_until(lambda: sidecar.published() == '["bert-worker-0", "bert-worker-1"]',
@@ -292,9 +296,7 @@ def test_publishing_retries_after_api_errors_and_skips_bad_names(
 def test_the_sidecar_returns_once_the_launcher_container_terminated(
     kube_api: KubeApiServer, sidecar: Sidecar
 ) -> None:
-    kube_api.seed(training_job(drained=set()), launcher_pod())
-    sidecar.thread.start()
-    wait_for(lambda: kube_api.watch_count == 2, what="the job and pod watches")
+    sidecar.start()
     kube_api.patch("pods", LAUNCHER, launcher_pod("discovery-sidecar"), NS)  # not the one
     sidecar.script_writes("bert-worker-0")
     wait_for(lambda: sidecar.published() == '["bert-worker-0"]', what="a publication")
