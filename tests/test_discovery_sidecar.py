@@ -16,11 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
+import structlog.testing
 import yaml
 from support.kube_api import KubeApiServer
 from support.waiting import seconds_until, wait_for
 
 from autoscaler.adapters.discovery.sidecar import ContainerRef, DrainSidecar, JobRef, run_sidecar
+from autoscaler.adapters.discovery.watch import ObjectWatch
 from autoscaler.signals import (
     ASSIGNED_ANNOTATION,
     DRAINED_ANNOTATION,
@@ -165,6 +168,47 @@ def test_api_errors_back_off_and_recover(kube_api: KubeApiServer, run: Running) 
     run.thread.start()
     wait_for(lambda: run.says("bert-worker-1"), timeout=8, what="recovery after 3 errors")
     assert run.lists() == 4
+
+
+class Reply:
+    """What the client returns with _preload_content=False: a body, or a stream of lines."""
+
+    def __init__(self, body: dict[str, Any] | None = None, events: list[Any] = ()) -> None:
+        self.data = json.dumps(body).encode()
+        self.events = events
+
+    def stream(self, amt: None, decode_content: bool) -> Iterator[bytes]:
+        yield from (json.dumps(e).encode() + b"\n" for e in self.events)
+
+    def release_conn(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_an_unexpected_error_is_logged_and_the_watch_starts_over() -> None:
+    """A malformed list (no resourceVersion) applies nothing and does not end the watch
+    thread: it is logged, and the watch lists again."""
+    obj = {"metadata": {"name": "x", "resourceVersion": "7"}}
+    replies = iter([Reply({"items": []}),  # no metadata: KeyError
+                    Reply({"items": [obj], "metadata": {"resourceVersion": "7"}}),
+                    Reply(events=[{"type": "MODIFIED", "object": obj}])])
+    seen: list[Any] = []
+    stop = threading.Event()
+    log = structlog.get_logger("test")
+
+    def on_object(o: Any) -> None:
+        seen.append(o)
+        if len(seen) == 2:
+            stop.set()
+
+    watch = ObjectWatch(lambda **_: next(replies), "x", on_object, timedelta(seconds=5),
+                        timedelta(seconds=0.01), stop, log)
+    with structlog.testing.capture_logs() as logs:
+        watch.run()
+    assert seen == [obj, obj]
+    assert [e["event"] for e in logs if e["log_level"] == "error"] == ["watch_failed"]
 
 
 def test_the_command_runs_the_sidecar(kube_api: KubeApiServer, tmp_path: Path) -> None:

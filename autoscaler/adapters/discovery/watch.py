@@ -65,7 +65,7 @@ class ObjectWatch:
                 self.log.warning(
                     "watch_broken", error=f"{type(exc).__name__}: {exc}", retry_in=delay
                 )
-            except Exception as exc:  # noqa: BLE001 - an odd object must not end the sidecar
+            except Exception as exc:  # an odd object must not end the sidecar: log, re-list
                 self.log.error("watch_failed", error=f"{type(exc).__name__}: {exc}", retry_in=delay)
                 version = None
             else:  # the watch timed out as asked: resume at once
@@ -80,11 +80,12 @@ class ObjectWatch:
             listing = json.loads(response.data)
         finally:
             response.release_conn()
+        version = str(listing["metadata"]["resourceVersion"])  # a malformed list applies nothing
         items = listing.get("items") or []
         if not items:
             self.log.warning("object_not_found")
         self._on_object(items[0] if items else None)
-        return str(listing["metadata"]["resourceVersion"])
+        return version
 
     def _watch(self, version: str) -> str:
         response = self._lister(
