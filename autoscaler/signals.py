@@ -19,9 +19,9 @@ NOTICE_ANNOTATION = "spot-autoscaler.io/notice"
 # On a TrainingJob/AITrainingJob: the hosts hidden from its Horovod discovery (a JSON list). The
 # daemon writes it; the launcher's sidecar turns it into the drain file the discovery script reads.
 DRAINED_ANNOTATION = "spot-autoscaler.io/drained-hosts"
-# On a TrainingJob: the hosts running a Horovod worker in its launcher now, i.e. in Horovod's
-# current rank assignment (a sorted JSON list). The launcher's sidecar writes it from the
-# discovery script's assigned-hosts file; absent means unknown (no worker process seen yet).
+# On the same job: the hosts the launcher runs Horovod worker processes on, i.e. the hosts in
+# Horovod's current rank assignment (a JSON list). The discovery sidecar writes it; the daemon
+# drops a kept host only once a replacement is in it.
 ASSIGNED_ANNOTATION = "spot-autoscaler.io/assigned-hosts"
 
 Wake = Callable[[str], None]  # ask the daemon for a reconcile pass now; the argument says why
@@ -84,27 +84,28 @@ def encode_drained(hosts: frozenset[str] | set[str]) -> str:
     return json.dumps(sorted(hosts))
 
 
-def decode_drained(value: str | None) -> frozenset[str]:
-    """Drained hosts from the annotation; a malformed value counts as none (never raises)."""
+def _host_list(value: str | None) -> frozenset[str] | None:
+    """A JSON list of host names; None when absent or malformed (never raises)."""
     if not value:
-        return frozenset()
+        return None
     try:
         data = json.loads(value)
     except ValueError:
-        return frozenset()
-    return (
-        frozenset(h for h in data if isinstance(h, str)) if isinstance(data, list) else frozenset()
-    )
+        return None
+    return frozenset(h for h in data if isinstance(h, str)) if isinstance(data, list) else None
 
 
-def encode_assigned(hosts: frozenset[str] | set[str]) -> str:
-    """The same encoding as the drained hosts: a sorted JSON list."""
-    return encode_drained(hosts)
+def decode_drained(value: str | None) -> frozenset[str]:
+    """Drained hosts from the annotation; a malformed value counts as none."""
+    return _host_list(value) or frozenset()
 
 
-def decode_assigned(value: str | None) -> frozenset[str]:
-    """Assigned hosts from the annotation; a malformed value counts as none (never raises)."""
-    return decode_drained(value)
+encode_assigned = encode_drained
+
+
+def decode_assigned(value: str | None) -> frozenset[str] | None:
+    """Assigned hosts from the annotation; None = not reported (no sidecar, or malformed)."""
+    return _host_list(value)
 
 
 class NoticeBoard:
