@@ -1,14 +1,17 @@
 """The shipped overlay script `discover_hosts.sh`, run by `sh` against fixture files.
 
-The guard cases are shared with the Python guard (owned mode): one table holds both to one rule.
+A fixture directory stands in for /proc (`SPOT_PROC_DIR`): `<pid>/cmdline`, `<pid>/environ` and
+`uptime`, the script's clock. The guard cases are shared with the Python guard (owned mode): one
+table holds both to one rule.
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,25 +25,17 @@ from autoscaler.adapters.discovery.hostlines import (
 from autoscaler.adapters.discovery.scripts import OVERLAY_SCRIPT, script_path
 
 SCRIPT = script_path(OVERLAY_SCRIPT)
+SETTLE, JOIN = 15, 60  # the script's defaults
 
 
-@dataclass
 class Overlay:
-    """One launcher's /etc/edl: the operator's hostfile, our drain file, the script's cache."""
+    """One launcher's /etc/edl (hostfile, drain file, the script's state) and its /proc."""
 
-    dir: Path
-
-    @property
-    def hostfile(self) -> Path:
-        return self.dir / "hostfile"
-
-    @property
-    def drain(self) -> Path:
-        return self.dir / "drained-hosts"
-
-    @property
-    def cache(self) -> Path:
-        return self.dir / "last-hosts"
+    def __init__(self, dir: Path) -> None:
+        self.dir = dir
+        self.hostfile, self.drain = dir / "hostfile", dir / "drained-hosts"
+        self.cache, self.assigned = dir / "last-hosts", dir / "assigned-hosts"
+        self.proc = dir / "proc"
 
     def env(self) -> dict[str, str]:
         return {
@@ -48,6 +43,8 @@ class Overlay:
             "SPOT_HOSTFILE": str(self.hostfile),
             "SPOT_DRAIN_FILE": str(self.drain),
             "SPOT_CACHE_FILE": str(self.cache),
+            "SPOT_ASSIGNED_FILE": str(self.assigned),
+            "SPOT_PROC_DIR": str(self.proc),
         }
 
     def run(self) -> subprocess.CompletedProcess[str]:
@@ -66,10 +63,37 @@ class Overlay:
         if drained is not None:
             self.drain.write_text("".join(f"{h}\n" for h in drained))
 
+    def clock(self, seconds: float) -> None:
+        """Set the script's clock (uptime seconds)."""
+        (self.proc / "uptime").write_text(f"{seconds:.2f} 0.00\n")
+
+    def worker(self, pid: int, host: str, remote: bool = True) -> None:
+        """A process Horovod's gloo launcher starts for `host`, as the launcher sees it: remote,
+        the ssh/kubexec command line carries the worker's command; local, `env` has exec'ed the
+        worker and only its environment still names the host."""
+        d = self.proc / str(pid)
+        d.mkdir()
+        command = f"cd /w > /dev/null 2>&1 ; env HOROVOD_HOSTNAME={host} HOROVOD_RANK=0 python t.py"
+        if remote:
+            argv = ["/bin/sh", "/etc/mpi/kubexec.sh", host, command]
+            (d / "cmdline").write_bytes("".join(f"{a}\0" for a in argv).encode())
+            (d / "environ").write_bytes(b"PATH=/bin\0")
+        else:
+            (d / "cmdline").write_bytes(b"python\0t.py\0")
+            (d / "environ").write_bytes(f"PATH=/bin\0HOROVOD_HOSTNAME={host}\0".encode())
+
+    def exit(self, pid: int) -> None:
+        for f in (self.proc / str(pid)).iterdir():
+            f.unlink()
+        (self.proc / str(pid)).rmdir()
+
 
 @pytest.fixture
 def edl(tmp_path: Path) -> Overlay:
-    return Overlay(tmp_path)
+    overlay = Overlay(tmp_path)
+    overlay.proc.mkdir()
+    overlay.clock(1000)
+    return overlay
 
 
 def lines(*hosts: str) -> str:
@@ -176,12 +200,150 @@ def test_all_hosts_drained_on_the_first_call_keeps_the_first_host(edl: Overlay) 
     assert edl.discover() == lines("w-0:1")
 
 
-def test_a_kept_host_leaves_once_a_newer_host_is_shown(edl: Overlay) -> None:
+def two_settled_workers(edl: Overlay, hostfile: str = lines("w-0:1", "w-1:1")) -> None:
+    """w-0 and w-1 printed, then running workers for SETTLE seconds (clock: 1000 + SETTLE)."""
+    edl.set(hostfile)
+    edl.discover()
+    edl.worker(100, "w-0")
+    edl.worker(101, "w-1")
+    edl.discover()
+    edl.clock(1000 + SETTLE)
+
+
+def every_host_drained_then_a_replacement(edl: Overlay) -> None:
+    """w-0 and w-1 run workers (settled); both are drained at once; w-3 replaces them."""
+    two_settled_workers(edl)
+    edl.set(drained=["w-0", "w-1"])
+    assert edl.discover() == lines("w-0:1")  # the anchor: Horovod needs a host of its assignment
+    edl.exit(101)  # Horovod removed w-1 at its next commit
+    edl.set(lines("w-0:1", "w-1:1", "w-3:1"))
+    assert edl.discover() == lines("w-0:1", "w-3:1")
+
+
+def test_the_anchor_stays_until_a_printed_host_has_run_a_worker_for_settle_seconds(
+    edl: Overlay,
+) -> None:
+    every_host_drained_then_a_replacement(edl)
+    edl.clock(1000 + SETTLE + 100)
+    assert edl.discover() == lines("w-0:1", "w-3:1")  # shown for long, but not yet assigned
+    edl.worker(102, "w-3", remote=False)  # Horovod's next reset assigned it: its worker starts
+    assert edl.discover() == lines("w-0:1", "w-3:1")
+    assert edl.assigned.read_text() == lines("w-0", "w-3")
+    edl.clock(1000 + 2 * SETTLE + 99)
+    assert edl.discover() == lines("w-0:1", "w-3:1")  # starting: a removal now would be lost
+    edl.clock(1000 + 2 * SETTLE + 100)
+    assert edl.discover() == lines("w-3:1")
+
+
+def test_a_worker_of_a_longer_name_is_not_a_worker_of_the_host(edl: Overlay) -> None:
+    every_host_drained_then_a_replacement(edl)
+    edl.worker(102, "w-30")
+    edl.worker(103, "w-3x", remote=False)
+    edl.clock(1000 + 3 * SETTLE)
+    assert edl.discover() == lines("w-0:1", "w-3:1")
+    assert edl.assigned.read_text() == lines("w-0", "w-30", "w-3x")
+
+
+def test_the_assigned_file_follows_the_live_workers(edl: Overlay) -> None:
+    edl.set(lines("w-0:1", "w-1:1"))
+    edl.discover()
+    assert not edl.assigned.exists()  # no worker seen: nothing known, nothing claimed
+    edl.worker(100, "w-1")
+    edl.worker(101, "w-0", remote=False)
+    edl.worker(102, "w-0", remote=False)  # two slots, or a child of the worker
+    edl.discover()
+    assert edl.assigned.read_text() == lines("w-0", "w-1")
+    before = edl.assigned.stat()
+    edl.discover()
+    after = edl.assigned.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)  # on change
+    edl.exit(100)
+    edl.discover()
+    assert edl.assigned.read_text() == lines("w-0")
+
+
+def test_without_process_evidence_the_anchor_stays_join_seconds(edl: Overlay) -> None:
+    edl.set(lines("w-0:1", "w-1:1"))
+    edl.discover()
+    edl.set(lines("w-0:1", "w-1:1", "w-3:1"), drained=["w-0", "w-1"])
+    assert edl.discover() == lines("w-0:1", "w-3:1")  # w-3 first printed at 1000
+    edl.clock(1000 + JOIN - 1)
+    assert edl.discover() == lines("w-0:1", "w-3:1")
+    edl.clock(1000 + JOIN)
+    assert edl.discover() == lines("w-3:1")
+    assert not edl.assigned.exists()
+
+
+def test_hosts_of_the_first_output_are_settled_from_the_start(edl: Overlay) -> None:
+    """Nothing to hand over at the start of a run: a drain then is not held back JOIN seconds."""
+    edl.set(lines("w-0:1", "w-1:1"))
+    edl.discover()
+    edl.set(drained=["w-0"])
+    assert edl.discover() == lines("w-1:1")
+
+
+def test_settle_and_join_come_from_the_environment(edl: Overlay) -> None:
     edl.set(lines("w-0:1"))
     edl.discover()
     edl.set(lines("w-0:1", "w-3:1"), drained=["w-0"])
-    assert edl.discover() == lines("w-0:1", "w-3:1")  # nothing of the previous set otherwise
-    assert edl.discover() == lines("w-3:1")  # w-3 is in the previous set now
+    env = {**edl.env(), "SPOT_JOIN_SECONDS": "5", "SPOT_SETTLE_SECONDS": "x"}  # x: the default
+    run = lambda: subprocess.run(  # noqa: E731
+        ["sh", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=10
+    ).stdout
+    assert run() == lines("w-0:1", "w-3:1")
+    edl.clock(1005)
+    assert run() == lines("w-3:1")
+
+
+def test_a_hidden_host_whose_worker_still_runs_is_re_announced(edl: Overlay) -> None:
+    """Horovod drops a removal notice that reaches a worker during a reset: the host stays in
+    its assignment though discovery hides it. Showing it for one call and hiding it again makes
+    the driver notify once more."""
+    two_settled_workers(edl)
+    edl.set(drained=["w-1"])
+    assert edl.discover() == lines("w-0:1")  # hidden at 1000 + SETTLE
+    edl.clock(1000 + 2 * SETTLE - 1)
+    assert edl.discover() == lines("w-0:1")  # its notice may still be on its way
+    edl.clock(1000 + 2 * SETTLE)
+    result = edl.run()
+    assert result.stdout == lines("w-0:1", "w-1:1")
+    assert "w-1 still runs a worker" in result.stderr
+    assert edl.discover() == lines("w-0:1")
+    edl.exit(101)  # the notice arrived: its worker left
+    edl.clock(1000 + 4 * SETTLE)
+    assert edl.discover() == lines("w-0:1")
+
+
+def test_a_host_the_operator_removed_is_re_announced_with_its_last_slots(edl: Overlay) -> None:
+    """A ScaleIn rewrites the hostfile without the host, then waits (no timeout) for its worker
+    to exit: a lost notice would hold it forever."""
+    two_settled_workers(edl, lines("w-0:1", "w-1:4"))
+    edl.set(lines("w-0:1"))
+    assert edl.discover() == lines("w-0:1")
+    edl.clock(1000 + 2 * SETTLE)
+    assert edl.discover() == lines("w-0:1", "w-1:4")
+
+
+def test_the_pipeline_reads_a_real_process_table(edl: Overlay, tmp_path: Path) -> None:
+    """Real processes in /proc: a remote worker's ssh-like command line and a local worker's
+    environment; `-b` is only the start of `-bb`."""
+    tag = f"spot-test-{os.getpid()}"
+    edl.set(lines(f"{tag}-a:1", f"{tag}-b:1"))
+    sleeper = [sys.executable, "-c", "import sys; sys.stdin.read()"]
+    remote = f"cd /w > /dev/null 2>&1 ; env HOROVOD_HOSTNAME={tag}-a HOROVOD_RANK=0 python t.py"
+    procs = [
+        subprocess.Popen([*sleeper, remote], stdin=subprocess.PIPE),
+        subprocess.Popen(sleeper, stdin=subprocess.PIPE,
+                         env={**os.environ, "HOROVOD_HOSTNAME": f"{tag}-bb"}),
+    ]
+    try:
+        env = {**edl.env(), "SPOT_PROC_DIR": "/proc"}
+        subprocess.run(["sh", str(SCRIPT)], env=env, capture_output=True, timeout=10, check=True)
+        mine = [h for h in edl.assigned.read_text().split() if h.startswith(tag)]
+        assert mine == [f"{tag}-a", f"{tag}-bb"]  # not -b: only -bb has a worker
+    finally:
+        for p in procs:
+            p.communicate(b"")
 
 
 def test_output_is_cached_only_when_it_changes(edl: Overlay) -> None:
@@ -192,7 +354,26 @@ def test_output_is_cached_only_when_it_changes(edl: Overlay) -> None:
     edl.discover()
     after = edl.cache.stat()
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
-    assert not [p for p in edl.dir.iterdir() if p.name.startswith("last-hosts.")]  # no temp left
+    assert sorted(p.name for p in edl.dir.iterdir() if p.name.startswith("last-hosts")) == [
+        "last-hosts", "last-hosts.times", "last-hosts.view",
+    ]  # no temporary file left
+
+
+def test_a_failing_awk_repeats_the_last_output(edl: Overlay, tmp_path: Path) -> None:
+    edl.set(lines("w-0:1", "w-1:1"))
+    good = edl.discover()
+    broken = tmp_path / "bin"
+    broken.mkdir()
+    (broken / "awk").write_text("#!/bin/sh\necho 'awk: out of memory' >&2\nexit 2\n")
+    (broken / "awk").chmod(0o755)
+    edl.set(lines("w-0:1"), drained=["w-1"])
+    env = {**edl.env(), "PATH": f"{broken}{os.pathsep}{os.environ['PATH']}"}
+    result = subprocess.run(
+        ["sh", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=10
+    )
+    assert (result.returncode, result.stdout) == (0, good)
+    assert "out of memory" in result.stderr
+    assert edl.discover() == lines("w-0:1")  # and the next good call goes on from there
 
 
 def test_an_unwritable_cache_never_fails_the_call(edl: Overlay, tmp_path: Path) -> None:
@@ -202,6 +383,55 @@ def test_an_unwritable_cache_never_fails_the_call(edl: Overlay, tmp_path: Path) 
         ["sh", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=10
     )
     assert (result.returncode, result.stdout, result.stderr) == (0, "w-0:1\n", "")
+
+
+# --- torn reads: et-operator rewrites the hostfile in place while the script reads it ---------
+# Two full views; B shares A's first half, so a cut B looks like a shorter list.
+VIEW_A = lines(*(f"job-worker-{i}:1" for i in range(8)))
+VIEW_B = lines(*(f"job-worker-{i}:1" for i in (0, 1, 2, 3, 8, 9, 10, 11)))
+REWRITER = """
+import os, sys
+path, mode, views = sys.argv[1], sys.argv[2], [v.encode() for v in sys.argv[3:]]
+print("ready", flush=True)
+i = 0
+while True:  # `echo '<content>' > hostfile`: truncate, then write; as fast as it can
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+    chunks = [views[i % 2]] if mode == "single" else views[i % 2].splitlines(keepends=True)
+    for chunk in chunks:
+        os.write(fd, chunk)
+    os.close(fd)
+    i += 1
+"""
+
+
+@pytest.fixture
+def rewriter(edl: Overlay, request: pytest.FixtureRequest) -> Iterator[None]:
+    """A process rewriting the hostfile in place, alternating VIEW_A and VIEW_B (each as the
+    operator writes it: `echo` adds a newline), with one write() or one per line."""
+    edl.set(VIEW_A + "\n")
+    assert edl.discover() == VIEW_A
+    proc = subprocess.Popen(
+        [sys.executable, "-c", REWRITER, str(edl.hostfile), request.param, f"{VIEW_A}\n",
+         f"{VIEW_B}\n"], stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("rewriter", ["single", "lines"], indirect=True)
+def test_in_place_rewrites_never_reach_horovod_torn(edl: Overlay, rewriter: None) -> None:
+    """Every output is one of the two full views (the previous good view is one of them too)."""
+    calls = 600
+    outputs = [edl.discover() for _ in range(calls)]
+    torn = [o for o in outputs if o not in (VIEW_A, VIEW_B)]
+    print(f"\ntorn outputs: {len(torn)} of {calls} (A {outputs.count(VIEW_A)},"
+          f" B {outputs.count(VIEW_B)})")
+    assert torn == []
+    assert VIEW_A in outputs and VIEW_B in outputs  # rewrites do get through
 
 
 # --- one table for both guards: the script (overlay) and the Python guard (owned file) ---------

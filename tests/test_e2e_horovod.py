@@ -1,11 +1,18 @@
-"""End to end with a real elastic horovodrun, driven by the real standalone daemon.
+"""End to end with a real elastic horovodrun on three local pseudo-hosts.
 
-Three local pseudo-hosts (`localhost`, `127.0.0.1`, the machine's hostname) with one slot each
-run a tiny torch loop (tests/e2e/elastic_train.py) under `horovodrun --min-np 1 --max-np 3`, whose
-discovery script is our owned-mode `owned_hosts.sh` over the file `spot-autoscaler run` owns.
-A notice file for one host must make the world shrink gracefully (no rollback) within 3 s;
-withdrawing it must bring the host back. Timings and the steps around each reset are printed
-(run with -s) and written to a JSON file under the test's tmp dir.
+`localhost`, `127.0.0.1` and the machine's hostname, one slot each, run a tiny torch loop
+(tests/e2e/elastic_train.py). Two modes:
+
+- owned (standalone): the discovery script is `owned_hosts.sh` over the file the real
+  `spot-autoscaler run` owns. A notice file for one host must make the world shrink gracefully
+  (no rollback) within 3 s; withdrawing it must bring the host back.
+- overlay (et-operator): the discovery script is `discover_hosts.sh`; the test plays
+  et-operator (rewrites the hostfile in place, line by line) and our sidecar (writes the drain
+  file atomically). Every host of the job is drained, a replacement joins: the job must move to
+  it without a rollback and without "No hosts from previous set remaining".
+
+Timings and the steps around each reset are printed (run with -s) and written to a JSON file
+under the test's tmp dir.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from autoscaler.adapters.discovery.scripts import OWNED_SCRIPT, script_path
+from autoscaler.adapters.discovery.scripts import OVERLAY_SCRIPT, OWNED_SCRIPT, script_path
 
 BIN = Path(sys.executable).parent
 HOROVODRUN = BIN / "horovodrun"
@@ -265,3 +272,189 @@ def _print(report: dict[str, Any], path: Path) -> None:
     print(f"  steps: last before reset {g['last_step_before']}, resumed at {g['resumed_at_step']},"
           f" first after {g['first_step_after']}")
     print(f"timings written to {path}")
+
+
+# --- overlay mode: discover_hosts.sh over an in-place rewritten hostfile ------------------------
+# Try another script with E2E_DISCOVERY_SCRIPT (e.g. `git show main:autoscaler/discovery/...`).
+OVERLAY_SCRIPT_PATH = Path(os.environ.get("E2E_DISCOVERY_SCRIPT", script_path(OVERLAY_SCRIPT)))
+
+
+def _pid_namespace() -> list[str]:
+    """A private PID namespace for horovodrun when we may create one, as a launcher container
+    has: the script then sees only this job's workers, not another test's on the machine."""
+    probe = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "true"]
+    try:
+        ok = subprocess.run(probe, capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    return probe[:-1] if ok else []
+
+
+class OverlayRun(Run):
+    """One launcher's /etc/edl, written as et-operator and our sidecar write it."""
+
+    def __init__(self, tmp: Path, settle: int) -> None:
+        super().__init__(tmp)
+        self.settle = settle
+        self.hostfile = tmp / "hostfile"
+        self.drain_file = tmp / "drained-hosts"
+        self.cache = tmp / "last-hosts"
+        self.assigned_file = tmp / "assigned-hosts"
+
+    def env(self) -> dict[str, str]:
+        return {
+            "SPOT_HOSTFILE": str(self.hostfile), "SPOT_DRAIN_FILE": str(self.drain_file),
+            "SPOT_CACHE_FILE": str(self.cache), "SPOT_ASSIGNED_FILE": str(self.assigned_file),
+            "SPOT_SETTLE_SECONDS": str(self.settle),
+        }
+
+    def operator_writes(self, *hosts: str) -> float:
+        """et-operator's `echo '<lines>' > hostfile`: truncate, then write (here line by line)."""
+        fd = os.open(self.hostfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            for line in [f"{h}:1\n" for h in hosts] + ["\n"]:
+                os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+        return time.time()
+
+    def sidecar_drains(self, *hosts: str) -> float:
+        tmp = self.drain_file.with_suffix(".tmp")
+        tmp.write_text("".join(f"{h}\n" for h in hosts))
+        tmp.rename(self.drain_file)
+        return time.time()
+
+    def shown(self) -> set[str]:
+        """What the script printed last (its cache)."""
+        try:
+            return {line.split(":")[0] for line in self.cache.read_text().split()}
+        except FileNotFoundError:
+            return set()
+
+    def world_hosts(self, after: float) -> set[str]:
+        """Hosts of the last complete world resumed after `after`."""
+        resumes = self.events("resume", after)
+        if not resumes:
+            return set()
+        size = resumes[-1]["size"]
+        last = [e for e in resumes if e["size"] == size][-size:]
+        return {e["host"] for e in last} if len(last) == size else set()
+
+    def timeline(self, horovod: subprocess.Popen[bytes], timeout: float,
+                 **conditions: Callable[[], Any]) -> dict[str, float]:
+        """When each condition first held (wall time); fails if horovodrun exits or time runs
+        out before all did."""
+        seen: dict[str, float] = {}
+        deadline = time.monotonic() + timeout
+        while len(seen) < len(conditions):
+            for name, condition in conditions.items():
+                if name not in seen and condition():
+                    seen[name] = time.time()
+            if horovod.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"horovodrun exit code {horovod.poll()}, seen {seen}\n"
+                            f"{self.diagnostics()}")
+            time.sleep(0.005)
+        return seen
+
+    def diagnostics(self) -> str:
+        return f"shown {sorted(self.shown())}\n" + super().diagnostics()
+
+
+def workers(horovod: subprocess.Popen[bytes]) -> set[str]:
+    """Hosts running a worker of this horovodrun, from the processes' environment."""
+    import psutil  # installed with horovod
+
+    hosts = set()
+    with suppress(psutil.NoSuchProcess):
+        for p in psutil.Process(horovod.pid).children(recursive=True):
+            with suppress(psutil.Error):
+                if host := p.environ().get("HOROVOD_HOSTNAME"):
+                    hosts.add(host)
+    return hosts
+
+
+@pytest.mark.parametrize(
+    ("settle", "slow_start"),
+    [
+        # a local worker reaches hvd.init() ~1-2 s after it starts: the anchor leaves after that
+        pytest.param(5, 0, id="prompt"),
+        # the replacement takes 8 s more to start (a slow import or CUDA start-up), longer than
+        # the settle time: the anchor's removal reaches Horovod during the reset and is lost,
+        # so the script must re-announce it
+        pytest.param(2, 8, id="slow-start"),
+    ],
+)
+def test_every_host_drained_moves_the_job_to_its_replacement_without_rollback(
+    tmp_path: Path, settle: int, slow_start: int
+) -> None:
+    run = OverlayRun(tmp_path, settle)
+    first, second, replacement = HOSTS
+    env = {**os.environ, **run.env(), "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+           "E2E_LOG": str(run.train_log), "E2E_STOP": str(run.stop), "PYTHONUNBUFFERED": "1",
+           "E2E_SLOW_START": f"{replacement}={slow_start}" if slow_start else ""}
+    horovod_cmd = [
+        *_pid_namespace(), str(HOROVODRUN), "-np", "2", "--min-np", "1", "--max-np", "3",
+        "--network-interface", "lo", "--host-discovery-script", f"sh {OVERLAY_SCRIPT_PATH}",
+        sys.executable, str(TRAIN),
+    ]
+    report: dict[str, Any] = {"hosts": HOSTS, "settle_seconds": settle, "slow_start": slow_start,
+                              "pid_namespace": horovod_cmd[0] == "unshare"}
+    run.operator_writes(first, second)
+    with started(horovod_cmd, run.logs["horovodrun.log"], env) as horovod:
+        run.wait(lambda: len(run.world(2, 0)) == 2 and len(run.events("step")) >= 20, 90,
+                 "two ranks training")
+
+        # --- every host of the job is doomed: one stays (the anchor), the world shrinks to it
+        drained = run.sidecar_drains(first, second)
+        run.wait(lambda: len(run.world(1, drained)) == 1, 15, "the world to shrink to 1")
+        shrunk = run.first_reset(after=drained)
+        (anchor,) = run.world_hosts(drained)
+        run.wait(lambda: run.events("step", shrunk), 10, "a step after the shrink")
+        report["drain"] = {"anchor": anchor, "drain_to_world_changed_s": round(shrunk - drained, 3),
+                           **steps_around(run, shrunk)}
+
+        # --- a replacement joins; the anchor may leave only after the replacement ran a worker
+        added = run.operator_writes(first, second, replacement)
+        at = run.timeline(
+            horovod, 60,
+            worker=lambda: replacement in workers(horovod),
+            dropped=lambda: anchor not in run.shown(),
+            moved=lambda: run.world_hosts(added) == {replacement},
+            stepped=lambda: any(e["size"] == 1 and e["host"] == replacement
+                                for e in run.events("step", added)),
+            anchor_exited=lambda: anchor not in workers(horovod),
+        )
+        joined = run.first_reset(after=added)
+        moved = min(e["t"] for e in run.events("resume", added)
+                    if e["size"] == 1 and e["host"] == replacement)
+        report["replacement"] = {
+            "host": replacement,
+            "added_to_worker_started_s": round(at["worker"] - added, 3),
+            "added_to_anchor_dropped_s": round(at["dropped"] - added, 3),
+            "worker_started_to_anchor_dropped_s": round(at["dropped"] - at["worker"], 3),
+            "added_to_world_is_replacement_s": round(moved - added, 3),
+            "join": steps_around(run, joined),
+            "move": steps_around(run, moved),
+        }
+        # what the sidecar publishes: the script's next call sees the anchor's worker gone
+        run.wait(lambda: run.assigned_file.read_text().split() == [replacement], 5,
+                 "the assigned-hosts file to list the replacement alone")
+
+        run.stop.touch()
+        report["horovodrun_exit_code"] = horovod.wait(30)
+    log = run.logs["horovodrun.log"].read_text()
+    report["rollbacks"] = run.events("rollback")
+    report["re_announced"] = log.count("re-announced")
+    out = tmp_path / "e2e-overlay-timings.json"
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\n{json.dumps(report, indent=2)}\ntimings written to {out}")
+
+    assert at["worker"] < at["dropped"], "the anchor left before the replacement ran a worker"
+    assert "No hosts from previous set remaining" not in log, run.diagnostics()
+    assert report["rollbacks"] == [], "Horovod restored a commit: a worker failed"
+    for phase in (report["drain"], report["replacement"]["join"], report["replacement"]["move"]):
+        # the interrupting commit saved a step it did not log: resuming there is no rollback
+        assert phase["resumed_at_step"] >= phase["last_step_before"], (phase, run.diagnostics())
+    assert report["horovodrun_exit_code"] == 0, run.diagnostics()
+    if slow_start:
+        assert report["re_announced"] >= 1, "the anchor left without a lost notice: no test"

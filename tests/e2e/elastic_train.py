@@ -20,6 +20,8 @@ import torch
 LOG = os.environ["E2E_LOG"]
 STOP = os.environ["E2E_STOP"]
 STEP_SECONDS = float(os.environ.get("E2E_STEP_SECONDS", "0.05"))
+# `host=seconds`: a worker on that host starts this much later (a slow import or CUDA start-up)
+SLOW_HOST, _, SLOW_SECONDS = os.environ.get("E2E_SLOW_START", "").partition("=")
 
 
 def record(event: str, **fields: Any) -> None:
@@ -41,6 +43,8 @@ class RecordedState(hvd.elastic.TorchState):
 
 
 def main() -> None:
+    if SLOW_HOST and os.environ.get("HOROVOD_HOSTNAME") == SLOW_HOST:
+        time.sleep(float(SLOW_SECONDS))
     hvd.init()
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 1)
