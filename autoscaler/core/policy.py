@@ -111,8 +111,8 @@ class PreemptionRules(StrictModel):
     maintenance_horizon: Duration = timedelta(minutes=10)
     # Horovod stops a job when no host of the previous set remains: keep one while we refill
     keep_last_host: bool = True
-    # a replacement holds the training state only after Horovod's next reset synced it (a join
-    # takes ~5-7 s plus start-up): until then it does not count as a surviving host
+    # without the launcher's report (spot-autoscaler.io/assigned-hosts) a replacement counts as a
+    # surviving host only this long after it is ready (a join takes ~5-7 s plus start-up)
     join_grace: Duration = timedelta(seconds=30)
 
 
