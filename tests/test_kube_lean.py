@@ -287,7 +287,9 @@ def test_a_snapshot_from_the_trimmed_cache_equals_one_from_whole_objects(
     # not vacuous: every kind of fact is in there
     assert {j.name for j in lean.jobs} == {"bert", "ernie"}
     assert len(lean.jobs[0].workers) == 4 and lean.jobs[0].last_scale_out_at is not None
-    assert {n.source for n in lean.notices} == {"k8s-taint", "k8s-condition", "k8s-cordon", "aws-sqs"}
+    assert {n.source for n in lean.notices} == {
+        "k8s-taint", "k8s-condition", "k8s-cordon", "aws-sqs"
+    }
     assert {n.name for n in lean.nodes} == {"gpu-a", "gpu-b", "noticed", "expired", "share"}
 
 
