@@ -20,7 +20,7 @@ from autoscaler.adapters.discovery.command import add_scripts_parser as _add_dis
 from autoscaler.adapters.nodeagent.command import add_parser as _add_node_agent
 from autoscaler.atomic import atomic_write
 from autoscaler.bench.command import add_parser as _add_bench
-from autoscaler.config import Config, ConfigError, load_config
+from autoscaler.config import Config, ConfigError, check_config, load_config
 from autoscaler.core.policy import parse_duration
 from autoscaler.daemon.command import add_parser as _add_run
 from autoscaler.decisionlog import Filter, ReadStats, parse_ts, read_decisions, render_table
@@ -162,15 +162,19 @@ def _add_check_config(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
+    """Exit 1 on problems; warnings are printed (stderr) but the file is still OK (exit 0)."""
     try:
-        config = load_config(args.file)
+        config, warnings = check_config(args.file)
     except ConfigError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
         print(f"{args.file}: {len(exc.problems)} problem(s)", file=sys.stderr)
         return EXIT_FAILED
+    for warning in warnings:
+        print(warning, file=sys.stderr)
     names = ", ".join(p.name for p in config.policies)
-    print(f"{args.file}: OK ({len(config.policies)} policies: {names})")
+    noted = f", {len(warnings)} warning(s)" if warnings else ""
+    print(f"{args.file}: OK ({len(config.policies)} policies: {names}){noted}")
     return EXIT_OK
 
 

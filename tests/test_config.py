@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
+from structlog.testing import capture_logs
 
 from autoscaler.cli import main
-from autoscaler.config import ConfigError, load_config, parse_config
-from autoscaler.core.policy import Quantum
+from autoscaler.config import ConfigError, Prices, check_config, load_config, parse_config
+from autoscaler.core.policy import Policy, PolicySet, Quantum, ScaleOutRules
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,12 +87,15 @@ policies:
       - {name: w, schedule: "every day", duration: 1h}
 """)
     assert any(":5: policies[0].windows[0].schedule: not a 5-field cron" in p for p in found)
-    assert any(p.startswith("bad.yaml:1: default_policy: 'nope' is not a defined policy") for p in found)
+    assert any(
+        p.startswith("bad.yaml:1: default_policy: 'nope' is not a defined policy") for p in found
+    )
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "config").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_config_is_valid(path: Path) -> None:
-    assert load_config(path).policies
+    config, warnings = check_config(path)
+    assert config.policies and warnings == []
 
 
 def test_check_config_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -107,3 +114,99 @@ def test_bad_label_selector_is_a_config_problem() -> None:
         p.startswith("bad.yaml:2: kubernetes.label_selector: not a label selector term")
         for p in found
     )
+
+
+# --- prices per GPU-hour -------------------------------------------------------------------------
+def test_unlisted_types_are_priced_per_gpu_hour_by_capacity_type() -> None:
+    prices = Prices(
+        spot={"p3.2xlarge": 0.91},
+        default_spot_per_gpu_hour=0.9,
+        default_on_demand_per_gpu_hour=3.0,
+    )
+    assert prices.for_node("p3.2xlarge", spot=True, gpus=1) == 0.91  # listed: per node-hour
+    assert prices.for_node("x-unlisted-8", spot=False, gpus=8) == 24.0
+    assert prices.for_node("x-unlisted-1", spot=True, gpus=1) == 0.9
+    # without the node's GPUs a per-GPU default cannot apply: unknown
+    assert prices.for_node("x-unlisted-8", spot=False) is None
+    assert Prices().for_node("x-unlisted-8", spot=False, gpus=8) is None  # no default: unknown
+
+
+def test_an_unlisted_type_is_logged_once_not_every_tick() -> None:
+    prices = Prices(default_on_demand_per_gpu_hour=3.0)
+    with capture_logs() as logs:
+        for _ in range(3):
+            prices.for_node("x-logged-once", spot=False, gpus=8)
+            prices.for_node("x-logged-once-too", spot=False, gpus=8)
+    warned = [e for e in logs if e["event"] == "instance_type_unpriced"]
+    assert [e["instance_type"] for e in warned] == ["x-logged-once", "x-logged-once-too"]
+    assert warned[0]["log_level"] == "warning" and warned[0]["default_per_gpu_hour"] == 3.0
+
+
+def test_the_old_per_node_default_keys_name_their_replacement() -> None:
+    found = problems("prices:\n  default_spot: 0.91\n  default_on_demand: 3.06\n")
+    assert len(found) == 2
+    assert found[0].startswith("bad.yaml:2: prices.default_spot: removed:")
+    assert "use prices.default_spot_per_gpu_hour" in found[0]
+    assert found[1].startswith("bad.yaml:3: prices.default_on_demand: removed:")
+    assert "use prices.default_on_demand_per_gpu_hour" in found[1]
+
+
+# --- timeouts within Horovod's elastic timeout ---------------------------------------------------
+SLOW = """\
+policies:
+  - name: default
+    scale_out:
+      timeout: 5m
+      backoff: 10m
+  - name: long-horovod
+    scale_out: {timeout: 5m, backoff: 10m}
+    horovod:
+      elastic_timeout: 30m
+  - name: frozen
+    scale_out: {enabled: false, timeout: 5m, backoff: 10m}
+"""
+
+
+def test_check_config_warns_when_a_failed_refill_outlasts_horovod(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "slow.yaml"
+    path.write_text(SLOW)
+    assert main(["check-config", str(path)]) == 0  # a warning, not a problem
+    out = capsys.readouterr()
+    assert out.err.splitlines() == [
+        f"{path}:4: policies[0].scale_out: warning: 2 x timeout (5m) + backoff (10m) = 20m"
+        " exceeds horovod.elastic_timeout (10m): a refill below min whose first ScaleOut times"
+        " out cannot be retried before Horovod stops the job; shorten timeout/backoff (or raise"
+        " elastic_timeout to match the job's HOROVOD_ELASTIC_TIMEOUT)"
+    ]
+    assert "OK (3 policies: default, long-horovod, frozen), 1 warning(s)" in out.out
+
+
+def test_defaults_leave_room_for_a_retry_within_horovods_timeout() -> None:
+    config = parse_config("policies:\n  - name: default\n")
+    policy = config.policies[0]
+    rules = policy.scale_out
+    assert (rules.timeout, rules.backoff) == (timedelta(minutes=3), timedelta(minutes=2))
+    assert policy.horovod.elastic_timeout == timedelta(seconds=600)
+    assert 2 * rules.timeout + rules.backoff <= policy.horovod.elastic_timeout
+    assert policy.scalers.max_age > rules.timeout
+    assert rules.shared_gpu is False and ScaleOutRules().shared_gpu is False
+
+
+def test_the_example_documents_every_policy_and_price_key() -> None:
+    text = (ROOT / "config" / "example.yaml").read_text()
+
+    def keys(model: type[BaseModel]) -> Iterator[str]:
+        for name, field in model.model_fields.items():
+            yield name
+            if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+                yield from keys(field.annotation)
+
+    removed = {"default_spot", "default_on_demand"}  # rejected, naming their replacements
+    shorthand = {"mode", "n"}  # quantum is written `power_of_two` / `{multiple_of: N}`
+    missing = [
+        k for model in (PolicySet, Policy, Prices) for k in keys(model)
+        if k not in removed | shorthand and not re.search(rf"\b{k}:", text)
+    ]
+    assert missing == []

@@ -149,9 +149,11 @@ def test_below_min_refills_without_cooldown_or_min_idle_but_only_to_min() -> Non
 
 
 def test_backoff_after_a_failed_scale_out() -> None:
-    j = job(placement=["x"], last_failed_scale_out_at=NOW - timedelta(minutes=3))
+    j = job(placement=["x"], last_failed_scale_out_at=NOW - timedelta(minutes=1))
     ds = run(snapshot([node("a", gpus=4)], [j]))
     assert grown(ds) == 0 and reason_of(ds) is Reason.BACKOFF
+    later = replace(j, last_failed_scale_out_at=NOW - timedelta(minutes=3))  # backoff 2m
+    assert grown(run(snapshot([node("a", gpus=4)], [later]))) == 4
 
 
 def test_scaler_in_flight_blocks_scale_out() -> None:
@@ -274,3 +276,49 @@ def test_room_for_a_below_min_refill_is_held_while_its_scale_in_runs() -> None:
     )
     assert only(ds, Action.SCALE_IN)[0].job == "ml/bert"
     assert grown(ds, "ml/gpt") == 1  # 3 idle GPUs - 2 held for bert
+
+
+# --- unpriced nodes and shared-GPU nodes ---------------------------------------------------------
+def test_unknown_types_spot_gets_the_worker_before_a_big_on_demand_node() -> None:
+    # the shipped config used to price every unknown type at one figure per node: 3.06/8 per
+    # GPU-hour for the on-demand node beat 0.91 for the spot one. Now unknown types are priced
+    # per GPU-hour (x its GPUs), or not at all: either way the spot node comes first.
+    for od, spot in ((None, None), (8 * 3.06, 0.91)):
+        nodes = [
+            node("od-8", gpus=8, price=od, capacity=CapacityType.ON_DEMAND),
+            node("spot-1", gpus=1, price=spot),
+        ]
+        ds = run(snapshot(nodes, [job(lo=0, hi=1)]))
+        assert only(ds, Action.SCALE_OUT)[0].nodes == ("spot-1",), (od, spot)
+
+
+def test_an_unpriced_on_demand_node_ranks_after_an_unpriced_spot_node() -> None:
+    # best fit alone would pick the on-demand node (1 GPU left against 8): without a price that
+    # says so, on-demand is never taken for the cheaper one
+    nodes = [
+        node("od", gpus=8, used=7, price=None, capacity=CapacityType.ON_DEMAND),
+        node("spot", gpus=8, price=None),
+    ]
+    ds = run(snapshot(nodes, [job(lo=0, hi=1)]))
+    assert only(ds, Action.SCALE_OUT)[0].nodes == ("spot",)
+    # a known on-demand price is a configured price: it competes on price as before
+    nodes = [node("od", gpus=8, used=7, price=0.8, capacity=CapacityType.ON_DEMAND),
+             node("spot", gpus=8, price=8.0)]
+    assert only(run(snapshot(nodes, [job(lo=0, hi=1)])), Action.SCALE_OUT)[0].nodes == ("od",)
+
+
+def test_unpriced_nodes_stay_above_a_price_cap() -> None:
+    nodes = [node("spot", gpus=1, price=None)]
+    ds = run(snapshot(nodes, [job(lo=0, hi=1)]), policies(cost={"max_price_per_gpu_hour": 5.0}))
+    assert grown(ds) == 0 and reason_of(ds) is Reason.PRICE_CAP
+
+
+def test_shared_gpu_nodes_take_workers_only_where_the_policy_allows() -> None:
+    shared = replace(node("share", gpus=4, price=4.0), shared_gpu=True)
+    snap = snapshot([shared], [job(lo=0, hi=2)])
+    assert grown(run(snap)) == 0 and reason_of(run(snap)) is Reason.NO_CAPACITY
+    allowed = run(snap, policies(scale_out={"shared_gpu": True}))
+    assert grown(allowed) == 2 and only(allowed, Action.SCALE_OUT)[0].nodes == ("share", "share")
+    # a whole-GPU node next to it is used by either policy
+    both = snapshot([shared, node("whole", gpus=1, price=8.0)], [job(lo=0, hi=2)])
+    assert only(run(both), Action.SCALE_OUT)[0].nodes == ("whole",)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
 from kube_fixtures import (
     ET_API,
+    FAST,
     GPU,
     NS,
     Kube,
@@ -21,9 +23,24 @@ from kube_fixtures import (
     training_job,
     worker,
 )
+from structlog.testing import capture_logs
 from support.waiting import wait_for
+from test_deploy_manifests import embedded_config_text
 
-from autoscaler.core import Backend, CapacityType, Notice, NoticeKind, ScalerKind, Snapshot
+from autoscaler.adapters.kube.nodes import node_facts
+from autoscaler.config import Prices, parse_config
+from autoscaler.core import (
+    Action,
+    Backend,
+    CapacityType,
+    Notice,
+    NoticeKind,
+    PolicySet,
+    ScalerKind,
+    Snapshot,
+    decide,
+)
+from autoscaler.core import Job as CoreJob
 from autoscaler.signals import DRAINED_ANNOTATION, NOTICE_ANNOTATION, encode_drained, encode_notice
 
 
@@ -193,6 +210,77 @@ def test_shared_gpu_nodes_count_memory_as_gpu_equivalents(kube: Kube) -> None:
     assert set(nodes) == {"share"}  # nodes without GPUs are not GpuNodes
     assert (nodes["share"].gpus_allocatable, nodes["share"].gpus_requested) == (4, 1.5)
     assert s.jobs[0].gpus_per_worker == 1.5  # 24 GiB of 16 GiB GPUs
+
+
+def test_only_shared_gpu_nodes_are_marked_shared(kube: Kube) -> None:
+    shared = node(
+        "share",
+        0,
+        labels={"ack.node.gpu.schedule": "share"},
+        allocatable={"aliyun.com/gpu-mem": "64", "aliyun.com/gpu-count": "4"},
+    )
+    assert node_facts(shared, kube.settings).shared_gpu
+    assert not node_facts(node("whole"), kube.settings).shared_gpu
+
+
+@pytest.mark.xfail(strict=True, reason="needs observer.py _gpu_node to pass NodeFacts.shared_gpu")
+def test_shared_gpu_nodes_reach_the_core_marked(kube: Kube) -> None:
+    shared = node(
+        "share",
+        0,
+        labels={"ack.node.gpu.schedule": "share"},
+        allocatable={"aliyun.com/gpu-mem": "64", "aliyun.com/gpu-count": "4"},
+    )
+    kube.server.seed(shared, node("whole"))
+    nodes = by_name(snap(kube).nodes)
+    assert nodes["share"].shared_gpu and not nodes["whole"].shared_gpu
+
+
+def unknown_type_nodes(tag: str) -> list[dict]:
+    """An 8-GPU on-demand node and a 1-GPU spot node, of instance types no price table lists
+    (named after `tag`: each type is logged once per process)."""
+    return [
+        node("od-8", 8, labels={"karpenter.sh/capacity-type": "on-demand",
+                                "node.kubernetes.io/instance-type": f"x-od-{tag}.8gpu"}),
+        node("spot-1", 1, labels={"node.kubernetes.io/instance-type": f"x-spot-{tag}.1gpu"}),
+    ]
+
+
+def test_unknown_types_with_the_shipped_prices_the_spot_node_gets_the_worker_first(
+    kube: Kube,
+) -> None:
+    # the deploy ConfigMap's prices (it used to give every unknown type one per-node figure,
+    # 3.06/8 per GPU-hour for the on-demand node against 0.91 for the spot node)
+    shipped = parse_config(embedded_config_text(), "configmap.yaml").prices
+    kube.config = kube.config.model_copy(update={"prices": shipped})
+    kube.server.seed(*unknown_type_nodes("shipped"))
+    observed = snap(kube)
+    idle = {n.name: now() - timedelta(hours=1) for n in observed.nodes}
+    bert = CoreJob("ml", "bert", 0, 1)
+    world = replace(observed, jobs=(bert,), idle_since=idle)
+    decisions = decide(world, PolicySet(policies=[FAST]), now())
+    [out] = [d for d in decisions if d.action is Action.SCALE_OUT]
+    assert out.nodes == ("spot-1",)
+
+
+def test_an_unknown_type_is_logged_once_not_every_snapshot(kube: Kube) -> None:
+    kube.server.seed(*unknown_type_nodes("once"))
+    observer = kube.observer(kube.cache())
+    with capture_logs() as logs:
+        for _ in range(3):
+            observer.snapshot(now())
+    warned = sorted(e["instance_type"] for e in logs if e["event"] == "instance_type_unpriced")
+    assert warned == ["x-od-once.8gpu", "x-spot-once.1gpu"]
+
+
+@pytest.mark.xfail(strict=True, reason="needs observer.py to pass the node's GPUs to the prices")
+def test_unknown_types_are_priced_per_gpu_hour_times_their_gpus(kube: Kube) -> None:
+    kube.config = kube.config.model_copy(update={"prices": Prices(
+        default_spot_per_gpu_hour=0.91, default_on_demand_per_gpu_hour=3.06)})
+    kube.server.seed(*unknown_type_nodes("priced"))
+    nodes = by_name(snap(kube).nodes)
+    assert nodes["od-8"].price_per_gpu_hour == pytest.approx(3.06)
+    assert nodes["spot-1"].price_per_gpu_hour == pytest.approx(0.91)
 
 
 def test_training_jobs_become_core_jobs(kube: Kube) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -34,15 +35,76 @@ class ConfigError(Exception):
 
 
 def load_config(path: str | Path) -> Config:
+    return check_config(path)[0]
+
+
+def check_config(path: str | Path) -> tuple[Config, list[Problem]]:
+    """The config in `path` and its warnings (legal, but likely to misbehave); ConfigError if
+    it is invalid."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError([Problem(str(path), None, "", f"cannot read: {exc.strerror}")]) from exc
-    return parse_config(text, str(path))
+    config, lines = _parse(text, str(path))
+    return config, config_warnings(config, lines, str(path))
 
 
 def parse_config(text: str, source: str = "<config>") -> Config:
+    return _parse(text, source)[0]
+
+
+def config_warnings(
+    config: Config, lines: dict[KeyPath, int] | None = None, source: str = "<config>"
+) -> list[Problem]:
+    """What check-config warns about (the daemon runs such a config as it is)."""
+    lines = lines or {}
+    out = []
+    for i, policy in enumerate(config.policies):
+        rules, elastic = policy.scale_out, policy.horovod.elastic_timeout
+        if not rules.enabled:
+            continue  # it never starts a ScaleOut
+        # a refill below min: the first ScaleOut times out, the backoff, a second ScaleOut
+        needed = 2 * rules.timeout + rules.backoff
+        if needed > elastic:
+            path: KeyPath = ("policies", i, "scale_out")
+            out.append(Problem(
+                source, _line(lines, (*path, "timeout")), _dotted(path),
+                f"warning: 2 x timeout ({_span(rules.timeout)}) + backoff"
+                f" ({_span(rules.backoff)}) = {_span(needed)} exceeds horovod.elastic_timeout"
+                f" ({_span(elastic)}): a refill below min whose first ScaleOut times out cannot"
+                f" be retried before Horovod stops the job; shorten timeout/backoff (or raise"
+                f" elastic_timeout to match the job's HOROVOD_ELASTIC_TIMEOUT)",
+            ))
+    prices = config.prices
+    spot, on_demand = prices.default_spot_per_gpu_hour, prices.default_on_demand_per_gpu_hour
+    if spot is not None and on_demand is not None and on_demand < spot:
+        path = ("prices", "default_on_demand_per_gpu_hour")
+        out.append(Problem(
+            source, _line(lines, path), _dotted(path),
+            f"warning: below default_spot_per_gpu_hour ({spot}): on-demand nodes of unlisted"
+            f" types get new workers before spot nodes of unlisted types",
+        ))
+    return out
+
+
+def _line(lines: dict[KeyPath, int], path: KeyPath) -> int | None:
+    """The line of the deepest part of `path` the file has."""
+    for end in range(len(path), -1, -1):
+        if path[:end] in lines:
+            return lines[path[:end]]
+    return None
+
+
+def _span(value: timedelta) -> str:
+    seconds = value.total_seconds()
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+def _parse(text: str, source: str) -> tuple[Config, dict[KeyPath, int]]:
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
@@ -63,7 +125,7 @@ def parse_config(text: str, source: str = "<config>") -> Config:
         raise ConfigError(sorted(problems, key=lambda p: (p.line or 0, p.path))) from exc
     if problems:
         raise ConfigError(problems)
-    return config
+    return config, lines
 
 
 def _naming_problems(
@@ -115,11 +177,7 @@ def _scalar(node: yaml.Node) -> Any:
 def _problem(err: Any, lines: dict[KeyPath, int], source: str) -> Problem:
     # pydantic adds tags for unions/validators (e.g. 'function-before[...]'): keep real keys only
     loc: KeyPath = tuple(p for p in err["loc"] if isinstance(p, int) or "[" not in str(p))
-    line = None
-    for end in range(len(loc), -1, -1):  # the deepest part of the path the file has
-        if loc[:end] in lines:
-            line = lines[loc[:end]]
-            break
+    line = _line(lines, loc)
     message = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         message = "unknown key"

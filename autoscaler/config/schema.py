@@ -11,22 +11,10 @@ from autoscaler.config.cloud import AlibabaSettings, AwsSettings
 from autoscaler.config.daemon import DaemonSettings
 from autoscaler.config.discovery import StandaloneSettings
 from autoscaler.config.kubernetes import KubernetesSettings
+from autoscaler.config.prices import Prices
 from autoscaler.core.policy import Duration, PolicySet, Price, StrictModel, Workers
 
-
-class Prices(StrictModel):
-    """Node prices per hour by instance type; live spot prices from the clouds override `spot`."""
-
-    on_demand: dict[str, Price] = {}
-    spot: dict[str, Price] = {}
-    default_on_demand: Price | None = None
-    default_spot: Price | None = None
-
-    def for_node(self, instance_type: str, spot: bool) -> float | None:
-        table, default = (
-            (self.spot, self.default_spot) if spot else (self.on_demand, self.default_on_demand)
-        )
-        return table.get(instance_type, default)
+__all__ = ["Config", "Prices", "SimJob", "SimulationSettings", "SyntheticTrace"]
 
 
 class Config(PolicySet):

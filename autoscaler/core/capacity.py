@@ -14,8 +14,11 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from autoscaler.core.model import GpuNode, Job, Reason
+from autoscaler.core.model import CapacityType, GpuNode, Job, Reason
 from autoscaler.core.policy import Policy
+
+# A node's place in the preference order: (GPU-hour price, unknown-price rank, GPUs left).
+_Key = tuple[float, int, float]
 
 # When a job gets nothing, the most useful explanation first.
 _WHY_NOT_ORDER = (Reason.MIN_IDLE, Reason.PRICE_CAP, Reason.BUDGET, Reason.REBALANCE)
@@ -50,8 +53,10 @@ class Grant:
 class CapacityPool:
     """Idle GPUs left on nodes that may take new workers, plus the cluster's spend so far.
 
-    Nodes are indexed by (GPU-hour price, GPUs left), names sorted within: the preferred node is
-    the first that fits in that order, so a grant scans a few nodes instead of the whole pool.
+    Nodes are indexed by (GPU-hour price, unknown-price rank, GPUs left), names sorted within: the
+    preferred node is the first that fits in that order, so a grant scans a few nodes instead of
+    the whole pool. A node without a price ranks after every priced one, and an unpriced
+    on-demand node after an unpriced spot node: nothing says it is the cheaper one.
     Noticed nodes take no new workers whatever the claim: they stay out of the index.
     """
 
@@ -66,8 +71,8 @@ class CapacityPool:
     ) -> None:
         self.nodes = {n.name: n for n in nodes if n.schedulable and n.idle_gpus > 0}
         self.left = {name: n.idle_gpus for name, n in self.nodes.items()}
-        self._buckets: dict[tuple[float, float], list[str]] = {}  # (price, left) -> names
-        self._keys: list[tuple[float, float]] = []  # sorted; buckets may be empty
+        self._buckets: dict[_Key, list[str]] = {}  # (price, unknown rank, left) -> names
+        self._keys: list[_Key] = []  # sorted; buckets may be empty
         self._noticed = [name for name in self.nodes if name in noticed]
         for name in sorted(self.nodes):
             if name not in noticed:
@@ -84,9 +89,9 @@ class CapacityPool:
         it (most room first): otherwise another job takes it and that ScaleOut rolls back."""
         room = [(self.left[name], name) for name in self._noticed if self.left[name] >= gpus]
         filled = [k for k in self._keys if self._buckets[k]]
-        most = max((left for _, left in filled), default=None)
+        most = max((left for *_, left in filled), default=None)
         if most is not None and most >= gpus:
-            room.append((most, max(self._buckets[k][-1] for k in filled if k[1] == most)))
+            room.append((most, max(self._buckets[k][-1] for k in filled if k[-1] == most)))
         if room:
             name = max(room)[1]
             self._set_left(name, self.left[name] - gpus)
@@ -100,6 +105,8 @@ class CapacityPool:
         if node.name in self.noticed:
             return Reason.REBALANCE
         if node.capacity_type not in rules.scale_out.capacity_types:
+            return Reason.NO_CAPACITY
+        if node.shared_gpu and not rules.scale_out.shared_gpu:
             return Reason.NO_CAPACITY
         price = node.price_per_gpu_hour
         cap = rules.cost.max_price_per_gpu_hour
@@ -139,7 +146,7 @@ class CapacityPool:
     def with_room(self, gpus: float) -> Iterator[GpuNode]:
         """Un-noticed nodes with `gpus` left, best first (do not change the pool meanwhile)."""
         for key in self._keys:
-            if key[1] >= gpus:
+            if key[-1] >= gpus:
                 for name in self._buckets[key]:
                     yield self.nodes[name]
 
@@ -161,9 +168,12 @@ class CapacityPool:
             self.cluster_spend -= cost
         del claim.granted_nodes[-count:]
 
-    def _key(self, name: str) -> tuple[float, float]:
-        price = self.nodes[name].price_per_gpu_hour
-        return (math.inf if price is None else price, self.left[name])
+    def _key(self, name: str) -> _Key:
+        node = self.nodes[name]
+        price = node.price_per_gpu_hour
+        if price is not None:
+            return (price, 0, self.left[name])
+        return (math.inf, 0 if node.capacity_type is CapacityType.SPOT else 1, self.left[name])
 
     def _index(self, name: str) -> None:
         key = self._key(name)

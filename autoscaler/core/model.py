@@ -88,6 +88,9 @@ class GpuNode:
     zone: str = ""
     instance_type: str = ""
     labels: Mapping[str, str] = field(default_factory=dict)
+    # an ACK shared-GPU node (GPU memory, not whole GPUs): only policies with
+    # scale_out.shared_gpu place workers on it
+    shared_gpu: bool = False
 
     @property
     def idle_gpus(self) -> float:

@@ -97,11 +97,17 @@ class ScaleOutRules(StrictModel):
     # since the job's last finished scale-out: every scale-out costs each worker a reset, so
     # growth is batched; a forced scale-in does not restart it. 2m measured best on Bamboo traces
     cooldown: Duration = timedelta(minutes=2)
-    timeout: Duration = timedelta(minutes=5)  # ScaleOut spec.timeout: pods must run by then
-    backoff: Duration = timedelta(minutes=10)  # after a failed / rolled-back ScaleOut
+    # ScaleOut spec.timeout: pods must run by then. With `backoff`, short enough that a refill
+    # below min can fail once and be retried within Horovod's elastic timeout: 2 x 3m + 2m = 8m
+    # < 10m (check-config warns otherwise). 3m is ~4x a GPU pod's start on a node that is up.
+    timeout: Duration = timedelta(minutes=3)
+    backoff: Duration = timedelta(minutes=2)  # after a failed / rolled-back ScaleOut
     max_step: Annotated[int, Field(ge=1)] | None = None  # most workers added in one scaler
     capacity_types: list[CapacityType] = [CapacityType.SPOT, CapacityType.ON_DEMAND]
     quantum: Quantum = Quantum()
+    # ACK shared-GPU nodes (ack.node.gpu.schedule=share, GPU memory instead of whole GPUs) take
+    # new workers only when true: a worker there shares its GPU with other pods
+    shared_gpu: bool = False
 
 
 class PreemptionRules(StrictModel):
@@ -124,8 +130,20 @@ class ScalerRules(StrictModel):
 
 
 class CostRules(StrictModel):
-    max_price_per_gpu_hour: Price | None = None  # nodes above it get no new workers
+    # nodes above it get no new workers; a node without a price (unknown instance type and no
+    # default in `prices`) counts as above it
+    max_price_per_gpu_hour: Price | None = None
     budget_per_hour: Price | None = None  # this job's spend cap
+
+
+class HorovodRules(StrictModel):
+    """What the job's Horovod does on its own: the autoscaler must act within it."""
+
+    # HOROVOD_ELASTIC_TIMEOUT / horovodrun --elastic-timeout (default 600 s, horovod/runner/
+    # elastic/driver.py ElasticDriver.wait_for_available_slots): how long a job may stay below
+    # --min-np before Horovod stops it. check-config warns when a failed refill could not be
+    # retried within it: 2 x scale_out.timeout + scale_out.backoff > elastic_timeout.
+    elastic_timeout: Duration = timedelta(seconds=600)
 
 
 class Limits(StrictModel):
@@ -178,6 +196,7 @@ class Policy(StrictModel):
     preemption: PreemptionRules = PreemptionRules()
     scalers: ScalerRules = ScalerRules()
     cost: CostRules = CostRules()
+    horovod: HorovodRules = HorovodRules()
     windows: list[Window] = []
 
     def at(self, now: datetime) -> Policy:

@@ -226,7 +226,7 @@ def _schedule(
 def _node(config: Config, name: str, spot: bool) -> SimNode:
     s = config.simulate
     fallback = s.spot_price_per_hour if spot else s.on_demand_price_per_hour
-    price = config.prices.for_node(s.instance_type, spot)
+    price = config.prices.for_node(s.instance_type, spot, s.gpus_per_node, warn=False)
     return SimNode(
         name=name,
         gpus=s.gpus_per_node,
@@ -266,7 +266,8 @@ def _summary(
     s = config.simulate
     gpu_hours = sum(accounts.gpu_hours.values())
     on_demand_gpu_price = (
-        config.prices.for_node(s.instance_type, False) or s.on_demand_price_per_hour
+        config.prices.for_node(s.instance_type, False, s.gpus_per_node, warn=False)
+        or s.on_demand_price_per_hour
     ) / s.gpus_per_node
     jobs = {}
     for key, state in cluster.jobs.items():

@@ -115,21 +115,25 @@ class NodeFacts:
     schedulable: bool
     labels: dict[str, str]
     bad_notice_annotation: bool = False  # present but unreadable: rejected (rejects.py)
+    # an ACK shared-GPU node (GPU memory counted as GPU equivalents): GpuNode.shared_gpu
+    shared_gpu: bool = False
 
 
 def node_facts(node: Obj, settings: KubernetesSettings) -> NodeFacts:
     labels = labels_of(node)
+    gpus = node_gpus(node, settings)
     return NodeFacts(
         name=key_of(node),
         ready=ready(node),
         notices=tuple(node_notices(node, settings)),
-        gpus=node_gpus(node, settings),
+        gpus=gpus,
         capacity_type=capacity_type(node, settings),
         instance_type=first_label(labels, INSTANCE_TYPE_LABELS),
         zone=first_label(labels, ZONE_LABELS),
         schedulable=schedulable(node, settings),
         labels=labels,
         bad_notice_annotation=_bad_annotation(node),
+        shared_gpu=gpus.memory_per_gpu is not None,
     )
 
 
