@@ -223,7 +223,6 @@ def test_only_shared_gpu_nodes_are_marked_shared(kube: Kube) -> None:
     assert not node_facts(node("whole"), kube.settings).shared_gpu
 
 
-@pytest.mark.xfail(strict=True, reason="needs observer.py _gpu_node to pass NodeFacts.shared_gpu")
 def test_shared_gpu_nodes_reach_the_core_marked(kube: Kube) -> None:
     shared = node(
         "share",
@@ -273,7 +272,6 @@ def test_an_unknown_type_is_logged_once_not_every_snapshot(kube: Kube) -> None:
     assert warned == ["x-od-once.8gpu", "x-spot-once.1gpu"]
 
 
-@pytest.mark.xfail(strict=True, reason="needs observer.py to pass the node's GPUs to the prices")
 def test_unknown_types_are_priced_per_gpu_hour_times_their_gpus(kube: Kube) -> None:
     kube.config = kube.config.model_copy(update={"prices": Prices(
         default_spot_per_gpu_hour=0.91, default_on_demand_per_gpu_hour=3.06)})

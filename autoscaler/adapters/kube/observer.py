@@ -157,7 +157,7 @@ class KubeObserver:
             if node.gpus.memory_per_gpu:
                 memory_per_gpu.append(node.gpus.memory_per_gpu)
                 requested += memory / node.gpus.memory_per_gpu
-            hourly = price(node.capacity_type, node.instance_type, node.zone)
+            hourly = price(node.capacity_type, node.instance_type, node.zone, node.gpus.whole)
             gpu_node = self._gpu_node(node, requested, hourly)
             built[node.name] = (node, gpu_node)
             nodes.append(gpu_node)
@@ -174,10 +174,10 @@ class KubeObserver:
         failed = self._failed.get(job.key)
         return replace(job, failed_hosts=frozenset(failed)) if failed else job
 
-    def _price(self, kind: CapacityType, itype: str, zone: str) -> float | None:
+    def _price(self, kind: CapacityType, itype: str, zone: str, gpus: float) -> float | None:
         spot = kind is CapacityType.SPOT
         price = self._price_book.spot_price(itype, zone) if spot else None
-        return price if price is not None else self._prices.for_node(itype, spot=spot)
+        return price if price is not None else self._prices.for_node(itype, spot, gpus)
 
     def _gpu_node(self, node: NodeFacts, requested: float, price: float | None) -> GpuNode:
         """The last snapshot's GpuNode if nothing in it changed: most never do between ticks."""
@@ -189,6 +189,7 @@ class KubeObserver:
             name=node.name, gpus_allocatable=node.gpus.whole, gpus_requested=requested,
             capacity_type=node.capacity_type, price_per_hour=price, schedulable=node.schedulable,
             zone=node.zone, instance_type=node.instance_type, labels=node.labels,
+            shared_gpu=node.shared_gpu,
         )
 
     def _jobs(self, memory_per_gpu: float | None) -> list[Job]:
