@@ -46,6 +46,10 @@ def check_config(path: str | Path) -> tuple[Config, list[Problem]]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError([Problem(str(path), None, "", f"cannot read: {exc.strerror}")]) from exc
+    except UnicodeDecodeError as exc:
+        line, byte = _line_at(exc.object, exc.start), exc.object[exc.start]
+        problem = Problem(str(path), line, "", f"not UTF-8 text (byte 0x{byte:02x})")
+        raise ConfigError([problem]) from exc
     config, lines = _parse(text, str(path))
     return config, config_warnings(config, lines, str(path))
 
@@ -104,9 +108,19 @@ def _span(value: timedelta) -> str:
     return f"{seconds:g}s"
 
 
+def _line_at(data: bytes, offset: int) -> int:
+    return data.count(b"\n", 0, offset) + 1
+
+
+# deeper than any real config; the YAML parser and our walk recurse once per level
+_MAX_DEPTH = 64
+
+
 def _parse(text: str, source: str) -> tuple[Config, dict[KeyPath, int]]:
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except RecursionError:
+        raise ConfigError([Problem(source, None, "", "nested too deeply")]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None
@@ -114,7 +128,10 @@ def _parse(text: str, source: str) -> tuple[Config, dict[KeyPath, int]]:
         raise ConfigError([Problem(source, line, "", f"bad YAML: {problem}")]) from exc
     lines: dict[KeyPath, int] = {}
     problems: list[Problem] = []
-    data = _to_python(root, (), lines, problems, source) if root is not None else {}
+    try:
+        data = _to_python(root, (), lines, problems, source) if root is not None else {}
+    except _Unreadable as exc:
+        raise ConfigError([*problems, exc.problem]) from None
     if not isinstance(data, dict):
         raise ConfigError([*problems, Problem(source, 1, "", "the top level must be a mapping")])
     try:
@@ -144,34 +161,68 @@ def _naming_problems(
     ]
 
 
+class _Unreadable(Exception):
+    """A node no config could mean (a list as a key, an alias that contains itself, an unknown
+    tag, absurd nesting): the walk stops there with one problem."""
+
+    def __init__(self, problem: Problem) -> None:
+        self.problem = problem
+
+
 def _to_python(
-    node: yaml.Node, path: KeyPath, lines: dict[KeyPath, int], problems: list[Problem], source: str
+    node: yaml.Node,
+    path: KeyPath,
+    lines: dict[KeyPath, int],
+    problems: list[Problem],
+    source: str,
+    open_nodes: frozenset[int] = frozenset(),
 ) -> Any:
     """Build plain data from the YAML node tree, noting each key's line; flag duplicate keys."""
-    lines[path] = node.start_mark.line + 1
+    line = node.start_mark.line + 1
+    lines[path] = line
+
+    def unreadable(message: str) -> _Unreadable:
+        return _Unreadable(Problem(source, line, _dotted(path), message))
+
+    if id(node) in open_nodes:
+        raise unreadable("an alias that contains itself")
+    if len(path) > _MAX_DEPTH:
+        raise unreadable(f"nested deeper than {_MAX_DEPTH} levels")
+    open_nodes = open_nodes | {id(node)}
     if isinstance(node, yaml.MappingNode):
         out: dict[Any, Any] = {}
         for key_node, value_node in node.value:
-            key = _scalar(key_node)
+            if not isinstance(key_node, yaml.ScalarNode):
+                line = key_node.start_mark.line + 1
+                raise unreadable("a key must be a plain value, not a list or a mapping")
+            key = _scalar(key_node, unreadable)
             if key in out:
                 problems.append(
                     Problem(
                         source, key_node.start_mark.line + 1, _dotted((*path, key)), "duplicate key"
                     )
                 )
-            out[key] = _to_python(value_node, (*path, key), lines, problems, source)
+            out[key] = _to_python(value_node, (*path, key), lines, problems, source, open_nodes)
             lines[(*path, key)] = key_node.start_mark.line + 1
         return out
     if isinstance(node, yaml.SequenceNode):
         return [
-            _to_python(item, (*path, i), lines, problems, source)
+            _to_python(item, (*path, i), lines, problems, source, open_nodes)
             for i, item in enumerate(node.value)
         ]
-    return _scalar(node)
+    return _scalar(node, unreadable)
 
 
-def _scalar(node: yaml.Node) -> Any:
-    return yaml.SafeLoader("").construct_object(node, deep=True)
+def _scalar(node: yaml.Node, unreadable: Any) -> Any:
+    try:
+        value = yaml.SafeLoader("").construct_object(node, deep=True)
+    except yaml.YAMLError as exc:  # e.g. an unknown tag (!!python/object...)
+        raise unreadable(f"bad YAML: {getattr(exc, 'problem', None) or exc}") from None
+    try:
+        hash(value)
+    except TypeError:
+        raise unreadable("a key must be a plain value") from None
+    return value
 
 
 def _problem(err: Any, lines: dict[KeyPath, int], source: str) -> Problem:

@@ -22,10 +22,13 @@ def parse_duration(value: Any) -> Any:
         return value
     if isinstance(value, bool):
         raise ValueError("a duration, not a boolean")
-    if isinstance(value, int | float):
-        return timedelta(seconds=value)
-    if isinstance(value, str) and (m := _DURATION.match(value)):
-        return timedelta(seconds=float(m.group(1)) * _UNIT_SECONDS[m.group(2)])
+    try:
+        if isinstance(value, int | float):
+            return timedelta(seconds=value)
+        if isinstance(value, str) and (m := _DURATION.match(value)):
+            return timedelta(seconds=float(m.group(1)) * _UNIT_SECONDS[m.group(2)])
+    except (OverflowError, ValueError):  # beyond timedelta's ~2.7 million years, or NaN
+        raise ValueError(f"duration out of range: {value!r}") from None
     raise ValueError(f"not a duration: {value!r} (use e.g. 30s, 5m, 1h)")
 
 
