@@ -198,6 +198,31 @@ def test_a_failing_observer_backs_off_and_recovers_without_ticks() -> None:
     assert events(log).count("reconcile_failed") == 2 and events(log).count("backing_off") == 2
 
 
+def test_a_new_event_ends_the_back_off_at_once() -> None:
+    # API trouble backs the loop off (1 s, 2 s, 4 s ... up to a minute), but a notice arriving
+    # meanwhile must be acted on now, not after the back-off: each wake gets its own pass
+    class Down:
+        calls = 0
+
+        def snapshot(self, now: datetime) -> Snapshot:
+            Down.calls += 1
+            raise ConnectionError("apiserver unreachable")
+
+    wake = WakeSignal()
+    d, _ = daemon(
+        config(error_backoff_max=timedelta(seconds=60)),
+        Parts(observer=Down(), actuator=Recorder(World())),
+        wake,
+    )
+    d.start()
+    try:
+        for n in range(2, 8):  # without the fix, pass 6 comes 1+2+4+8 s after the first
+            wake(f"notice {n}")
+            wait_for(lambda n=n: Down.calls >= n, what=f"pass {n} right after its wake")
+    finally:
+        d.stop()
+
+
 def test_reload_hands_new_prices_to_the_mode(tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
     path.write_text(CONFIG)

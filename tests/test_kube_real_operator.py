@@ -25,6 +25,7 @@ from kube_fixtures import (
 )
 from kubernetes import client
 
+from autoscaler.adapters.kube.et_operator import scaler_name
 from autoscaler.core import Action, Reason
 from autoscaler.signals import ASSIGNED_ANNOTATION
 
@@ -154,3 +155,17 @@ def test_a_reused_pod_name_may_be_named_again(kube: Kube) -> None:
                      worker("bert", 0, "a"), worker("bert", 1, "b"), old)
     kube.reconciler().tick(now())
     assert len(kube.objects("ScaleIn")) == 2
+
+
+def test_already_exists_is_success_only_for_our_own_identical_scaler(kube: Kube) -> None:
+    # a lost reply: our earlier create went through. But the same name holding something else
+    # (not ours, or other pods) is no success: the pass reports the failure
+    name = scaler_name("bert", "in", ["ScaleIn", "ml/bert", "bert-worker-0", ""])
+    squatter = scaler("ScaleIn", name, "gpt", pods=["gpt-worker-1"], outcome="ScaleSucceeded",
+                      at=now())
+    kube.server.seed(node("a", taints=[NTH_ITN]), node("b"), training_job("bert"),
+                     worker("bert", 0, "a"), worker("bert", 1, "b"), squatter)
+    rec = kube.reconciler()
+    rec.tick(now())
+    assert rec.errors == 1 and len(kube.objects("ScaleIn")) == 1
+    assert kube.objects("ScaleIn")[0]["spec"]["toDelete"]["podNames"] == ["gpt-worker-1"]

@@ -141,5 +141,7 @@ class ReconcileLoop:
             if self._failures:
                 delay = min(2.0 ** (self._failures - 1), self._backoff_max)
                 self._logger.info("backing_off", seconds=delay, failures=self._failures)
-                if not self._stop.wait(delay):  # then try again, without waiting for a tick
+                # A new event (a notice, a node going) ends the back-off at once: a drain must
+                # never wait behind the failure of some other write. Otherwise retry at its end.
+                if not self._wake.wait(delay) and not self._stop.is_set():
                     self._wake("retry after failure")

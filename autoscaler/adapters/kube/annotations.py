@@ -33,7 +33,7 @@ def update_drained(
     precondition; a conflict reads again). Returns (job, before, after), None if unchanged."""
     conflicts = 0
     while True:
-        job = objects.get(resource, namespace, name)
+        job = objects.get(resource, namespace, name, urgent=True)
         before = decode_drained(annotations_of(job).get(DRAINED_ANNOTATION))
         after = change(before)
         if after == before:
@@ -42,7 +42,8 @@ def update_drained(
         if rv := (job.get("metadata") or {}).get("resourceVersion"):
             meta["resourceVersion"] = rv
         try:
-            return objects.merge_patch(resource, namespace, name, {"metadata": meta}), before, after
+            patch = {"metadata": meta}
+            return objects.merge_patch(resource, namespace, name, patch, urgent=True), before, after
         except ApiException as exc:
             conflicts += 1
             if exc.status != 409 or conflicts > _CONFLICT_RETRIES:

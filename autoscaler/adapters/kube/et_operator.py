@@ -203,8 +203,17 @@ class EtOperatorActuator:
         except ApiException as exc:
             if exc.status != 409:
                 raise
-            # made before a restart, or by a pass whose watch event has not arrived yet
-            self._cache.assume(resource, self._objects.get(resource, namespace, name))
+            # made before a restart, by a pass whose watch event has not come yet, or by an
+            # earlier try whose reply was lost: success only if it is ours and the same request
+            existing = self._objects.get(resource, namespace, name)
+            theirs = (existing.get("metadata") or {}).get("labels") or {}
+            spec = existing.get("spec") or {}
+            if theirs.get(MANAGED_BY_LABEL) != MANAGER or any(
+                spec.get(k) != v for k, v in request.spec.items()
+            ):
+                raise RuntimeError(f"{resource.kind} {namespace}/{name} exists and is not the "
+                                   "one this decision asks for") from exc
+            self._cache.assume(resource, existing)
             already_done(decision, name)
             return
         self._cache.assume(resource, created)

@@ -8,7 +8,7 @@ from typing import Any
 from kubernetes import client
 
 from autoscaler.adapters.kube.resources import NODES, Obj, Resource
-from autoscaler.adapters.kube.retry import with_retries
+from autoscaler.adapters.kube.retry import URGENT, with_retries
 
 MERGE_PATCH = "application/merge-patch+json"
 _TIMEOUT = (10.0, 30.0)
@@ -22,12 +22,12 @@ class ObjectApi:
         self._custom = client.CustomObjectsApi(api_client)
         self._retries = retries
 
-    def get(self, resource: Resource, namespace: str, name: str) -> Obj:
+    def get(self, resource: Resource, namespace: str, name: str, urgent: bool = False) -> Obj:
         if resource is NODES:
-            return self._call(f"get node {name}", self._core.read_node, name)
+            return self._call(f"get node {name}", self._core.read_node, name, urgent=urgent)
         return self._call(
             f"get {resource.plural} {namespace}/{name}", self._custom.get_namespaced_custom_object,
-            resource.group, resource.version, namespace, resource.plural, name,
+            resource.group, resource.version, namespace, resource.plural, name, urgent=urgent,
         )
 
     def create(self, resource: Resource, namespace: str, body: Obj) -> Obj:
@@ -37,7 +37,9 @@ class ObjectApi:
             resource.group, resource.version, namespace, resource.plural, body,
         )
 
-    def merge_patch(self, resource: Resource, namespace: str, name: str, patch: Obj) -> Obj:
+    def merge_patch(
+        self, resource: Resource, namespace: str, name: str, patch: Obj, urgent: bool = False
+    ) -> Obj:
         # The client would pick JSON patch for a dict body on core kinds: say merge patch outright.
         if resource is NODES:
             return self._call(f"patch node {name}", self._core.patch_node, name, patch,
@@ -46,7 +48,7 @@ class ObjectApi:
             f"patch {resource.plural} {namespace}/{name}",
             self._custom.patch_namespaced_custom_object,
             resource.group, resource.version, namespace, resource.plural, name, patch,
-            _content_type=MERGE_PATCH,
+            _content_type=MERGE_PATCH, urgent=urgent,
         )
 
     def delete(self, resource: Resource, namespace: str, name: str, resource_version: str) -> Obj:
@@ -59,9 +61,12 @@ class ObjectApi:
             resource.group, resource.version, namespace, resource.plural, name, body=options,
         )
 
-    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Obj:
+    def _call(self, what: str, fn: Any, *args: Any, urgent: bool = False, **kwargs: Any) -> Obj:
         def once() -> Obj:
             response = fn(*args, _preload_content=False, _request_timeout=_TIMEOUT, **kwargs)
             return json.loads(response.data)
 
+        if urgent:
+            base, most, retries = URGENT
+            return with_retries(once, what, max(retries, self._retries), base, most)
         return with_retries(once, what, self._retries)
