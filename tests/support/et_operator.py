@@ -30,7 +30,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from support.kube_api import KubeApiServer
+from .kube_api import KubeApiServer
 
 Obj = dict[str, Any]
 SSH_ATTACH = "ssh -o PasswordAuthentication=no -o StrictHostKeyChecking=no"

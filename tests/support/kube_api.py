@@ -31,7 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
-from support import structural
+from . import structural
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient  # type: ignore[import-untyped]
