@@ -7,13 +7,12 @@ from datetime import UTC, datetime
 
 from autoscaler.core import Action, Decision, Job, Notice, Snapshot
 from autoscaler.daemon.metrics import Metrics
+from autoscaler.fencing import NotLeader
 from autoscaler.reconcile import Actuator, Keeper, Observer
 
+__all__ = ["GuardedActuator", "MeasuredObserver", "NoticeTracker", "NotLeader"]
+
 NoticeKey = tuple[str, str]  # (source, id): what makes a notice distinct
-
-
-class NotLeader(RuntimeError):
-    """The lease lapsed during a pass: the rest of its actions are left to the new leader."""
 
 
 class NoticeTracker:
