@@ -79,6 +79,8 @@ class GuardedActuator:
             raise NotLeader("the lease lapsed during this pass")
         try:
             self._inner.apply(decision, now)
+        except NotLeader:  # a write refused by the fence: the lease lapsed mid-pass, no failure
+            raise
         except Exception:
             self._metrics.error("actuator")
             raise
@@ -90,6 +92,8 @@ class GuardedActuator:
             return  # standing objects are the leader's to keep, like every write
         try:
             self._inner.keep(jobs, now)
+        except NotLeader:
+            raise
         except Exception:
             self._metrics.error("actuator")
             raise
