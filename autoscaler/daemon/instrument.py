@@ -7,13 +7,12 @@ from datetime import UTC, datetime
 
 from autoscaler.core import Action, Decision, Job, Notice, Snapshot
 from autoscaler.daemon.metrics import Metrics
+from autoscaler.fencing import NotLeader
 from autoscaler.reconcile import Actuator, Keeper, Observer
 
+__all__ = ["GuardedActuator", "MeasuredObserver", "NoticeTracker", "NotLeader"]
+
 NoticeKey = tuple[str, str]  # (source, id): what makes a notice distinct
-
-
-class NotLeader(RuntimeError):
-    """The lease lapsed during a pass: the rest of its actions are left to the new leader."""
 
 
 class NoticeTracker:
@@ -80,6 +79,8 @@ class GuardedActuator:
             raise NotLeader("the lease lapsed during this pass")
         try:
             self._inner.apply(decision, now)
+        except NotLeader:  # a write refused by the fence: the lease lapsed mid-pass, no failure
+            raise
         except Exception:
             self._metrics.error("actuator")
             raise
@@ -91,6 +92,8 @@ class GuardedActuator:
             return  # standing objects are the leader's to keep, like every write
         try:
             self._inner.keep(jobs, now)
+        except NotLeader:
+            raise
         except Exception:
             self._metrics.error("actuator")
             raise

@@ -24,6 +24,7 @@ from autoscaler.daemon.loop import ReconcileLoop, WakeSignal
 from autoscaler.daemon.metrics import Metrics
 from autoscaler.daemon.reload import ConfigReloader
 from autoscaler.daemon.supervise import NamedSource, Supervisor
+from autoscaler.fencing import Fence
 from autoscaler.reconcile import Actuator, Observer, Reconciler
 
 _STOP_TIMEOUT = (
@@ -46,6 +47,8 @@ class Parts:
     stop: Callable[[], None] = lambda: None
     sources: list[NamedSource] = field(default_factory=list)  # notice and price feeds
     lock: LeaderLock | None = None  # None: this mode runs alone (no leader election)
+    # asked by the mode's writers before each write; the daemon binds it to the leadership
+    fence: Fence | None = None
     watch_errors: Callable[[], int] = lambda: 0  # failed lists/watches, retried by the caches
     # what a mode takes live from a reloaded config besides the policies (e.g. prices)
     reconfigure: Callable[[Config], None] = lambda _: None
@@ -69,6 +72,8 @@ class Daemon:
         self.metrics = metrics or Metrics()
         self._logger = logger
         self.leadership = self._leadership(parts.lock)
+        if parts.fence is not None:  # from now on, a write goes out only while we lead
+            parts.fence.bind(self.leadership.is_leader)
         self.metrics.track_leader(self.leadership.is_leader)
         self.metrics.count_errors_from("watch", parts.watch_errors)
         self.metrics.track_backends(parts.backends)

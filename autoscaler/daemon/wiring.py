@@ -20,6 +20,7 @@ from typing import Any
 from autoscaler.config import Config
 from autoscaler.daemon.persist import PersistingBoard
 from autoscaler.daemon.service import Parts
+from autoscaler.fencing import Fence
 from autoscaler.signals import NoticeBoard, PriceBook, Wake
 
 OnError = Callable[[str], None]  # counts a survived failure by component
@@ -65,15 +66,25 @@ def _kubernetes(
     from autoscaler.adapters.kube.lease import LeaseLock
     from autoscaler.adapters.kube.rejects import Rejections
 
-    api = api_client(kubeconfig)
     election = config.daemon.leader_election
     me = identity(election.identity)
+    api = api_client(kubeconfig, identity=me)
     cache = KubeCache(api, config.kubernetes, wake)
     rejections = Rejections()
+    # Every write asks this fence first; the daemon binds it to the elector (always open without
+    # leader election). A write sent while the lease is valid (renewed < renew_deadline ago) and
+    # bounded by lease_duration - renew_deadline ends before another replica may take over.
+    fence = Fence(
+        (election.lease_duration - election.renew_deadline).total_seconds()
+        if election.enabled
+        else None
+    )
     actuator = (
         DryRunActuator()
         if dry_run
-        else KubeActuator(api, config, EventRecorder(api, host=me), cache, rejections)
+        else KubeActuator(
+            api, config, EventRecorder(api, host=me, fence=fence), cache, rejections, fence
+        )
     )
     board = PersistingBoard(actuator.persist_notice, logger, lambda: on_error("notices"))
     prices = PriceBook()
@@ -101,6 +112,7 @@ def _kubernetes(
         stop=lambda: _stop_all(board.close, cache.stop),
         sources=sources,
         lock=lock,
+        fence=fence,
         watch_errors=cache.errors,
     )
 

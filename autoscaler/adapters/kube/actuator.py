@@ -24,6 +24,7 @@ from autoscaler.adapters.kube.rejects import Rejections
 from autoscaler.adapters.kube.resources import AI_TRAINING_JOBS, NODES, TRAINING_JOBS, Obj, Resource
 from autoscaler.config import Config
 from autoscaler.core.model import Action, Backend, Decision, Job, Notice
+from autoscaler.fencing import Fence
 
 log = structlog.get_logger()
 
@@ -38,11 +39,19 @@ class KubeActuator:
         recorder: EventRecorder,
         cache: KubeCache,
         rejections: Rejections | None = None,
+        fence: Fence | None = None,
     ) -> None:
         self._cache = cache
         self._rejections = rejections
-        self._objects = ObjectApi(api_client, config.kubernetes.write_retries)
+        retries = config.kubernetes.write_retries
+        # every decision's write asks the fence first (autoscaler.fencing); give the recorder
+        # the same fence
+        self._objects = ObjectApi(api_client, retries, fence)
         self._recorder = recorder
+        # Notices are facts read from a cloud queue, not decisions: any replica that read one
+        # writes it on its Node (that is how a standby's notice reaches the leader), unfenced.
+        self._notices = ObjectApi(api_client, retries)
+        self._notice_recorder = recorder.unfenced()
         self._et = EtOperatorActuator(self._objects, cache, recorder)
         self._cce = CceActuator(self._objects, cache, recorder)
         guarded = config.kubernetes.guard_evictions
@@ -87,11 +96,11 @@ class KubeActuator:
         """Keep a cloud notice on its Node (NOTICE_ANNOTATION) so a restart still knows it.
         False when nothing was written: the node is gone, or already holds it or a harder one."""
         try:
-            current = self._cache.get(NODES, node) or self._objects.get(NODES, "", node)
+            current = self._cache.get(NODES, node) or self._notices.get(NODES, "", node)
             patch = notice_patch(current, notice)
             if patch is None:
                 return False
-            patched = self._objects.merge_patch(NODES, "", node, patch)
+            patched = self._notices.merge_patch(NODES, "", node, patch)
         except ApiException as exc:
             if exc.status == 404:
                 log.info("notice_node_gone", node=node, notice=notice.id)
@@ -101,7 +110,7 @@ class KubeActuator:
         deadline = f", deadline {notice.deadline.isoformat()}" if notice.deadline else ""
         message = f"{notice.kind.value} notice from {notice.source} ({notice.id}){deadline}"
         when = notice.received_at or datetime.now(UTC)
-        self._recorder.record(patched, "PreemptionNotice", message, when, warning=True)
+        self._notice_recorder.record(patched, "PreemptionNotice", message, when, warning=True)
         return True
 
     def _drain(self, resource: Resource, job: Obj, decision: Decision, now: datetime) -> None:

@@ -10,20 +10,28 @@ from kubernetes import client, config
 _SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
-def api_client(kubeconfig: str | os.PathLike[str] | None = None) -> client.ApiClient:
+def api_client(
+    kubeconfig: str | os.PathLike[str] | None = None, identity: str | None = None
+) -> client.ApiClient:
     """An ApiClient of its own (the library's global default configuration is left alone).
 
     Without `kubeconfig`: in-cluster service account; outside a cluster, $KUBECONFIG or
-    ~/.kube/config, so the same command works on a laptop.
+    ~/.kube/config, so the same command works on a laptop. With `identity` (the Lease holder
+    name), every request says `User-Agent: spot-autoscaler/<identity>`: audit logs show which
+    replica wrote what.
     """
     if kubeconfig is not None:
-        return config.new_client_from_config(config_file=str(kubeconfig))
-    cfg = client.Configuration()
-    try:
-        config.load_incluster_config(client_configuration=cfg)
-    except config.ConfigException:
-        return config.new_client_from_config()
-    return client.ApiClient(cfg)
+        api = config.new_client_from_config(config_file=str(kubeconfig))
+    else:
+        cfg = client.Configuration()
+        try:
+            config.load_incluster_config(client_configuration=cfg)
+            api = client.ApiClient(cfg)
+        except config.ConfigException:
+            api = config.new_client_from_config()
+    if identity:
+        api.user_agent = f"spot-autoscaler/{identity}"
+    return api
 
 
 def own_namespace() -> str:

@@ -1,4 +1,8 @@
-"""Get, create and merge-patch the objects we write, as plain dicts, retrying short trouble."""
+"""Get, create and merge-patch the objects we write, as plain dicts, retrying short trouble.
+
+Every write attempt (each retry too) asks the `Fence` first and carries its total timeout: a
+replica whose lease is not valid right now sends nothing (autoscaler.fencing).
+"""
 
 from __future__ import annotations
 
@@ -9,18 +13,23 @@ from kubernetes import client
 
 from autoscaler.adapters.kube.resources import NODES, Obj, Resource
 from autoscaler.adapters.kube.retry import URGENT, with_retries
+from autoscaler.fencing import Fence
 
 MERGE_PATCH = "application/merge-patch+json"
-_TIMEOUT = (10.0, 30.0)
+_TIMEOUT = (10.0, 30.0)  # reads: (connect, read) seconds
+_WRITE_TIMEOUT = 30.0  # writes without a fence timeout: total seconds
 
 
 class ObjectApi:
     """The few verbs the actuators need, on Nodes and on the custom kinds."""
 
-    def __init__(self, api_client: client.ApiClient, retries: int) -> None:
+    def __init__(
+        self, api_client: client.ApiClient, retries: int, fence: Fence | None = None
+    ) -> None:
         self._core = client.CoreV1Api(api_client)
         self._custom = client.CustomObjectsApi(api_client)
         self._retries = retries
+        self.fence = fence or Fence.open()
 
     def get(self, resource: Resource, namespace: str, name: str, urgent: bool = False) -> Obj:
         if resource is NODES:
@@ -31,7 +40,7 @@ class ObjectApi:
         )
 
     def create(self, resource: Resource, namespace: str, body: Obj) -> Obj:
-        return self._call(
+        return self._write(
             f"create {resource.plural} {namespace}/{body['metadata']['name']}",
             self._custom.create_namespaced_custom_object,
             resource.group, resource.version, namespace, resource.plural, body,
@@ -42,9 +51,9 @@ class ObjectApi:
     ) -> Obj:
         # The client would pick JSON patch for a dict body on core kinds: say merge patch outright.
         if resource is NODES:
-            return self._call(f"patch node {name}", self._core.patch_node, name, patch,
+            return self._write(f"patch node {name}", self._core.patch_node, name, patch,
                               _content_type=MERGE_PATCH)
-        return self._call(
+        return self._write(
             f"patch {resource.plural} {namespace}/{name}",
             self._custom.patch_namespaced_custom_object,
             resource.group, resource.version, namespace, resource.plural, name, patch,
@@ -55,7 +64,7 @@ class ObjectApi:
         """Delete the very version we decided on: a precondition makes the server answer 409 if
         the object changed since (e.g. the operator picked it up meanwhile)."""
         options = {"preconditions": {"resourceVersion": resource_version}}
-        return self._call(
+        return self._write(
             f"delete {resource.plural} {namespace}/{name}",
             self._custom.delete_namespaced_custom_object,
             resource.group, resource.version, namespace, resource.plural, name, body=options,
@@ -66,7 +75,20 @@ class ObjectApi:
             response = fn(*args, _preload_content=False, _request_timeout=_TIMEOUT, **kwargs)
             return json.loads(response.data)
 
-        if urgent:
+        return self._retrying(once, what, urgent)
+
+    def _write(self, what: str, fn: Any, *args: Any, urgent: bool = False, **kwargs: Any) -> Obj:
+        timeout = self.fence.timeout(_WRITE_TIMEOUT)  # one number: a total, not per socket read
+
+        def once() -> Obj:
+            self.fence.check(what)  # immediately before each attempt: NotLeader sends nothing
+            response = fn(*args, _preload_content=False, _request_timeout=timeout, **kwargs)
+            return json.loads(response.data)
+
+        return self._retrying(once, what, urgent)
+
+    def _retrying(self, once: Any, what: str, urgent: bool) -> Obj:
+        if urgent:  # a drain: retried sooner and more often (retry.URGENT)
             base, most, retries = URGENT
             return with_retries(once, what, max(retries, self._retries), base, most)
         return with_retries(once, what, self._retries)
