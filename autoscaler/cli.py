@@ -27,7 +27,7 @@ from autoscaler.decisionlog import Filter, ReadStats, parse_ts, read_decisions, 
 from autoscaler.sim.run import simulate
 from autoscaler.sim.trace import TraceError, read_trace, synthetic_trace
 
-EXIT_OK, EXIT_FAILED = 0, 1
+EXIT_OK, EXIT_FAILED, EXIT_BAD_CONFIG = 0, 1, 2
 
 
 
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args))
     except ConfigError as exc:
         print(f"config error:\n{exc}", file=sys.stderr)
-        return EXIT_FAILED
+        return EXIT_BAD_CONFIG
     except (TraceError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -162,14 +162,14 @@ def _add_check_config(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    """Exit 1 on problems; warnings are printed (stderr) but the file is still OK (exit 0)."""
+    """Exit 2 on problems; warnings are printed (stderr) but the file is still OK (exit 0)."""
     try:
         config, warnings = check_config(args.file)
     except ConfigError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
         print(f"{args.file}: {len(exc.problems)} problem(s)", file=sys.stderr)
-        return EXIT_FAILED
+        return EXIT_BAD_CONFIG
     for warning in warnings:
         print(warning, file=sys.stderr)
     names = ", ".join(p.name for p in config.policies)

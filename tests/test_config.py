@@ -102,10 +102,10 @@ def test_check_config_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert main(["check-config", str(ROOT / "config" / "example.yaml")]) == 0
     bad = tmp_path / "bad.yaml"
     bad.write_text("policies:\n  - name: default\n    scale_out: {quantum: triangle}\n")
-    assert main(["check-config", str(bad)]) == 1
+    assert main(["check-config", str(bad)]) == 2
     err = capsys.readouterr().err
     assert f"{bad}:3: policies[0].scale_out.quantum" in err and "1 problem(s)" in err
-    assert main(["check-config", str(tmp_path / "missing.yaml")]) == 1
+    assert main(["check-config", str(tmp_path / "missing.yaml")]) == 2
 
 
 def test_bad_label_selector_is_a_config_problem() -> None:
