@@ -94,8 +94,10 @@ def test_evictions_honour_pod_disruption_budgets(
 def test_a_pod_completes_only_when_every_regular_container_has_exited(
     kube_api: KubeApiServer,
 ) -> None:
-    launcher = bound_pod("launcher", containers=[{"name": "main"}, {"name": "sidecar"}])
-    native = bound_pod("native", containers=[{"name": "main"}],
+    # restartPolicy Never, as et-operator sets on its pods; the default (Always) restarts them
+    launcher = bound_pod("launcher", containers=[{"name": "main"}, {"name": "sidecar"}],
+                         restartPolicy="Never")
+    native = bound_pod("native", containers=[{"name": "main"}], restartPolicy="Never",
                        initContainers=[{"name": "sidecar", "restartPolicy": "Always"}])
     kube_api.seed(launcher, native)
     done = kube_api.set_container_states("launcher", NS, {"main": 0, "sidecar": "running"})

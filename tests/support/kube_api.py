@@ -1,12 +1,25 @@
-"""A small but faithful Kubernetes API server emulator for tests (stdlib only).
+"""A Kubernetes API server emulator for tests that behaves like the real one, unkind parts
+included (stdlib + PyYAML).
 
-It speaks real HTTP on 127.0.0.1, so the official ``kubernetes`` client runs unmodified.
-It reproduces the API semantics our controller depends on: a global resourceVersion,
-uid/creationTimestamp (1 s resolution), label/field selectors, optimistic concurrency (409),
-``/status`` subresources, merge/strategic/JSON patches, list+watch resumed from a bounded
-event history, and 410 Gone (a watch ERROR event) once a resourceVersion is older than that
-history. Test controls inject faults, drop watches, compact history, add latency and count
-requests.
+It speaks real HTTP on 127.0.0.1, so the official ``kubernetes`` client runs unmodified. Like
+the real server (1.30) it has a global resourceVersion, uid/creationTimestamp (1 s resolution),
+label/field selectors, optimistic concurrency (409), ``/status`` subresources, merge/strategic/
+JSON patches, list+watch resumed from a bounded event history and 410 Gone once a
+resourceVersion is older than that history. And, where tests used to be kinder than clusters:
+
+- custom resources are pruned, defaulted and validated against their CRDs' structural schemas
+  (``tests/support/crds``; 422 Invalid with causes; validation ratcheting on update), see
+  ``kube_schema``;
+- kinds can be unserved (CRD not installed) and served again: gone from discovery, every path
+  under them a text/plain ``404 page not found``, their watches end (``unserve``/``serve``);
+- pods are defaulted on create, deleted gracefully (Terminating for the grace period until the
+  simulated kubelet is done: ``kubelet_delay``, ``finish_terminating``), their phase follows
+  their container states (``set_container_states``, ``run_pod``), PodDisruptionBudgets get the
+  disruption controller's status and the eviction subresource honours them, see ``kube_pods``.
+
+Test controls inject faults, drop watches, compact history, add latency and count requests;
+``seed``/``get``/``objects``/``patch``/``delete`` read and write the store directly, as another
+controller would, without validation.
 """
 
 from __future__ import annotations
@@ -16,7 +29,6 @@ import contextlib
 import copy
 import json
 import random
-import re
 import select
 import socket
 import threading
@@ -26,96 +38,42 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
-from . import structural
+from .kube_core import (
+    DNS_LABEL_RE,
+    EVENT_FIELDS,
+    LABEL_RE,
+    NAME_RE,
+    NOT_FOUND,
+    POD_FIELDS,
+    ApiError,
+    Key,
+    Obj,
+    PlainNotFound,
+    Resource,
+    conflict,
+    details_of,
+    invalid,
+    json_patch,
+    merge_patch,
+    not_found,
+    parse_field_selector,
+    parse_label_selector,
+    truthy,
+)
+from .kube_pods import PodWorkloads, default_pod, validate_pdb
+from .kube_schema import FieldError, load_crd
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient  # type: ignore[import-untyped]
 
-Obj = dict[str, Any]
-Key = tuple[str, str, str]  # (resource key, namespace or "", name)
-_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_LABEL_RE = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
-_REASONS = {400: "BadRequest", 403: "Forbidden", 404: "NotFound", 405: "MethodNotAllowed",
-            409: "Conflict", 410: "Expired", 415: "UnsupportedMediaType", 422: "Invalid",
-            429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable",
-            504: "Timeout"}
-_BUILTIN_GROUPS = {"", "coordination.k8s.io", "events.k8s.io", "policy"}
-# Strategic merge patch: these lists merge by key instead of being replaced.
-_SMP_MERGE_KEYS = {"conditions": "type", "containers": "name", "initContainers": "name",
-                   "volumes": "name", "env": "name", "ownerReferences": "uid", "addresses": "type"}
-_POD_FIELDS = ("spec.nodeName", "spec.restartPolicy", "spec.schedulerName",
-               "spec.serviceAccountName", "spec.hostNetwork", "status.phase", "status.podIP",
-               "status.nominatedNodeName")
-_EVENT_FIELDS = tuple(f"involvedObject.{f}" for f in (
-    "kind", "namespace", "name", "uid", "apiVersion", "resourceVersion", "fieldPath",
-)) + ("reason", "reportingComponent", "source", "type")
-_NOT_FOUND = "the server could not find the requested resource"
-
-
-def _truthy(value: str | None) -> bool:
-    """Boolean query parameters as Go's strconv.ParseBool reads them (the client sends True)."""
-    return (value or "").lower() in ("1", "t", "true")
-
-
-@dataclass(frozen=True)
-class Resource:
-    group: str
-    version: str
-    plural: str
-    kind: str
-    namespaced: bool
-    status_subresource: bool = True
-    # Status an API create starts from (real strategies reset it); None keeps the sent status.
-    initial_status: Obj | None = None
-    returns_deleted_object: bool = False  # ReturnDeletedObject in the real registry (pods)
-    field_labels: tuple[str, ...] = ()  # beyond metadata.name / metadata.namespace
-
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}" if self.group else self.version
-
-    @property
-    def key(self) -> str:  # the "group resource" used in messages and as a store key
-        return f"{self.plural}.{self.group}" if self.group else self.plural
-
-    @property
-    def builtin(self) -> bool:
-        return self.group in _BUILTIN_GROUPS
-
-
-class ApiError(Exception):
-    def __init__(self, code: int, message: str, reason: str | None = None,
-                 details: Obj | None = None) -> None:
-        super().__init__(message)
-        self.code, self.message, self.details = code, message, details
-        self.reason = reason or _REASONS.get(code, "Unknown")
-
-    def status(self) -> Obj:
-        body: Obj = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                     "message": self.message, "reason": self.reason, "code": self.code}
-        if self.details:
-            body["details"] = self.details
-        return body
-
-
-def _details(res: Resource, name: str) -> Obj:
-    return {"name": name, "group": res.group, "kind": res.plural}
-
-
-def _not_found(res: Resource, name: str) -> ApiError:
-    return ApiError(404, f'{res.key} "{name}" not found', details=_details(res, name))
-
-
-def _conflict(res: Resource, name: str) -> ApiError:
-    return ApiError(409, f'Operation cannot be fulfilled on {res.key} "{name}": the object has '
-                         "been modified; please apply your changes to the latest version and "
-                         "try again", details=_details(res, name))
+__all__ = ["ApiError", "KubeApiServer", "RequestRecord", "Resource", "json_patch", "merge_patch",
+           "parse_field_selector", "parse_label_selector"]
+_VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
 
 
 @dataclass
@@ -127,7 +85,7 @@ class RequestRecord:
 
     @property
     def watch(self) -> bool:
-        return _truthy(self.query.get("watch"))
+        return truthy(self.query.get("watch"))
 
 
 @dataclass
@@ -147,197 +105,70 @@ class _Event:
     old: Obj | None = None
 
 
-# ---------------------------------------------------------------- selectors
-def _split_terms(selector: str) -> list[str]:
-    """Split on commas outside parentheses (set-based values contain commas)."""
-    terms: list[str] = []
-    depth, cur = 0, ""
-    for ch in selector:
-        depth += (ch == "(") - (ch == ")")
-        if ch == "," and depth == 0:
-            terms, cur = [*terms, cur], ""
-        else:
-            cur += ch
-    return [t.strip() for t in [*terms, cur] if t.strip()]
-
-
-LabelTest = Callable[[dict[str, str]], bool]
-
-
-def _exists(k: str, neg: bool) -> LabelTest:
-    return lambda ls: (k in ls) != neg
-
-
-def _equals(k: str, v: str, neg: bool) -> LabelTest:
-    return lambda ls: (ls.get(k) == v) != neg  # so != also matches objects without the label
-
-
-def _member(k: str, values: set[str], neg: bool) -> LabelTest:
-    return lambda ls: (k in ls and ls[k] in values) != neg
-
-
-def parse_label_selector(selector: str) -> LabelTest:
-    reqs: list[LabelTest] = []
-    key = r"([A-Za-z0-9][-A-Za-z0-9_./]*)"
-    for term in _split_terms(selector):
-        if m := re.fullmatch(rf"(!?)\s*{key}", term):
-            reqs.append(_exists(m.group(2), m.group(1) == "!"))
-        elif m := re.fullmatch(rf"{key}\s*(==|=|!=)\s*([-A-Za-z0-9_.]*)", term):
-            reqs.append(_equals(m.group(1), m.group(3), m.group(2) == "!="))
-        elif m := re.fullmatch(rf"{key}\s+(in|notin)\s*\(([^()]*)\)", term):
-            values = {v.strip() for v in m.group(3).split(",")}
-            reqs.append(_member(m.group(1), values, m.group(2) == "notin"))
-        else:
-            raise ApiError(400, f"unable to parse requirement: invalid selector {selector!r}")
-    return lambda labels: all(r(labels) for r in reqs)
-
-
-def _field_value(obj: Obj, path: str) -> str:
-    cur: Any = obj
-    for part in path.split("."):
-        cur = cur.get(part) if isinstance(cur, dict) else None
-    if isinstance(cur, bool):
-        return "true" if cur else "false"
-    return "" if cur is None else str(cur)
-
-
-def parse_field_selector(selector: str, res: Resource) -> Callable[[Obj], bool]:
-    allowed = ("metadata.name", "metadata.namespace", *res.field_labels)
-    reqs: list[tuple[str, bool, str]] = []
-    for term in _split_terms(selector):
-        m = re.fullmatch(r"([A-Za-z0-9_.]+)\s*(==|=|!=)\s*(.*)", term)
-        if not m:
-            raise ApiError(400, f"invalid field selector: {term!r}")
-        if m.group(1) not in allowed:  # the real server rejects unsupported fields; so do we
-            raise ApiError(400, f"field label not supported: {m.group(1)}")
-        reqs.append((m.group(1), m.group(2) == "!=", m.group(3)))
-    return lambda obj: all((_field_value(obj, f) == v) != ne for f, ne, v in reqs)
-
-
-# ---------------------------------------------------------------- patches
-def merge_patch(target: Any, patch: Any, strategic: bool = False) -> Any:
-    """RFC 7386 merge patch; with ``strategic`` the well-known lists merge by key."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = dict(target) if isinstance(target, dict) else {}
-    for k, v in patch.items():
-        if v is None:
-            result.pop(k, None)
-        elif strategic and k in _SMP_MERGE_KEYS and isinstance(v, list) \
-                and isinstance(result.get(k), list):
-            mk, merged = _SMP_MERGE_KEYS[k], list(result[k])
-            for item in v:
-                idx = next((i for i, o in enumerate(merged)
-                            if isinstance(o, dict) and o.get(mk) == item.get(mk)), None)
-                if idx is None:
-                    merged.append(copy.deepcopy(item))
-                else:
-                    merged[idx] = merge_patch(merged[idx], item, strategic)
-            result[k] = merged
-        else:
-            result[k] = merge_patch(result.get(k), v, strategic)
-    return result
-
-
-def json_patch(doc: Any, ops: list[Obj]) -> Any:
-    """RFC 6902 (add/remove/replace/move/copy/test); failures are 422 like the real server."""
-    def tokens(path: str) -> list[str]:
-        if path and not path.startswith("/"):
-            raise ApiError(422, f"invalid JSON pointer {path!r}")
-        return [t.replace("~1", "/").replace("~0", "~") for t in path.split("/")[1:]]
-
-    def walk(d: Any, toks: list[str]) -> Any:
-        for t in toks:
-            try:
-                d = d[int(t)] if isinstance(d, list) else d[t]
-            except (KeyError, IndexError, ValueError, TypeError):
-                raise ApiError(422, f"json patch: path not found: /{'/'.join(toks)}") from None
-        return d
-
-    def remove(d: Any, toks: list[str]) -> Any:
-        parent, last = walk(d, toks[:-1]), toks[-1]
-        walk(parent, [last])
-        return parent.pop(int(last) if isinstance(parent, list) else last)
-
-    def add(d: Any, toks: list[str], value: Any) -> Any:
-        if not toks:
-            return value
-        parent, last = walk(d, toks[:-1]), toks[-1]
-        if isinstance(parent, list):
-            idx = len(parent) if last == "-" else int(last)
-            if not 0 <= idx <= len(parent):
-                raise ApiError(422, f"json patch: index out of range: {last}")
-            parent.insert(idx, value)
-        elif isinstance(parent, dict):
-            parent[last] = value
-        else:
-            raise ApiError(422, "json patch: parent is not a container")
-        return d
-
-    doc = copy.deepcopy(doc)
-    for op in ops:
-        kind, toks, value = op.get("op"), tokens(op.get("path", "")), op.get("value")
-        if kind in ("remove", "replace") and toks:
-            remove(doc, toks)
-        if kind in ("add", "replace"):
-            doc = add(doc, toks, copy.deepcopy(value))
-        elif kind in ("move", "copy"):
-            src = tokens(op.get("from", ""))
-            moved = remove(doc, src) if kind == "move" else copy.deepcopy(walk(doc, src))
-            doc = add(doc, toks, moved)
-        elif kind == "test" and walk(doc, toks) != value:
-            raise ApiError(422, f"json patch: test operation failed at {op.get('path')}")
-        elif kind not in ("remove", "test"):
-            raise ApiError(422, f"json patch: unsupported operation {kind!r}")
-    return doc
-
-
-# ---------------------------------------------------------------- server
-def _default_resources() -> list[Resource]:
+def _custom(crd: str) -> Resource:
     # Custom resources have a status subresource, so the real server drops status on create.
-    cr: Obj = {"namespaced": True, "initial_status": {}}
+    v = load_crd(crd)
+    return Resource(v.group, v.version, v.plural, v.kind, v.namespaced,
+                    status_subresource=v.status_subresource,
+                    initial_status={} if v.status_subresource else None, crd=crd)
+
+
+def _default_resources() -> list[Resource]:
     no_status: Obj = {"namespaced": True, "status_subresource": False}
+    workload: Obj = {"namespaced": True, "initial_status": {}, "scale": True}
     return [
         Resource("", "v1", "nodes", "Node", False, field_labels=("spec.unschedulable",)),
         Resource("", "v1", "pods", "Pod", True, initial_status={"phase": "Pending"},
-                 returns_deleted_object=True, field_labels=_POD_FIELDS),
+                 returns_deleted_object=True, field_labels=POD_FIELDS),
         Resource("", "v1", "namespaces", "Namespace", False, initial_status={"phase": "Active"},
                  field_labels=("status.phase",)),
-        Resource("", "v1", "events", "Event", field_labels=_EVENT_FIELDS, **no_status),
+        Resource("", "v1", "events", "Event", field_labels=EVENT_FIELDS, **no_status),
         Resource("", "v1", "configmaps", "ConfigMap", **no_status),
+        Resource("", "v1", "services", "Service", True, initial_status={"loadBalancer": {}}),
+        Resource("apps", "v1", "deployments", "Deployment", **workload),
+        Resource("apps", "v1", "replicasets", "ReplicaSet", **workload),
+        Resource("apps", "v1", "statefulsets", "StatefulSet", **workload),
         Resource("coordination.k8s.io", "v1", "leases", "Lease", **no_status),
-        Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True),
+        Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True,
+                 initial_status={}),
         Resource("events.k8s.io", "v1", "events", "Event", **no_status),
-        Resource("kai.alibabacloud.com", "v1alpha1", "trainingjobs", "TrainingJob", **cr),
-        Resource("kai.alibabacloud.com", "v1alpha1", "scaleins", "ScaleIn", **cr),
-        Resource("kai.alibabacloud.com", "v1alpha1", "scaleouts", "ScaleOut", **cr),
-        Resource("kongming.cce.baiudbce.com", "v1", "aitrainingjobs", "AITrainingJob", **cr),
+        _custom("kai.alibabacloud.com_trainingjobs.yaml"),
+        _custom("kai.alibabacloud.com_scaleins.yaml"),
+        _custom("kai.alibabacloud.com_scaleouts.yaml"),
+        _custom("kongming.cce.baiudbce.com_aitrainingjobs.yaml"),  # reconstructed (no upstream)
     ]
 
 
-class KubeApiServer:
-    """In-memory Kubernetes API server on 127.0.0.1:<ephemeral>; use as a context manager."""
+class KubeApiServer(PodWorkloads):
+    """In-memory Kubernetes API server on 127.0.0.1:<ephemeral>; use as a context manager.
+
+    Knobs (attributes): ``latency``, ``now`` (pin the clock), ``history_limit``,
+    ``bookmark_interval``, ``validation_ratcheting`` (1.30 default: on), ``kubelet_delay``,
+    ``kubelet_exit_code``, ``pdb_controller`` (see kube_pods.PodWorkloads)."""
 
     def __init__(self, history_limit: int = 1000, bookmark_interval: float = 60.0) -> None:
         self._lock = threading.Condition()  # RLock inside; guards all state, notified on changes
         self._resources: dict[tuple[str, str, str], Resource] = {}
         self._objects: dict[Key, Obj] = {}
+        self._index: dict[str, set[Key]] = {}  # resource key -> keys of its stored objects
+        self._unserved: set[str] = set()  # resource keys not served (CRD not installed)
+        self._served_epoch: dict[str, int] = {}  # bumped on unserve: its watches end
+        self._watch_floor: dict[str, int] = {}  # serve(): older watch resourceVersions get 410
         self._rv = 0
         self._history: deque[_Event] = deque()
         self._compacted_rv = 0  # watches from a resourceVersion below this get 410 Gone
         self._faults: list[_Fault] = []
         self._watch_epoch, self._abrupt_drop, self._closing = 0, True, False
         self._httpd: ThreadingHTTPServer | None = None
+        self._tls = threading.local()  # per request: warnings to send as Warning headers
         self.history_limit = history_limit
         self.bookmark_interval = bookmark_interval
         self.latency = 0.0  # seconds added before every request is served
         self.now: Callable[[], datetime] = lambda: datetime.now(UTC)  # override to pin time
+        self.validation_ratcheting = True  # CRDValidationRatcheting, beta and on in 1.30
         self.watch_count = 0  # open watch streams
         self.request_log: list[RequestRecord] = []
-        self._withdrawn: dict[tuple[str, str, str], Resource] = {}  # kinds not served now
-        # Seconds the simulated kubelet takes to finish a Terminating pod; None = never by
-        # itself (finish_terminating() does it). Pods on no node go at once, as on the real one.
-        self.kubelet_delay: float | None = 0.0
+        self._init_pods()
         for res in _default_resources():
             self.register(res)
         for ns in ("default", "kube-system", "kube-public", "kube-node-lease"):
@@ -351,6 +182,7 @@ class KubeApiServer:
         self._httpd.daemon_threads = True
         threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
                          daemon=True).start()
+        self._kubelet.start()
         return self
 
     def stop(self) -> None:
@@ -394,69 +226,35 @@ class KubeApiServer:
     def register(self, res: Resource) -> None:
         with self._lock:
             self._resources[(res.group, res.version, res.plural)] = res
+            self._index.setdefault(res.key, set())
 
-    def unserve(self, ref: str) -> None:
-        """Stop serving a kind, as when its CRD is not installed (or deleted, which deletes its
-        objects): gone from discovery, 404 on every path; watches on it end."""
+    def unserve(self, ref: str, keep_objects: bool = False) -> None:
+        """Stop serving a kind, as when its CRD is not installed, or deleted: it leaves
+        discovery (its group too when no kind of it is left), every path under it answers
+        text/plain ``404 page not found`` and its watches end (cleanly: the client re-watches
+        and gets the 404). Its objects go silently, without DELETED events, unless
+        ``keep_objects`` (a CRD version set to ``served: false``: they are back on serve())."""
         with self._lock:
             res = self.resource(ref)
-            del self._resources[(res.group, res.version, res.plural)]
-            self._withdrawn[(res.group, res.version, res.plural)] = res
-            for key in [k for k in self._objects if k[0] == res.key]:
-                del self._objects[key]
-        self.drop_watches(abrupt=False)
-
-    def serve(self, ref: str) -> None:
-        """Serve a withdrawn kind again (its CRD installed later), with no objects."""
-        with self._lock:
-            found = [k for k, r in self._withdrawn.items() if ref in (r.plural, r.kind, r.key)]
-            self._resources[found[0]] = self._withdrawn.pop(found[0])
+            self._unserved.add(res.key)
+            self._served_epoch[res.key] = self._served_epoch.get(res.key, 0) + 1
+            if not keep_objects:
+                for key in self._keys(res):
+                    del self._objects[key]
+                self._index[res.key].clear()
             self._lock.notify_all()
 
-    def finish_terminating(self, name: str | None = None, namespace: str | None = None) -> None:
-        """The kubelet is done with Terminating pods (all, or the one named): they go."""
+    def serve(self, ref: str) -> None:
+        """Serve a kind again (its CRD installed later). Watches must start afresh: a
+        resourceVersion from before gets 410 Gone, as from a new watch cache."""
         with self._lock:
-            res = self.resource("pods")
-            for key, obj in list(self._objects.items()):
-                meta = obj["metadata"]
-                if key[0] == res.key and meta.get("deletionTimestamp") and \
-                        name in (None, meta["name"]) and namespace in (None, meta["namespace"]):
-                    self._remove(res, key, obj)
+            res = self.resource(ref)
+            self._unserved.discard(res.key)
+            self._watch_floor[res.key] = self._rv
+            self._lock.notify_all()
 
-    def set_container_states(self, name: str, namespace: str, states: dict[str, Any]) -> Obj:
-        """Set a pod's container states, the way the kubelet reports them: each value is
-        "running", "waiting" or an exit code (terminated). The phase follows like the kubelet's
-        (pkg/kubelet/kubelet_pods.go getPhase): Succeeded/Failed only once every regular
-        container has terminated (for restartPolicy Never); native sidecars (init containers
-        with restartPolicy Always) never keep a pod Running; a running regular container does."""
-        with self._lock:
-            key, old = self._existing(self.resource("pods"), namespace, name)
-            pod = copy.deepcopy(old)
-            spec = pod.get("spec") or {}
-            sidecars = {c["name"] for c in spec.get("initContainers") or ()
-                        if c.get("restartPolicy") == "Always"}
-
-            def status(cname: str) -> Obj:
-                value = states[cname]
-                if value == "running":
-                    state: Obj = {"running": {"startedAt": self._timestamp()}}
-                elif value == "waiting":
-                    state = {"waiting": {"reason": "ContainerCreating"}}
-                else:
-                    state = {"terminated": {"exitCode": int(value), "reason":
-                             "Completed" if int(value) == 0 else "Error"}}
-                return {"name": cname, "state": state, "ready": value == "running"}
-
-            regular = [c["name"] for c in spec.get("containers") or ()]
-            st = pod.setdefault("status", {})
-            st["containerStatuses"] = [status(c) for c in regular if c in states]
-            st["initContainerStatuses"] = [status(c) for c in sorted(sidecars) if c in states]
-            codes = [states.get(c) for c in regular]
-            if all(isinstance(v, int) for v in codes):
-                st["phase"] = "Succeeded" if all(v == 0 for v in codes) else "Failed"
-            elif any(v == "running" for v in codes):
-                st["phase"] = "Running"
-            return self._commit(self.resource("pods"), key, old, pod)
+    def served(self, ref: str) -> bool:
+        return self.resource(ref).key not in self._unserved
 
     def fail_next(self, n: int = 1, status: int = 500, path_contains: str | None = None,
                   method: str | None = None) -> None:
@@ -510,9 +308,22 @@ class KubeApiServer:
                     raise TimeoutError("condition not met")
                 self._lock.wait(min(remaining, 0.05))
 
+    def wait_for_change(self, since: int, timeout: float) -> int:
+        """Block until the store's resourceVersion passes ``since`` (or ``timeout``);
+        returns the current resourceVersion."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self._rv <= since and not self._closing:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._lock.wait(remaining)
+            return self._rv
+
     # Direct object access, as another controller would write: no validation, no status rules.
     def resource(self, ref: str, api_version: str | None = None) -> Resource:
-        """Find a resource by plural, Kind or plural.group (core wins ties, e.g. events)."""
+        """Find a resource by plural, Kind or plural.group (core wins ties, e.g. events),
+        served or not."""
         for res in self._resources.values():
             if ref in (res.plural, res.kind, res.key) and api_version in (None, res.api_version):
                 return res
@@ -520,7 +331,8 @@ class KubeApiServer:
 
     def seed(self, *objs: Obj) -> list[Obj]:
         """Create or replace objects as given (status, uid and creationTimestamp kept),
-        emitting ADDED/MODIFIED. Namespaced objects default to namespace "default"."""
+        emitting ADDED/MODIFIED. Namespaced objects default to namespace "default". Not
+        validated; custom resources get their schema's defaults, as any read of them would."""
         out = []
         with self._lock:
             for obj in map(copy.deepcopy, objs):
@@ -529,6 +341,8 @@ class KubeApiServer:
                 key = self._backdoor_key(res, meta["name"], meta.pop("namespace", None))
                 if res.namespaced:
                     meta["namespace"] = key[1]
+                if res.crd:
+                    load_crd(res.crd).schema.default(obj)
                 old = self._objects.get(key)
                 out.append(self._commit(res, key, old, obj) if old else
                            self._insert(res, key, obj, keep=("uid", "creationTimestamp")))
@@ -543,8 +357,7 @@ class KubeApiServer:
         """All stored objects of a kind, in every namespace unless one is given."""
         res = self.resource(ref)
         with self._lock:
-            return [copy.deepcopy(o) for (k, ns, _), o in sorted(self._objects.items())
-                    if k == res.key and namespace in (None, ns)]
+            return [copy.deepcopy(self._objects[k]) for k in self._keys(res, namespace)]
 
     def patch(self, ref: str, name: str, patch: Obj, namespace: str | None = None) -> Obj:
         """Merge-patch any part, status included; emits MODIFIED."""
@@ -555,10 +368,11 @@ class KubeApiServer:
             return self._commit(res, key, old, merge_patch(old, patch))
 
     def delete(self, ref: str, name: str, namespace: str | None = None) -> None:
-        """Remove at once, finalizers ignored; emits DELETED."""
+        """Remove at once, finalizers and grace periods ignored; emits DELETED."""
         res = self.resource(ref)
         with self._lock:
             key = self._backdoor_key(res, name, namespace)
+            self._terminating.pop(key, None)
             self._remove(res, key, self._objects[key])
 
     def _backdoor_key(self, res: Resource, name: str, namespace: str | None) -> Key:
@@ -568,11 +382,16 @@ class KubeApiServer:
     def _timestamp(self) -> str:
         return self.now().astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
+    def _keys(self, res: Resource, namespace: str | None = None) -> list[Key]:
+        return sorted(k for k in self._index.get(res.key, ()) if namespace in (None, k[1]))
+
     def _emit(self, res: Resource, type_: str, obj: Obj, old: Obj | None = None) -> None:
         self._history.append(_Event(self._rv, res.key, type_, copy.deepcopy(obj), old))
         while len(self._history) > self.history_limit:
             self._compacted_rv = self._history.popleft().rv
         self._lock.notify_all()
+        if res.key in ("pods", "poddisruptionbudgets.policy"):
+            self._pods_changed(res, obj, old)
 
     def _insert(self, res: Resource, key: Key, obj: Obj, keep: tuple[str, ...] = ()) -> Obj:
         """Store a new object; the server owns uid/creationTimestamp unless seeding keeps them."""
@@ -582,21 +401,28 @@ class KubeApiServer:
         given = {k: meta[k] for k in keep if meta.get(k)}
         meta.update({"uid": str(uuid.uuid4()), "creationTimestamp": self._timestamp(),
                      "resourceVersion": str(self._rv), "generation": 1, **given})
-        for server_owned in ("deletionTimestamp", "selfLink", "managedFields"):
+        for server_owned in ("deletionTimestamp", "deletionGracePeriodSeconds", "selfLink",
+                             "managedFields"):
             meta.pop(server_owned, None)
         self._objects[key] = obj
+        self._index.setdefault(res.key, set()).add(key)
         self._emit(res, "ADDED", obj)
         return copy.deepcopy(obj)
 
-    def _commit(self, res: Resource, key: Key, old: Obj, new: Obj) -> Obj:
-        """Store an update. Server-owned metadata comes from ``old``; an unchanged object is
-        not written at all (same resourceVersion, no event), as on the real server."""
+    def _commit(self, res: Resource, key: Key, old: Obj, new: Obj, deleting: bool = False) -> Obj:
+        """Store an update. Server-owned metadata comes from ``old`` (deletion metadata too,
+        unless ``deleting``); an unchanged object is not written at all (same
+        resourceVersion, no event), as on the real server."""
         new = copy.deepcopy(new)
         new["apiVersion"], new["kind"] = res.api_version, res.kind
         meta, old_meta = new.setdefault("metadata", {}), old["metadata"]
-        for k in ("uid", "creationTimestamp", "name", "namespace", "generation",
-                  "deletionTimestamp", "resourceVersion"):
-            if k in old_meta:
+        owned = ["uid", "creationTimestamp", "name", "namespace", "generation", "resourceVersion"]
+        if not deleting:
+            owned += ["deletionTimestamp", "deletionGracePeriodSeconds"]
+            for k in ("deletionTimestamp", "deletionGracePeriodSeconds"):
+                meta.pop(k, None)
+        for k in owned:
+            if k in old_meta and not (deleting and k == "generation"):
                 meta[k] = old_meta[k]
         if new == old:
             return copy.deepcopy(old)
@@ -607,12 +433,14 @@ class KubeApiServer:
         meta["resourceVersion"] = str(self._rv)
         self._objects[key] = new
         self._emit(res, "MODIFIED", new, old)
-        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+        if meta.get("deletionTimestamp") and not meta.get("finalizers") \
+                and meta.get("deletionGracePeriodSeconds", 0) == 0 and key in self._objects:
             self._remove(res, key, new)  # the last finalizer is gone: deletion completes
         return copy.deepcopy(new)
 
     def _remove(self, res: Resource, key: Key, old: Obj) -> Obj:
         del self._objects[key]
+        self._index[res.key].discard(key)
         self._rv += 1
         gone = copy.deepcopy(old)
         gone["metadata"]["resourceVersion"] = str(self._rv)  # DELETED carries its own revision
@@ -630,20 +458,28 @@ class KubeApiServer:
         raw = h.rfile.read(int(h.headers.get("Content-Length") or 0))
         if self.latency:
             time.sleep(self.latency)
+        self._tls.warnings = []
+        headers: dict[str, str] = {}
         try:
             self._take_fault(h.command, h.path)
             code, payload = self._route(h, url.path, query, json.loads(raw) if raw else None)
         except json.JSONDecodeError as e:
             code, payload = 400, ApiError(400, f"invalid JSON body: {e}").status()
+        except PlainNotFound:
+            record.status = 404
+            with contextlib.suppress(OSError):
+                h.send_text(404, PlainNotFound.TEXT)
+            return
         except ApiError as e:
-            code, payload = e.code, e.status()
+            code, payload, headers = e.code, e.status(), e.headers
         except Exception as e:  # an emulator bug: answer 500 and show it, not a dead socket
             traceback.print_exc()
             code, payload = 500, ApiError(500, f"emulator error: {e!r}").status()
         record.status = code
+        warnings = [f'299 - "{w}"' for w in self._tls.warnings]
         if payload is not None:  # None: a watch stream has already answered
             with contextlib.suppress(OSError):  # the client may have gone away
-                h.send_json(code, payload)
+                h.send_json(code, payload, headers, warnings)
 
     def _take_fault(self, method: str, target: str) -> None:
         with self._lock:
@@ -665,30 +501,32 @@ class KubeApiServer:
                          [{"clientCIDR": "0.0.0.0/0", "serverAddress": self.url[7:]}]}
         if parts == ["apis"]:
             return 200, self._group_list()
-        if parts[:1] == ["api"]:
+        if parts[:1] == ["apis"] and len(parts) == 2:
+            return 200, self._group(parts[1])
+        if parts[:1] == ["api"] and len(parts) >= 2:
             group, version, rest = "", parts[1], parts[2:]
         elif parts[:1] == ["apis"] and len(parts) >= 3:
             group, version, rest = parts[1], parts[2], parts[3:]
         else:
-            raise ApiError(404, _NOT_FOUND)
+            raise PlainNotFound
         if not rest:
             return 200, self._resource_list(group, version)
         namespace = None
         if rest[0] == "namespaces" and len(rest) >= 3 and rest[2] != "status":
             namespace, rest = rest[1], rest[2:]
-        res = self._resources.get((group, version, rest[0]))
+        res = self._served_resource(group, version, rest[0])
         name = rest[1] if len(rest) > 1 else None
         sub = rest[2] if len(rest) > 2 else None
-        if res is not None and res.plural == "pods" and sub == "eviction" and name is not None \
-                and h.command == "POST" and namespace is not None:
-            return 201, self._evict(namespace, name, body or {})
-        if (res is None or len(rest) > 3
-                or (sub is not None and (sub != "status" or not res.status_subresource))
-                or (namespace is not None and not res.namespaced)
-                or (res.namespaced and namespace is None and name is not None)):
-            raise ApiError(404, _NOT_FOUND)
+        if (namespace is not None and not res.namespaced) or len(rest) > 3 \
+                or (res.namespaced and namespace is None and name is not None):
+            raise ApiError(404, NOT_FOUND, details={}) if res.builtin else PlainNotFound()
         method = h.command
-        if method == "GET" and name is None and _truthy(query.get("watch")):
+        if res.key == "pods" and sub == "eviction" and method == "POST" and namespace:
+            return 201, self._evict(namespace, str(name), body)
+        if sub is not None and (sub != "status" or not res.status_subresource):
+            raise not_found(res, str(name)) if not res.builtin else ApiError(
+                404, NOT_FOUND, details={})
+        if method == "GET" and name is None and truthy(query.get("watch")):
             self._watch(h, res, namespace, query)
             return 200, None
         if method == "GET":
@@ -696,45 +534,90 @@ class KubeApiServer:
                 return 200, self._list(res, namespace, query)
             return 200, self._get(res, namespace, name)
         if method == "POST" and name is None and (namespace is not None or not res.namespaced):
-            return 201, self._create(res, namespace, body)
+            return 201, self._create(res, namespace, body, query)
         if method == "PUT" and name is not None:
-            return 200, self._update(res, namespace, name, body, sub)
+            return 200, self._update(res, namespace, name, body, sub, query)
         if method == "PATCH" and name is not None:
             ctype = h.headers.get("Content-Type", "")
-            return 200, self._patch(res, namespace, name, body, ctype, sub)
+            return 200, self._patch(res, namespace, name, body, ctype, sub, query)
         if method == "DELETE" and name is not None and sub is None:
-            options = dict(body or {})  # the client sends gracePeriodSeconds as a query param
-            if query.get("gracePeriodSeconds", "").isdigit():
-                options["gracePeriodSeconds"] = int(query["gracePeriodSeconds"])
-            return 200, self._delete(res, namespace, name, options)
+            return 200, self._delete(res, namespace, name, self._delete_options(body, query))
         if method == "DELETE" and name is None:
-            return 200, self._delete_collection(res, namespace, query)
+            return 200, self._delete_collection(res, namespace, query,
+                                                self._delete_options(body, query))
         raise ApiError(405, f"{method} is not supported on this path")
 
-    def _group_list(self) -> Obj:
+    def _served_resource(self, group: str, version: str, plural: str) -> Resource:
+        """The resource a path names. Not found: a built-in group-version answers a JSON
+        Status (go-restful's 404, details {}); a custom group, or a kind not served, goes to
+        the apiextensions crdHandler, which delegates to the text/plain 404."""
+        res = self._resources.get((group, version, plural))
+        if res is not None and res.key not in self._unserved:
+            return res
+        builtin_gv = any((r.group, r.version) == (group, version) and r.builtin
+                         and r.key not in self._unserved for r in self._resources.values())
+        if builtin_gv:
+            raise ApiError(404, NOT_FOUND, details={})
+        raise PlainNotFound
+
+    @staticmethod
+    def _delete_options(body: Any, query: dict[str, str]) -> Obj:
+        """DeleteOptions from the body, overridden by query parameters (the Python client
+        sends gracePeriodSeconds, propagationPolicy and dryRun as both)."""
+        options = dict(body) if isinstance(body, dict) else {}
+        grace = query.get("gracePeriodSeconds", "")
+        if grace.lstrip("-").isdigit():
+            options["gracePeriodSeconds"] = int(grace)
+        if query.get("dryRun"):
+            options["dryRun"] = [query["dryRun"]]
+        return options
+
+    def _served_groups(self) -> dict[str, list[str]]:
         groups: dict[str, list[str]] = {}
-        for g, v, _ in self._resources:
-            if g and v not in groups.setdefault(g, []):
+        for (g, v, _), res in self._resources.items():
+            if g and res.key not in self._unserved and v not in groups.setdefault(g, []):
                 groups[g].append(v)
+        return {g: vs for g, vs in groups.items() if vs}
+
+    @staticmethod
+    def _group_obj(name: str, versions: list[str]) -> Obj:
+        return {"name": name,
+                "versions": [{"groupVersion": f"{name}/{v}", "version": v} for v in versions],
+                "preferredVersion": {"groupVersion": f"{name}/{versions[0]}",
+                                     "version": versions[0]}}
+
+    def _group_list(self) -> Obj:
         return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
-            {"name": g, "versions": [{"groupVersion": f"{g}/{v}", "version": v} for v in vs],
-             "preferredVersion": {"groupVersion": f"{g}/{vs[0]}", "version": vs[0]}}
-            for g, vs in groups.items()]}
+            self._group_obj(g, vs) for g, vs in self._served_groups().items()]}
+
+    def _group(self, group: str) -> Obj:
+        versions = self._served_groups().get(group)
+        if not versions:
+            raise PlainNotFound
+        return {"kind": "APIGroup", "apiVersion": "v1", **self._group_obj(group, versions)}
 
     def _resource_list(self, group: str, version: str) -> Obj:
-        verbs = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
         resources = []
         for res in self._resources.values():
-            if (res.group, res.version) != (group, version):
+            if (res.group, res.version) != (group, version) or res.key in self._unserved:
                 continue
             base = {"namespaced": res.namespaced, "kind": res.kind}
             resources.append({"name": res.plural, "singularName": res.kind.lower(),
-                              "verbs": verbs, **base})
+                              "verbs": _VERBS, **base})
             if res.status_subresource:
                 resources.append({"name": f"{res.plural}/status", "singularName": "",
                                   "verbs": ["get", "patch", "update"], **base})
+            if res.scale:
+                resources.append({"name": f"{res.plural}/scale", "singularName": "",
+                                  "group": "autoscaling", "version": "v1",
+                                  "verbs": ["get", "patch", "update"],
+                                  "namespaced": res.namespaced, "kind": "Scale"})
+            if res.key == "pods":
+                resources.append({"name": "pods/eviction", "singularName": "",
+                                  "group": "policy", "version": "v1", "verbs": ["create"],
+                                  "namespaced": True, "kind": "Eviction"})
         if not resources:
-            raise ApiError(404, _NOT_FOUND)
+            raise PlainNotFound
         return {"kind": "APIResourceList", "apiVersion": "v1",
                 "groupVersion": f"{group}/{version}" if group else version,
                 "resources": resources}
@@ -743,7 +626,7 @@ class KubeApiServer:
     def _existing(self, res: Resource, namespace: str | None, name: str) -> tuple[Key, Obj]:
         key = (res.key, namespace or "", name)
         if key not in self._objects:
-            raise _not_found(res, name)
+            raise not_found(res, name)
         return key, self._objects[key]
 
     def _matcher(self, res: Resource, namespace: str | None,
@@ -771,30 +654,44 @@ class KubeApiServer:
                                 f"the name on the URL ({name})")
         for k, v in (meta.get("labels") or {}).items():
             prefix, _, short = k.rpartition("/")
-            if (len(short) > 63 or not _LABEL_RE.match(short)
-                    or (prefix and not _NAME_RE.match(prefix)) or not isinstance(v, str)
-                    or len(v) > 63 or (v and not _LABEL_RE.match(v))):
+            if (len(short) > 63 or not LABEL_RE.match(short)
+                    or (prefix and not NAME_RE.match(prefix)) or not isinstance(v, str)
+                    or len(v) > 63 or (v and not LABEL_RE.match(v))):
                 raise ApiError(422, f'{res.kind} "{meta.get("name", "")}" is invalid: '
                                     f"metadata.labels: Invalid value: {k!r}: {v!r}")
         return body
 
-    @staticmethod
-    def _conform(res: Resource, obj: Obj, old: Obj | None = None) -> Obj:
-        """Prune and validate a custom resource against its CRD's structural schema; an update
-        is judged on what it changes (validation ratcheting)."""
-        schema = structural.schemas().get((res.group, res.version, res.plural))
-        if schema is None:
+    def _decode(self, res: Resource, obj: Obj, query: dict[str, str]) -> Obj:
+        """What decoding a request body does to a custom resource: unknown fields pruned
+        (reported per fieldValidation: Warn headers by default, 400 when Strict), nulls of
+        non-nullable fields dropped, schema defaults applied."""
+        if not res.crd:
             return obj
-        pruned, problems = (structural.conform(schema, obj) if old is None
-                            else structural.conform(schema, obj, old=old))
-        if problems:
-            name = (obj.get("metadata") or {}).get("name", "")
-            raise ApiError(422, f'{res.kind}.{res.group} "{name}" is invalid: '
-                                + ", ".join(problems), "Invalid",
-                           {"name": name, "group": res.group, "kind": res.kind,
-                            "causes": [{"reason": "FieldValueInvalid", "message": p}
-                                       for p in problems]})
-        return pruned
+        schema = load_crd(res.crd).schema
+        unknown = schema.prune(obj)
+        mode = query.get("fieldValidation", "Warn")
+        if unknown and mode == "Strict":
+            found = ", ".join(f'unknown field "{p}"' for p in unknown)
+            raise ApiError(400, f'{res.kind} in version "{res.version}" cannot be handled as a '
+                                f"{res.kind}: strict decoding error: {found}")
+        if mode != "Ignore":
+            self._tls.warnings.extend(f'unknown field "{p}"' for p in unknown)
+        schema.default(obj)
+        return obj
+
+    def _validate(self, res: Resource, obj: Obj, old: Obj | None) -> None:
+        """The strategy's validation: a custom resource against its schema (ratcheting on
+        update), a PodDisruptionBudget's spec."""
+        name = (obj.get("metadata") or {}).get("name", "")
+        if res.crd:
+            errors = load_crd(res.crd).schema.validate(obj, old, self.validation_ratcheting)
+            if errors:
+                raise invalid(res, name, errors)
+        elif res.key == "poddisruptionbudgets.policy":
+            problems = validate_pdb(obj)
+            if problems:
+                raise invalid(res, name, [FieldError("Invalid", p.split(":")[0], None,
+                                                     p.split(": ", 2)[-1]) for p in problems])
 
     def _get(self, res: Resource, namespace: str | None, name: str) -> Obj:
         with self._lock:
@@ -806,8 +703,8 @@ class KubeApiServer:
         start = json.loads(base64.b64decode(token))["start"] if token else None
         limit = int(query.get("limit") or 0)
         with self._lock:
-            items = [o for (k, ns, n), o in sorted(self._objects.items())
-                     if k == res.key and match(o) and (not start or [ns, n] > start)]
+            items = [self._objects[k] for k in self._keys(res, namespace)
+                     if match(self._objects[k]) and (not start or [k[1], k[2]] > start)]
             meta: Obj = {"resourceVersion": str(self._rv)}
         if limit and len(items) > limit:
             items, last = items[:limit], items[limit - 1]["metadata"]
@@ -819,13 +716,16 @@ class KubeApiServer:
                 "items": [{k: copy.deepcopy(v) for k, v in o.items() if k not in strip}
                           for o in items]}
 
-    def _create(self, res: Resource, namespace: str | None, body: Any) -> Obj:
+    def _create(self, res: Resource, namespace: str | None, body: Any,
+                query: dict[str, str]) -> Obj:
         obj = copy.deepcopy(self._check_body(res, namespace, body))
         if res.initial_status is not None and res.status_subresource:
             obj.pop("status", None)
             if res.initial_status:
                 obj["status"] = copy.deepcopy(res.initial_status)
-        obj = self._conform(res, obj)
+        obj = self._decode(res, obj, query)
+        if res.key == "pods":
+            default_pod(obj)
         meta = obj["metadata"]
         if res.namespaced:
             meta["namespace"] = namespace
@@ -834,14 +734,15 @@ class KubeApiServer:
                 suffix = "".join(random.choices("bcdfghjklmnpqrstvwxz2456789", k=5))
                 meta["name"] = meta["generateName"] + suffix
             name = meta.get("name") or ""
-            pattern = _DNS_LABEL_RE if res.plural == "namespaces" else _NAME_RE
+            pattern = DNS_LABEL_RE if res.plural == "namespaces" else NAME_RE
             if not name or len(name) > 253 or not pattern.match(name):
                 raise ApiError(422, f'{res.kind} "{name}" is invalid: metadata.name: Invalid '
                                     "value: a lowercase RFC 1123 name is required")
+            self._validate(res, obj, None)
             key = (res.key, namespace or "", name)
             if key in self._objects:
                 raise ApiError(409, f'{res.key} "{name}" already exists', "AlreadyExists",
-                               _details(res, name))
+                               details_of(res, name))
             return self._insert(res, key, obj)
 
     def _with_subresource(self, res: Resource, old: Obj, new: Obj, sub: str | None) -> Obj:
@@ -855,28 +756,30 @@ class KubeApiServer:
         return base
 
     def _update(self, res: Resource, namespace: str | None, name: str, body: Any,
-                sub: str | None) -> Obj:
-        body = self._check_body(res, namespace, body, name)
+                sub: str | None, query: dict[str, str]) -> Obj:
+        body = self._decode(res, copy.deepcopy(self._check_body(res, namespace, body, name)),
+                            query)
         with self._lock:
             key, old = self._existing(res, namespace, name)
             rv = body["metadata"].get("resourceVersion")
             if rv and rv != old["metadata"]["resourceVersion"]:
-                raise _conflict(res, name)
-            new = self._conform(res, self._with_subresource(res, old, body, sub), old)
+                raise conflict(res, name)
+            new = self._with_subresource(res, old, body, sub)
+            self._validate(res, new, old)
             return self._commit(res, key, old, new)
 
     def _patch(self, res: Resource, namespace: str | None, name: str, body: Any, ctype: str,
-               sub: str | None) -> Obj:
+               sub: str | None, query: dict[str, str]) -> Obj:
         ctype = ctype.split(";")[0].strip()
         with self._lock:
             key, old = self._existing(res, namespace, name)
             if ctype == "application/json-patch+json" and isinstance(body, list):
                 patched = json_patch(old, body)
             elif ctype == "application/merge-patch+json" and isinstance(body, dict):
-                patched = merge_patch(old, body)
+                patched = merge_patch(copy.deepcopy(old), body)
             elif ctype == "application/strategic-merge-patch+json" and isinstance(body, dict) \
                     and res.builtin:  # the real server refuses strategic patches on CRs
-                patched = merge_patch(old, body, strategic=True)
+                patched = merge_patch(copy.deepcopy(old), body, strategic=True)
             else:
                 raise ApiError(415, "the body of the request was in an unknown format - "
                                     "accepted media types include: application/json-patch+json, "
@@ -886,151 +789,44 @@ class KubeApiServer:
             # A resourceVersion inside the patch is a precondition, exactly as for PUT.
             rv = (patched.get("metadata") or {}).get("resourceVersion")
             if rv is not None and rv != old["metadata"]["resourceVersion"]:
-                raise _conflict(res, name)
+                raise conflict(res, name)
             self._check_body(res, namespace, patched, name)
-            new = self._conform(res, self._with_subresource(res, old, patched, sub), old)
+            new = self._with_subresource(res, old, self._decode(res, patched, query), sub)
+            self._validate(res, new, old)
             return self._commit(res, key, old, new)
 
     def _delete(self, res: Resource, namespace: str | None, name: str, options: Obj) -> Obj:
         with self._lock:
             key, old = self._existing(res, namespace, name)
-            for k, want in (options.get("preconditions") or {}).items():  # resourceVersion, uid
-                if want and want != old["metadata"].get(k):
-                    raise ApiError(409, f"Precondition failed: {k} in precondition: {want}, "
-                                        f"{k} in object meta: {old['metadata'].get(k)}")
-            grace = self._grace(res, old, options)
-            if grace:  # a bound pod: Terminating for its grace period, until the kubelet is done
-                return self._terminate(res, key, old, grace)
+            self._check_preconditions(old, options)
+            if res.key == "pods":  # graceful: Terminating until the kubelet is done
+                return self._delete_pod(res, key, options)
             if old["metadata"].get("finalizers"):  # deletion waits for them; returns the object
                 if old["metadata"].get("deletionTimestamp"):
                     return copy.deepcopy(old)
                 marked = copy.deepcopy(old)
                 marked["metadata"]["deletionTimestamp"] = self._timestamp()
                 marked["metadata"]["deletionGracePeriodSeconds"] = 0
-                self._rv += 1
-                marked["metadata"]["resourceVersion"] = str(self._rv)
-                self._objects[key] = marked
-                self._emit(res, "MODIFIED", marked, old)
-                return copy.deepcopy(marked)
-            gone = self._remove(res, key, old)
-        if res.returns_deleted_object:
-            return gone
+                return self._commit(res, key, old, marked, deleting=True)
+            self._remove(res, key, old)
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                "details": {**_details(res, name), "uid": old["metadata"]["uid"]}}
-
-    def _grace(self, res: Resource, pod: Obj, options: Obj) -> int:
-        """The grace period a delete gives a pod (0 for other kinds and unbound pods, which
-        the real server deletes at once): the request's, else the pod's own, else 30 s."""
-        if res.plural != "pods" or not (pod.get("spec") or {}).get("nodeName"):
-            return 0
-        given = options.get("gracePeriodSeconds")
-        if given is None:
-            given = (pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
-        held = pod["metadata"].get("deletionGracePeriodSeconds")
-        return int(min(given, held) if held is not None else given)
-
-    def _terminate(self, res: Resource, key: Key, old: Obj, grace: int) -> Obj:
-        """Mark a pod Terminating (deletionTimestamp = now + grace, as the real registry sets
-        it); its phase stays until the kubelet stops the containers and removes it."""
-        marked = copy.deepcopy(old)
-        meta = marked["metadata"]
-        if meta.get("deletionTimestamp") and meta.get("deletionGracePeriodSeconds") == grace:
-            return copy.deepcopy(old)  # deleting again changes nothing
-        meta["deletionGracePeriodSeconds"] = grace
-        meta["deletionTimestamp"] = (self.now() + timedelta(seconds=grace)).astimezone(
-            UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        self._rv += 1
-        meta["resourceVersion"] = str(self._rv)
-        self._objects[key] = marked
-        self._emit(res, "MODIFIED", marked, old)
-        if self.kubelet_delay == 0:
-            self._remove(res, key, marked)
-        elif self.kubelet_delay is not None:
-            ns, name = key[1], key[2]
-            timer = threading.Timer(self.kubelet_delay, self.finish_terminating, (name, ns))
-            timer.daemon = True
-            timer.start()
-        return copy.deepcopy(marked)
-
-    def _evict(self, namespace: str, name: str, body: Obj) -> Obj:
-        """POST pods/<name>/eviction (policy/v1 Eviction), honouring PodDisruptionBudgets like
-        the real registry (pkg/registry/core/pod/storage/eviction.go): a healthy pod may go
-        only if every budget selecting it still allows a disruption; otherwise 429. An
-        evicted pod gets the DisruptionTarget condition and is deleted gracefully."""
-        pods = self.resource("pods")
-        with self._lock:
-            key, pod = self._existing(pods, namespace, name)
-            if not pod["metadata"].get("deletionTimestamp"):
-                for pdb in self._budgets_for(pod):
-                    if not self._healthy(pod) and \
-                            pdb["spec"].get("unhealthyPodEvictionPolicy") == "AlwaysAllow":
-                        continue
-                    healthy, desired = self._budget(pdb)
-                    if healthy - desired <= 0 and self._healthy(pod):
-                        pdb_name = pdb["metadata"]["name"]
-                        raise ApiError(
-                            429, "Cannot evict pod as it would violate the pod's disruption "
-                                 "budget.", "TooManyRequests",
-                            {"causes": [{"reason": "DisruptionBudget", "message":
-                                         f"The disruption budget {pdb_name} needs {desired} "
-                                         f"healthy pods and has {healthy} currently"}]})
-                target = copy.deepcopy(pod)
-                conditions = target.setdefault("status", {}).setdefault("conditions", [])
-                conditions.append({"type": "DisruptionTarget", "status": "True",
-                                   "reason": "EvictionByEvictionAPI",
-                                   "message": "Eviction API: evicting",
-                                   "lastTransitionTime": self._timestamp()})
-                pod = self._commit(pods, key, pod, target)
-            options = (body.get("deleteOptions") or {})
-        self._delete(pods, namespace, name, options)
-        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                "code": 201}
-
-    def _budgets_for(self, pod: Obj) -> list[Obj]:
-        ns, labels = pod["metadata"]["namespace"], pod["metadata"].get("labels") or {}
-        out = []
-        for (k, pns, _), pdb in self._objects.items():
-            if k != "poddisruptionbudgets.policy" or pns != ns:
-                continue
-            match = ((pdb.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
-            if all(labels.get(a) == b for a, b in match.items()):
-                out.append(pdb)
-        return out
+                "details": {**details_of(res, name), "uid": old["metadata"]["uid"]}}
 
     @staticmethod
-    def _healthy(pod: Obj) -> bool:
-        status = pod.get("status") or {}
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True"
-                    for c in status.get("conditions") or ())
-        return status.get("phase") == "Running" and ready and \
-            not pod["metadata"].get("deletionTimestamp")
-
-    def _budget(self, pdb: Obj) -> tuple[int, int]:
-        """(currently healthy, desired healthy) over the pods the budget selects."""
-        spec, ns = pdb.get("spec") or {}, pdb["metadata"]["namespace"]
-        match = (spec.get("selector") or {}).get("matchLabels") or {}
-        pods = [o for (k, pns, _), o in self._objects.items() if k == "pods" and pns == ns
-                and all((o["metadata"].get("labels") or {}).get(a) == b
-                        for a, b in match.items())]
-        expected, healthy = len(pods), sum(map(self._healthy, pods))
-
-        def amount(value: Any) -> int:
-            if isinstance(value, str) and value.endswith("%"):
-                return -(-expected * int(value[:-1]) // 100)  # rounded up, like the real one
-            return int(value)
-
-        if "minAvailable" in spec:
-            return healthy, amount(spec["minAvailable"])
-        return healthy, expected - amount(spec.get("maxUnavailable", 0))
+    def _check_preconditions(old: Obj, options: Obj) -> None:
+        for k, want in (options.get("preconditions") or {}).items():  # resourceVersion, uid
+            if want and want != old["metadata"].get(k):
+                raise ApiError(409, f"Precondition failed: {k} in precondition: {want}, "
+                                    f"{k} in object meta: {old['metadata'].get(k)}")
 
     def _delete_collection(self, res: Resource, namespace: str | None,
-                           query: dict[str, str]) -> Obj:
+                           query: dict[str, str], options: Obj) -> Obj:
         match = self._matcher(res, namespace, query)
         with self._lock:
-            victims = [(k, o) for k, o in sorted(self._objects.items())
-                       if k[0] == res.key and match(o)]
+            victims = [(k, self._objects[k]) for k in self._keys(res, namespace)
+                       if match(self._objects[k])]
             for (_, ns, name), _obj in victims:
-                self._delete(res, ns or None, name, {})
+                self._delete(res, ns or None, name, options)
             meta = {"resourceVersion": str(self._rv)}
         return {"kind": f"{res.kind}List", "apiVersion": res.api_version, "metadata": meta,
                 "items": [o for _, o in victims]}
@@ -1041,19 +837,19 @@ class KubeApiServer:
         match = self._matcher(res, namespace, query)
         timeout = float(query.get("timeoutSeconds") or 0)
         deadline = time.monotonic() + timeout if timeout else float("inf")
-        bookmarks = _truthy(query.get("allowWatchBookmarks"))
+        bookmarks = truthy(query.get("allowWatchBookmarks"))
         rv_param = query.get("resourceVersion", "")
         with self._lock:
             if rv_param in ("", "0"):  # "start at most recent": synthetic ADDED for the state
                 cursor = self._rv
-                out = [{"type": "ADDED", "object": copy.deepcopy(o)}
-                       for (k, _, _), o in sorted(self._objects.items())
-                       if k == res.key and match(o)]
+                out = [{"type": "ADDED", "object": copy.deepcopy(self._objects[k])}
+                       for k in self._keys(res) if match(self._objects[k])]
             elif rv_param.isdigit():
                 cursor, out = int(rv_param), []
             else:
                 raise ApiError(400, f"invalid resourceVersion {rv_param!r}")
-            epoch = self._watch_epoch
+            epoch, served = self._watch_epoch, self._served_epoch.get(res.key, 0)
+            floor = max(self._compacted_rv, self._watch_floor.get(res.key, 0))
             self.watch_count += 1
             self._lock.notify_all()
         h.close_connection = True
@@ -1075,10 +871,13 @@ class KubeApiServer:
                         if self._closing or epoch != self._watch_epoch:
                             abrupt, finished = self._abrupt_drop and not self._closing, True
                             break
-                        if cursor < self._compacted_rv:  # events owed are gone: 410, like
-                            out = [{"type": "ERROR", "object": ApiError(  # the watch cache
-                                410, f"too old resource version: {cursor} "
-                                     f"({self._compacted_rv})").status()}]
+                        if served != self._served_epoch.get(res.key, 0):  # unserved: its
+                            finished = True  # storage is torn down, the stream ends cleanly
+                            break
+                        floor = max(floor, self._compacted_rv)
+                        if cursor < floor:  # events owed are gone: 410, like the watch cache
+                            out = [{"type": "ERROR", "object": ApiError(
+                                410, f"too old resource version: {cursor} ({floor})").status()}]
                             break
                         out = [e for ev in self._history if ev.rv > cursor and ev.key == res.key
                                for e in self._translate(ev, match)]
@@ -1138,10 +937,25 @@ class _Handler(BaseHTTPRequestHandler):
 
     do_POST = do_PUT = do_PATCH = do_DELETE = do_GET
 
-    def send_json(self, code: int, payload: Obj) -> None:
+    def send_json(self, code: int, payload: Obj, headers: dict[str, str] | None = None,
+                  warnings: list[str] | None = None) -> None:
         data = json.dumps(payload).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        for w in warnings or ():
+            self.send_header("Warning", w)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def send_text(self, code: int, text: str) -> None:
+        """Go's http.Error/http.NotFound: text/plain, nosniff."""
+        data = text.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("X-Content-Type-Options", "nosniff")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
