@@ -14,6 +14,7 @@ from kube_fixtures import (
     kube_fixture,  # noqa: F401  (the `kube` fixture)
     node,
     now,
+    pod,
     training_job,
     worker,
 )
@@ -27,9 +28,17 @@ from autoscaler.core import Action, Reason
 NTH_ITN = {"key": "aws-node-termination-handler/spot-itn", "value": "evt-9", "effect": "NoSchedule"}
 
 
+def launcher(job: str, node_name: str) -> dict:
+    """The launcher pod et-operator runs horovodrun in: its exec target (no launcher, no
+    hostfile writes and no `ps` wait: launcher.go executeOnLauncher)."""
+    labels = {"group-name": "kai.alibabacloud.com", "training-job-name": job,
+              "training-job-role": "launcher"}
+    return pod(f"{job}-launcher", node_name, 0, labels=labels)
+
+
 def seeded(kube: Kube, tmp_path: Path) -> EtOperator:
     kube.server.seed(node("a", taints=[NTH_ITN]), node("b"), node("c"),
-                     training_job("bert", replicas=3),
+                     training_job("bert", replicas=3), launcher("bert", "b"),
                      worker("bert", 0, "a"), worker("bert", 1, "b"), worker("bert", 2, "c"))
     operator = EtOperator(kube.server, NS, tmp_path / "hostfile")
     operator.step()  # the job Running, its three workers current
@@ -37,7 +46,8 @@ def seeded(kube: Kube, tmp_path: Path) -> EtOperator:
 
 
 def pods(kube: Kube) -> list[str]:
-    return sorted(p["metadata"]["name"] for p in kube.server.objects("Pod", NS))
+    return sorted(p["metadata"]["name"] for p in kube.server.objects("Pod", NS)
+                  if p["metadata"]["labels"].get("training-job-role") == "worker")
 
 
 def test_the_stand_in_deletes_every_worker_for_a_scale_in_whose_pods_are_gone(
@@ -92,7 +102,7 @@ def test_evictions_wait_for_the_daemon_which_removes_the_worker_by_name(
     operator.step()  # et-operator runs our ScaleIn: the pod goes by name, gracefully drained
     assert pods(kube) == ["bert-worker-1", "bert-worker-2"]
     hostfile = (tmp_path / "hostfile").read_text()
-    assert hostfile == "bert-worker-1:1\nbert-worker-2:1\n"
+    assert hostfile == "bert-worker-1:1\nbert-worker-2:1\n\n"  # echo '...' adds a newline
 
 
 def test_a_scale_in_stuck_on_the_launchers_ps_is_reported(kube: Kube, tmp_path: Path) -> None:
