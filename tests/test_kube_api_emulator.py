@@ -510,3 +510,212 @@ def test_custom_resources_are_pruned_and_validated_by_their_crd_schema(
         crd.create_namespaced_custom_object(*KAI, NS, "scaleouts", bad)
     assert exc.value.status == 422
     assert "spec.toAdd.count in body must be of type integer" in status_of(exc.value)["message"]
+
+
+# ---------------------------------------------------------------- CRD schemas
+def trainingjob(name: str, **spec: Any) -> dict[str, Any]:
+    worker = {"replicas": 2, "template": {"spec": {"containers": [{"name": "w", "image": "x"}]}}}
+    return {"apiVersion": "kai.alibabacloud.com/v1alpha1", "kind": "TrainingJob",
+            "metadata": {"name": name},
+            "spec": {"etReplicaSpecs": {"launcher": {"replicas": 1}, "worker": worker}, **spec}}
+
+
+def causes(exc: ApiException) -> list[tuple[str, str]]:
+    return [(c["reason"], c["field"]) for c in status_of(exc)["details"]["causes"]]
+
+
+def test_pruning_keeps_what_the_schema_declares_and_preserves_only_where_it_says(
+    crd: client.CustomObjectsApi,
+) -> None:
+    body = trainingjob("j", unknownTop=1)
+    body["metadata"]["bogus"] = "x"  # ObjectMeta has no such field
+    worker = body["spec"]["etReplicaSpecs"]["worker"]
+    worker["madeUp"] = True  # worker is a declared object without preserve: pruned
+    worker["template"]["metadata"] = {"labels": {"a": "b"}, "anything": 1}  # preserved subtree
+    body["spec"]["etReplicaSpecs"]["ps"] = {"replicas": 1}  # etReplicaSpecs preserves unknown
+    body["spec"]["etReplicaSpecs"]["launcher"]["junk"] = 1  # ...but prunes inside known ones
+    made = crd.create_namespaced_custom_object(*KAI, NS, "trainingjobs", body)
+    specs = made["spec"]["etReplicaSpecs"]
+    assert "unknownTop" not in made["spec"] and "bogus" not in made["metadata"]
+    assert "madeUp" not in specs["worker"] and "junk" not in specs["launcher"]
+    assert specs["ps"] == {"replicas": 1}
+    assert specs["worker"]["template"]["metadata"] == {"labels": {"a": "b"}, "anything": 1}
+    # the schema's defaults are applied (backoffLimit 6, restartPolicy Never, port protocol)
+    assert (made["spec"]["backoffLimit"], made["spec"]["restartPolicy"]) == (6, "Never")
+
+
+def test_unknown_fields_warn_by_default_and_fail_under_strict_field_validation(
+    kube_client: client.ApiClient, crd: client.CustomObjectsApi,
+) -> None:
+    body = {**scaleout("s"), "spec": {"selector": {"name": "job"}, "extra": 1}}
+    resp = crd.create_namespaced_custom_object(*KAI, NS, "scaleouts", body,
+                                               _preload_content=False)
+    assert resp.headers.get("Warning") == '299 - "unknown field \\"spec.extra\\""'
+    with pytest.raises(ApiException) as strict:
+        crd.create_namespaced_custom_object(*KAI, NS, "scaleouts",
+                                            {**body, "metadata": {"name": "t"}},
+                                            field_validation="Strict")
+    assert strict.value.status == 400
+    assert status_of(strict.value)["message"] == (
+        'ScaleOut in version "v1alpha1" cannot be handled as a ScaleOut: strict decoding '
+        'error: unknown field "spec.extra"')
+
+
+def test_validation_errors_are_422_invalid_with_one_cause_per_field(
+    crd: client.CustomObjectsApi,
+) -> None:
+    bad = trainingjob("j", restartPolicy="Always", slotsPerWorker="two")
+    bad["spec"]["etReplicaSpecs"]["worker"]["replicas"] = 0
+    del bad["spec"]["etReplicaSpecs"]["launcher"]
+    with pytest.raises(ApiException) as exc:
+        crd.create_namespaced_custom_object(*KAI, NS, "trainingjobs", bad)
+    body = status_of(exc.value)
+    assert (exc.value.status, body["reason"]) == (422, "Invalid")
+    assert body["details"]["kind"] == "TrainingJob" and body["details"]["name"] == "j"
+    assert sorted(causes(exc.value)) == [
+        ("FieldValueInvalid", "spec.etReplicaSpecs.worker.replicas"),
+        ("FieldValueNotSupported", "spec.restartPolicy"),
+        ("FieldValueRequired", "spec.etReplicaSpecs.launcher"),
+        ("FieldValueTypeInvalid", "spec.slotsPerWorker"),
+    ]
+    assert body["message"].startswith('TrainingJob.kai.alibabacloud.com "j" is invalid: [')
+    assert ('spec.restartPolicy: Unsupported value: "Always": supported values: "Never", '
+            '"OnFailure"') in body["message"]
+    assert ("spec.etReplicaSpecs.worker.replicas: Invalid value: 0: spec.etReplicaSpecs.worker."
+            "replicas in body should be greater than or equal to 1") in body["message"]
+    assert ('spec.slotsPerWorker: Invalid value: "string": spec.slotsPerWorker in body must be '
+            'of type integer: "string"') in body["message"]
+
+
+def test_status_writes_must_carry_what_the_operators_status_requires(
+    kube_api: KubeApiServer, crd: client.CustomObjectsApi,
+) -> None:
+    crd.create_namespaced_custom_object(*KAI, NS, "scaleins", {
+        "apiVersion": "kai.alibabacloud.com/v1alpha1", "kind": "ScaleIn",
+        "metadata": {"name": "s"}, "spec": {"toDelete": {"podNames": ["p"]}}})
+    with pytest.raises(ApiException) as exc:  # JobStatus: conditions, replicaStatuses,
+        crd.patch_namespaced_custom_object_status(  # restartCount are required
+            *KAI, NS, "scaleins", "s", {"status": {"phase": "Scaling"}})
+    assert sorted(causes(exc.value)) == [("FieldValueRequired", f"status.{f}") for f in (
+        "conditions", "replicaStatuses", "restartCount")]
+    with pytest.raises(ApiException) as when:
+        crd.patch_namespaced_custom_object_status(*KAI, NS, "scaleins", "s", {"status": {
+            "conditions": [{"type": "Created", "status": "True", "lastTransitionTime": "now"}],
+            "replicaStatuses": {}, "restartCount": 0}})
+    assert causes(when.value) == [("FieldValueInvalid", "status.conditions[0].lastTransitionTime")]
+
+
+def test_validation_ratcheting_lets_an_object_stored_invalid_change_elsewhere(
+    kube_api: KubeApiServer, crd: client.CustomObjectsApi,
+) -> None:
+    stored = trainingjob("j", slotsPerWorker="two")  # seeded: stored without validation
+    kube_api.seed({**stored, "status": {"phase": "Running"}})  # status lacks required fields
+    patched = crd.patch_namespaced_custom_object(*KAI, NS, "trainingjobs", "j", {
+        "metadata": {"annotations": {"spot-autoscaler.io/drained-hosts": "[]"}}})
+    assert patched["metadata"]["annotations"]  # unchanged invalid parts are not held against it
+    with pytest.raises(ApiException) as exc:  # a changed invalid part is
+        crd.patch_namespaced_custom_object(*KAI, NS, "trainingjobs", "j",
+                                           {"spec": {"slotsPerWorker": "three"}})
+    assert causes(exc.value) == [("FieldValueTypeInvalid", "spec.slotsPerWorker")]
+    kube_api.validation_ratcheting = False  # before 1.30 (or with the gate off)
+    with pytest.raises(ApiException) as strict:
+        crd.patch_namespaced_custom_object(*KAI, NS, "trainingjobs", "j",
+                                           {"metadata": {"labels": {"a": "b"}}})
+    assert ("FieldValueRequired", "status.conditions") in causes(strict.value)
+
+
+def test_the_reconstructed_cce_schema_types_the_scaling_fields(
+    kube_api: KubeApiServer, crd: client.CustomObjectsApi,
+) -> None:
+    cce = ("kongming.cce.baiudbce.com", "v1")
+    job = {"apiVersion": "kongming.cce.baiudbce.com/v1", "kind": "AITrainingJob",
+           "metadata": {"name": "ernie"}, "junk": 1,
+           "spec": {"faultTolerant": True, "priority": "high",  # unknown spec fields: kept
+                    "replicaSpecs": {"trainer": {"replicas": 2, "scaleInpods": ["a"]}}}}
+    made = crd.create_namespaced_custom_object(*cce, NS, "aitrainingjobs", job)
+    assert "junk" not in made and made["spec"]["priority"] == "high"
+    with pytest.raises(ApiException) as exc:
+        crd.patch_namespaced_custom_object(*cce, NS, "aitrainingjobs", "ernie", {
+            "spec": {"replicaSpecs": {"trainer": {"replicas": "3"}}}})
+    assert causes(exc.value) == [("FieldValueTypeInvalid", "spec.replicaSpecs[trainer].replicas")]
+
+
+# ---------------------------------------------------------------- kinds not served
+def test_an_unserved_kind_leaves_discovery_and_answers_the_plain_404(
+    kube_api: KubeApiServer, kube_client: client.ApiClient, crd: client.CustomObjectsApi,
+) -> None:
+    cce = ("kongming.cce.baiudbce.com", "v1")
+    kube_api.seed({"apiVersion": "kongming.cce.baiudbce.com/v1", "kind": "AITrainingJob",
+                   "metadata": {"name": "ernie"}, "spec": {}})
+    kube_api.unserve("aitrainingjobs.kongming.cce.baiudbce.com")
+    apis = client.ApisApi(kube_client)
+    assert cce[0] not in {g.name for g in apis.get_api_versions().groups}
+    for call in (lambda: kube_client.call_api(f"/apis/{cce[0]}", "GET", auth_settings=[],
+                                              _preload_content=False),
+                 lambda: crd.get_api_resources(*cce),
+                 lambda: crd.list_namespaced_custom_object(*cce, NS, "aitrainingjobs"),
+                 lambda: crd.get_namespaced_custom_object(*cce, NS, "aitrainingjobs", "ernie"),
+                 lambda: crd.create_namespaced_custom_object(*cce, NS, "aitrainingjobs", {
+                     "apiVersion": "kongming.cce.baiudbce.com/v1", "kind": "AITrainingJob",
+                     "metadata": {"name": "x"}})):
+        with pytest.raises(ApiException) as exc:
+            call()
+        # Go's http.NotFound, not a Status: what the client sees for a CRD not installed
+        body = exc.value.body
+        text = body.decode() if isinstance(body, bytes) else body
+        assert (exc.value.status, text) == (404, "404 page not found\n")
+        assert exc.value.headers["Content-Type"] == "text/plain; charset=utf-8"
+    # an unknown resource of a built-in group-version is go-restful's Status instead
+    with pytest.raises(ApiException) as core:
+        kube_client.call_api("/api/v1/namespaces/default/nosuchthings", "GET", auth_settings=[],
+                             _preload_content=False)
+    assert status_of(core.value) == {
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": "the server could not find the requested resource", "reason": "NotFound",
+        "details": {}, "code": 404}
+    kube_api.serve("AITrainingJob")  # the CRD installed later: empty (a deleted CRD's objects go)
+    assert crd.list_namespaced_custom_object(*cce, NS, "aitrainingjobs")["items"] == []
+    assert cce[0] in {g.name for g in apis.get_api_versions().groups}
+
+
+def test_a_group_stays_while_one_of_its_kinds_is_served(
+    kube_api: KubeApiServer, kube_client: client.ApiClient, crd: client.CustomObjectsApi,
+) -> None:
+    kube_api.unserve("ScaleIn", keep_objects=True)  # a version set to served: false
+    kube_api.seed({"apiVersion": "kai.alibabacloud.com/v1alpha1", "kind": "ScaleIn",
+                   "metadata": {"name": "kept"}, "spec": {}})
+    names = {r.name for r in crd.get_api_resources(*KAI).resources}
+    assert "scaleins" not in names and {"scaleouts", "trainingjobs"} <= names
+    group = json.loads(kube_client.call_api(f"/apis/{KAI[0]}", "GET", auth_settings=[],
+                                            _preload_content=False,
+                                            _return_http_data_only=True).data)
+    assert (group["kind"], group["preferredVersion"]["version"]) == ("APIGroup", "v1alpha1")
+    with pytest.raises(ApiException) as exc:
+        crd.list_cluster_custom_object(*KAI, "scaleins")
+    assert exc.value.status == 404
+    kube_api.serve("ScaleIn")
+    assert [s["metadata"]["name"] for s in
+            crd.list_namespaced_custom_object(*KAI, NS, "scaleins")["items"]] == ["kept"]
+
+
+def test_watches_on_a_kind_that_goes_end_and_the_client_then_gets_404(
+    kube_api: KubeApiServer, crd: client.CustomObjectsApi, v1: client.CoreV1Api,
+) -> None:
+    rv = crd.list_namespaced_custom_object(*KAI, NS, "scaleouts")["metadata"]["resourceVersion"]
+    outs = BackgroundWatch(crd.list_namespaced_custom_object, *KAI, NS, "scaleouts",
+                           resource_version=rv)
+    pods = BackgroundWatch(v1.list_namespaced_pod, NS, resource_version=rv)
+    kube_api.wait_until(lambda: kube_api.watch_count == 2)
+    crd.create_namespaced_custom_object(*KAI, NS, "scaleouts", scaleout("s"))
+    kube_api.wait_until(lambda: len(outs.events) == 1)
+    kube_api.unserve("ScaleOut")
+    outs.join(5)  # the stream ended cleanly; the client's re-watch got the plain 404
+    assert isinstance(outs.error, ApiException) and outs.error.status == 404
+    assert [e["type"] for e in outs.events] == ["ADDED"]  # no DELETED for the objects that went
+    assert pods.is_alive() and kube_api.watch_count == 1  # other kinds' watches go on
+    kube_api.serve("ScaleOut")
+    with pytest.raises(ApiException) as gone:  # a new watch cache: older versions are gone
+        collect(crd.list_namespaced_custom_object, *KAI, NS, "scaleouts", resource_version=rv,
+                timeout_seconds=5, n=1)
+    assert gone.value.status == 410
+    pods.watch.stop()

@@ -476,7 +476,9 @@ class KubeApiServer(PodWorkloads):
             traceback.print_exc()
             code, payload = 500, ApiError(500, f"emulator error: {e!r}").status()
         record.status = code
-        warnings = [f'299 - "{w}"' for w in self._tls.warnings]
+        # RFC 7234 warn-text: a quoted-string, so inner quotes are escaped
+        warnings = ['299 - "%s"' % w.replace("\\", "\\\\").replace('"', '\\"')
+                    for w in self._tls.warnings]
         if payload is not None:  # None: a watch stream has already answered
             with contextlib.suppress(OSError):  # the client may have gone away
                 h.send_json(code, payload, headers, warnings)
