@@ -719,3 +719,39 @@ def test_watches_on_a_kind_that_goes_end_and_the_client_then_gets_404(
                 timeout_seconds=5, n=1)
     assert gone.value.status == 410
     pods.watch.stop()
+
+
+def test_a_v1beta1_crd_keeps_unknown_fields_unless_it_opts_into_pruning(
+    kube_api: KubeApiServer, kube_client: client.ApiClient, crd: client.CustomObjectsApi,
+    tmp_path: Path,
+) -> None:
+    def install(plural: str, kind: str, **spec: Any) -> None:
+        path = tmp_path / f"{plural}.yaml"
+        path.write_text(json.dumps({  # JSON is YAML
+            "apiVersion": "apiextensions.k8s.io/v1beta1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": f"{plural}.example.com"},
+            "spec": {"group": "example.com", "version": "v1", "scope": "Namespaced",
+                     "names": {"plural": plural, "kind": kind},
+                     "validation": {"openAPIV3Schema": {"type": "object", "properties": {
+                         "spec": {"type": "object",
+                                  "properties": {"size": {"type": "integer"}}}}}},
+                     **spec}}))
+        kube_api.install_crd(str(path))
+
+    install("olds", "Old")  # v1beta1 defaulted preserveUnknownFields to true
+    install("strict", "Strict", preserveUnknownFields=False)
+    assert "example.com" in {g.name for g in client.ApisApi(kube_client).get_api_versions().groups}
+
+    def create(plural: str, kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+        made: dict[str, Any] = crd.create_namespaced_custom_object(
+            "example.com", "v1", NS, plural, {"apiVersion": "example.com/v1", "kind": kind,
+                                              "metadata": {"name": "x"}, "spec": spec})
+        return made
+
+    assert create("olds", "Old", {"size": 1, "extra": 2})["spec"] == {"size": 1, "extra": 2}
+    assert create("strict", "Strict", {"size": 1, "extra": 2})["spec"] == {"size": 1}
+    with pytest.raises(ApiException) as exc:  # validation applies either way
+        crd.create_namespaced_custom_object("example.com", "v1", NS, "olds", {
+            "apiVersion": "example.com/v1", "kind": "Old", "metadata": {"name": "y"},
+            "spec": {"size": "big"}})
+    assert exc.value.status == 422

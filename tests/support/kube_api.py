@@ -31,6 +31,7 @@ import json
 import random
 import select
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -105,8 +106,9 @@ class _Event:
     old: Obj | None = None
 
 
-def _custom(crd: str) -> Resource:
-    # Custom resources have a status subresource, so the real server drops status on create.
+def custom_resource(crd: str) -> Resource:
+    """The resource a CRD file defines (tests/support/crds/<file> or an absolute path).
+    With a status subresource the real server drops status on create."""
     v = load_crd(crd)
     return Resource(v.group, v.version, v.plural, v.kind, v.namespaced,
                     status_subresource=v.status_subresource,
@@ -132,10 +134,11 @@ def _default_resources() -> list[Resource]:
         Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True,
                  initial_status={}),
         Resource("events.k8s.io", "v1", "events", "Event", **no_status),
-        _custom("kai.alibabacloud.com_trainingjobs.yaml"),
-        _custom("kai.alibabacloud.com_scaleins.yaml"),
-        _custom("kai.alibabacloud.com_scaleouts.yaml"),
-        _custom("kongming.cce.baiudbce.com_aitrainingjobs.yaml"),  # reconstructed (no upstream)
+        custom_resource("kai.alibabacloud.com_trainingjobs.yaml"),
+        custom_resource("kai.alibabacloud.com_scaleins.yaml"),
+        custom_resource("kai.alibabacloud.com_scaleouts.yaml"),
+        # reconstructed: no upstream schema is public
+        custom_resource("kongming.cce.baiudbce.com_aitrainingjobs.yaml"),
     ]
 
 
@@ -178,7 +181,7 @@ class KubeApiServer(PodWorkloads):
     # ------------------------------------------------------------ lifecycle
     def start(self) -> KubeApiServer:
         handler = type("Handler", (_Handler,), {"api": self})
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._httpd = _HTTPServer(("127.0.0.1", 0), handler)
         self._httpd.daemon_threads = True
         threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
                          daemon=True).start()
@@ -252,6 +255,13 @@ class KubeApiServer(PodWorkloads):
             self._unserved.discard(res.key)
             self._watch_floor[res.key] = self._rv
             self._lock.notify_all()
+
+    def install_crd(self, path: str) -> Resource:
+        """Register and serve the kind a CRD file defines (a CRD applied later)."""
+        res = custom_resource(path)
+        self.register(res)
+        self.serve(res.key)
+        return res
 
     def served(self, ref: str) -> bool:
         return self.resource(ref).key not in self._unserved
@@ -341,7 +351,7 @@ class KubeApiServer(PodWorkloads):
                 key = self._backdoor_key(res, meta["name"], meta.pop("namespace", None))
                 if res.namespaced:
                     meta["namespace"] = key[1]
-                if res.crd:
+                if res.crd and load_crd(res.crd).prunes:
                     load_crd(res.crd).schema.default(obj)
                 old = self._objects.get(key)
                 out.append(self._commit(res, key, old, obj) if old else
@@ -477,8 +487,8 @@ class KubeApiServer(PodWorkloads):
             code, payload = 500, ApiError(500, f"emulator error: {e!r}").status()
         record.status = code
         # RFC 7234 warn-text: a quoted-string, so inner quotes are escaped
-        warnings = ['299 - "%s"' % w.replace("\\", "\\\\").replace('"', '\\"')
-                    for w in self._tls.warnings]
+        quoted = (w.replace("\\", "\\\\").replace('"', '\\"') for w in self._tls.warnings)
+        warnings = [f'299 - "{w}"' for w in quoted]
         if payload is not None:  # None: a watch stream has already answered
             with contextlib.suppress(OSError):  # the client may have gone away
                 h.send_json(code, payload, headers, warnings)
@@ -669,7 +679,10 @@ class KubeApiServer(PodWorkloads):
         non-nullable fields dropped, schema defaults applied."""
         if not res.crd:
             return obj
-        schema = load_crd(res.crd).schema
+        crd = load_crd(res.crd)
+        if not crd.prunes:  # a v1beta1 CRD keeping unknown fields: stored as sent
+            return obj
+        schema = crd.schema
         unknown = schema.prune(obj)
         mode = query.get("fieldValidation", "Warn")
         if unknown and mode == "Strict":
@@ -927,6 +940,13 @@ class KubeApiServer(PodWorkloads):
             gone["metadata"]["resourceVersion"] = str(ev.rv)
             return [{"type": "DELETED", "object": gone}]
         return []
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hangs up mid-request is normal (watches, timeouts): no traceback."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -318,21 +318,30 @@ class CrdVersion:
     namespaced: bool
     status_subresource: bool
     schema: StructuralSchema
+    prunes: bool  # v1 always; v1beta1 only with spec.preserveUnknownFields: false
 
 
 @cache
 def load_crd(filename: str) -> CrdVersion:
-    """Read ``tests/support/crds/<filename>`` (the storage version; cached)."""
+    """Read a CRD file, ``tests/support/crds/<filename>`` or an absolute path (the storage
+    version; cached). apiextensions.k8s.io/v1beta1 CRDs are read too: their schema may be
+    global (``spec.validation``), and they prune (and default) only with
+    ``spec.preserveUnknownFields: false``, which v1beta1 defaulted to true."""
     with open(CRD_DIR / filename) as f:
         crd = next(d for d in yaml.load_all(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
                    if d and d.get("kind") == "CustomResourceDefinition")
     spec = crd["spec"]
-    version = next(v for v in spec["versions"] if v.get("storage"))
+    versions = spec.get("versions") or [{"name": spec.get("version"), "storage": True}]
+    version = next(v for v in versions if v.get("storage"))
+    schema = ((version.get("schema") or spec.get("validation") or {}).get("openAPIV3Schema")
+              or {"type": "object", "x-kubernetes-preserve-unknown-fields": True})
+    subresources = version.get("subresources") or spec.get("subresources") or {}
+    v1 = crd.get("apiVersion") == "apiextensions.k8s.io/v1"
     return CrdVersion(
         group=spec["group"], version=version["name"], plural=spec["names"]["plural"],
-        kind=spec["names"]["kind"], namespaced=spec["scope"] == "Namespaced",
-        status_subresource="status" in (version.get("subresources") or {}),
-        schema=StructuralSchema(version["schema"]["openAPIV3Schema"]),
+        kind=spec["names"]["kind"], namespaced=spec.get("scope", "Namespaced") == "Namespaced",
+        status_subresource="status" in subresources, schema=StructuralSchema(schema),
+        prunes=v1 or spec.get("preserveUnknownFields") is False,
     )
 
 
