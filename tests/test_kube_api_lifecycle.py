@@ -265,6 +265,12 @@ def test_budget_status_is_kept_by_the_disruption_controllers_rules(
     ref = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web",
            "uid": rs["metadata"]["uid"]}
     kube_api.seed(*(owned(f"web-{i}", ref, web) for i in range(3)))
+    with pytest.raises(ApiException) as both:
+        policy.create_namespaced_pod_disruption_budget(
+            NS, budget("both", web, minAvailable=1, maxUnavailable=1))
+    assert json.loads(both.value.body)["message"] == (
+        'PodDisruptionBudget.policy "both" is invalid: spec: Invalid value: "object": '
+        "minAvailable and maxUnavailable cannot be both set")
     policy.create_namespaced_pod_disruption_budget(NS, budget("half", web, minAvailable="50%"))
     status = policy.read_namespaced_pod_disruption_budget("half", NS).status
     # expected pods = the ReplicaSet's scale (4), not the 3 pods; 50% of 4 rounded up = 2

@@ -67,7 +67,7 @@ from .kube_core import (
     truthy,
 )
 from .kube_pods import PodWorkloads, default_pod, validate_pdb
-from .kube_schema import FieldError, load_crd
+from .kube_schema import load_crd
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient  # type: ignore[import-untyped]
@@ -705,8 +705,7 @@ class KubeApiServer(PodWorkloads):
         elif res.key == "poddisruptionbudgets.policy":
             problems = validate_pdb(obj)
             if problems:
-                raise invalid(res, name, [FieldError("Invalid", p.split(":")[0], None,
-                                                     p.split(": ", 2)[-1]) for p in problems])
+                raise invalid(res, name, problems)
 
     def _get(self, res: Resource, namespace: str | None, name: str) -> Obj:
         with self._lock:

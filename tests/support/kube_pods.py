@@ -26,6 +26,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .kube_core import ApiError, Key, Obj, Resource, selector_test
+from .kube_schema import FieldError
 
 TERMINAL = ("Succeeded", "Failed")
 DEFAULT_GRACE = 30  # pod defaulting: spec.terminationGracePeriodSeconds
@@ -325,24 +326,28 @@ def scaled_value(value: Any, total: int, round_up: bool) -> int:
     return int(value)
 
 
-def validate_pdb(pdb: Obj) -> list[str]:
-    """The few checks of pkg/apis/policy/validation that matter here."""
+def validate_pdb(pdb: Obj) -> list[FieldError]:
+    """The checks of pkg/apis/policy/validation ValidatePodDisruptionBudgetSpec that matter
+    here: not both minAvailable and maxUnavailable; each an integer >= 0 or a percentage."""
     spec = pdb.get("spec") or {}
     problems = []
     if spec.get("minAvailable") is not None and spec.get("maxUnavailable") is not None:
-        problems.append("spec: Invalid value: minAvailable and maxUnavailable cannot be both set")
+        problems.append(FieldError("Invalid", "spec", "object",
+                                   "minAvailable and maxUnavailable cannot be both set"))
     for key in ("minAvailable", "maxUnavailable"):
         value = spec.get(key)
         if isinstance(value, str):
             try:
-                if not 0 <= scaled_value(value, 100, True) <= 100:
-                    raise ValueError
+                ok = 0 <= scaled_value(value, 100, True) <= 100
             except ValueError:
-                problems.append(f"spec.{key}: Invalid value: {value!r}: must be an integer or "
-                                "a percentage between 0% and 100%")
+                ok = False
+            if not ok:
+                problems.append(FieldError("Invalid", f"spec.{key}", value,
+                                           "must be an integer or a percentage between 0% and "
+                                           "100%"))
         elif isinstance(value, int) and value < 0:
-            problems.append(f"spec.{key}: Invalid value: {value}: must be greater than or "
-                            "equal to 0")
+            problems.append(FieldError("Invalid", f"spec.{key}", value,
+                                       "must be greater than or equal to 0"))
     return problems
 
 
