@@ -166,6 +166,7 @@ class _State:
         self.drained_since: dict[tuple[str, str], float] = {}
         self.scalers: dict[tuple[str, str], Obj] = {}
         self.named: dict[tuple[str, str | None], str] = {}  # (pod, uid) -> first ScaleIn
+        self.resolved: dict[str, dict[str, str | None]] = {}  # ScaleIn -> pod name -> uid
         self.violations: list[Violation] = []
         self.notices: list[Notice] = []
         self._seen: set[tuple[str, ...]] = set()
@@ -285,8 +286,12 @@ class _State:
             self.flag(e.t, "two_scalers", f"{job}: unfinished {open_}", (job, *open_))
         if e.kind != "ScaleIn":
             return
+        resolved = self.resolved.setdefault(key[1], {})
         for pod_name in ((e.obj.get("spec") or {}).get("toDelete") or {}).get("podNames") or ():
+            if pod_name in resolved:  # the pod it meant when it first named it
+                continue
             pod = self.pod_named(pod_name)
+            resolved[pod_name] = pod["metadata"]["uid"] if pod else None
             ident = (pod_name, pod["metadata"]["uid"] if pod else None)
             first = self.named.setdefault(ident, key[1])
             if first != key[1]:
