@@ -358,3 +358,85 @@ def test_the_daemon_survives_faults_and_keeps_its_invariants(tmp_path: Path) -> 
     assert outcome.crashes == 0 and summary["tracebacks"] == 0, summary
     assert outcome.hangs == 0, summary
     assert outcome.report.violations == [], summary["violation_details"]
+
+
+# --- the tools themselves: each invariant fires, each proxy fault does what it says ------------
+def _scale_in(name: str, job: str, pods: list[str]) -> dict[str, Any]:
+    return {"apiVersion": "kai.alibabacloud.com/v1alpha1", "kind": "ScaleIn",
+            "metadata": {"name": name, "namespace": NS,
+                         "labels": {"app.kubernetes.io/managed-by": "spot-autoscaler"}},
+            "spec": {"selector": {"name": job}, "toDelete": {"podNames": pods}}}
+
+
+def test_every_invariant_fires_on_a_stream_that_breaks_it() -> None:
+    from kube_fixtures import worker
+
+    server = RecordingServer()
+    taint = {"spec": {"taints": [{"key": NTH_ITN, "value": "e", "effect": "NoSchedule"}]}}
+    server.seed(node("a"), node("b"), training_job("j", min_workers=2, max_workers=3),
+                *(worker("j", i, "a") for i in range(3)))
+    server.seed(worker("j", 3, "b"))  # 4 > max 3
+    server.seed(_scale_in("in-1", "j", ["j-worker-0"]), _scale_in("in-2", "j", ["j-worker-0"]))
+    server.delete("Pod", "j-worker-3", NS)  # by "the operator", on a healthy node
+    server.delete("Pod", "j-worker-2", NS)
+    server.delete("Pod", "j-worker-1", NS)  # 1 left < min 2
+    server.patch("Node", "a", taint)
+    server.reclaim_pod("j-worker-0", NS)  # never drained
+    server.seed(worker("j", 4, "b"))
+    server.patch("TrainingJob", "j", {"metadata": {"annotations": {
+        "spot-autoscaler.io/drained-hosts": '["j-worker-4"]'}}}, NS)
+    server.patch("Node", "b", taint)
+    server.patch("Node", "b", {"spec": {"taints": []}})  # healthy again, j-worker-4 still drained
+    report = check(server, settle=1.0, end=time.monotonic() + 2.0)
+    assert report.by_kind() == {"over_max": 1, "two_scalers": 1, "pod_in_two_scaleins": 1,
+                                "under_min": 1, "undrained_at_reclaim": 1,
+                                "drained_after_healthy": 1}
+    assert [n.node for n in report.notices] == ["a", "b"]
+    assert report.fates() == {"killed_undrained": 1, "survived": 1}
+
+
+def test_a_graceful_notice_breaks_nothing_and_is_measured() -> None:
+    from kube_fixtures import worker
+
+    server = RecordingServer()
+    server.seed(node("a"), node("b"), training_job("j", min_workers=1, max_workers=4),
+                worker("j", 0, "a"), worker("j", 1, "a"), worker("j", 2, "b"))
+    server.patch("Node", "a", {"spec": {"taints": [{"key": NTH_ITN, "effect": "NoSchedule"}]}})
+    server.patch("TrainingJob", "j", {"metadata": {"annotations": {
+        "spot-autoscaler.io/drained-hosts": '["j-worker-0", "j-worker-1"]'}}}, NS)
+    server.seed(_scale_in("in-1", "j", ["j-worker-0"]))
+    server.delete("Pod", "j-worker-0", NS)  # the operator, by name
+    server.reclaim_pod("j-worker-1", NS)  # drained in time
+    server.delete("Node", "a")
+    report = check(server, settle=1.0, end=time.monotonic() + 5.0)
+    assert report.violations == []
+    assert report.fates() == {"removed_by_name": 1, "drained_at_reclaim": 1}
+    assert report.latencies() and report.latencies()[0] >= 0
+    assert report.stale_drained == 2  # the daemon has not pruned them (none runs here)
+
+
+def test_the_proxy_answers_errors_and_loses_replies_after_the_write() -> None:
+    import urllib.error
+
+    with RecordingServer() as server, FaultProxy(server.url, FaultRates(error=1.0)) as proxy:
+        proxy.active.set()
+        codes = set()
+        for _ in range(20):
+            with pytest.raises(urllib.error.HTTPError) as err:
+                urllib.request.urlopen(f"{proxy.url}/api/v1/nodes", timeout=5)
+            codes.add(err.value.code)
+        assert codes <= {500, 503, 429} and len(codes) > 1
+        assert server.count(path_contains="/nodes") == 0  # never forwarded
+        proxy.rates = FaultRates(lost_reply=1.0)
+        body = json.dumps({"apiVersion": "v1", "kind": "ConfigMap",
+                           "metadata": {"name": "cm"}}).encode()
+        request = urllib.request.Request(f"{proxy.url}/api/v1/namespaces/default/configmaps",
+                                         data=body, method="POST",
+                                         headers={"Content-Type": "application/json"})
+        with pytest.raises((OSError, ConnectionError)):
+            urllib.request.urlopen(request, timeout=5)
+        assert server.get("ConfigMap", "cm", "default") is not None  # the write happened
+        proxy.active.clear()
+        with urllib.request.urlopen(f"{proxy.url}/api/v1/nodes", timeout=5) as resp:
+            assert resp.status == 200
+        assert proxy.counts["lost_reply"] == 1 and proxy.injected == 21

@@ -132,11 +132,13 @@ class FaultProxy:
             choices = [("error", r.error), ("lost_reply", r.lost_reply), ("latency", r.latency)]
             if watch:
                 choices.append(("cut_watch", r.cut_watch))
-            for kind, p in choices:
+            kind = None
+            for name, p in choices:
                 if x < p:
+                    kind = name
                     break
                 x -= p
-            else:
+            if kind is None:
                 return None, 0.0
             if kind == "error":
                 param = float(self._rng.choice((500, 503, 429)))
