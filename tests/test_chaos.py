@@ -235,11 +235,12 @@ def run_chaos(plan: Plan, tmp: Path) -> Outcome:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "POD_NAME": "chaos",
                "POD_NAMESPACE": "default"}
         stderr = (tmp / "daemon.log").open("w")
+        decisions = (tmp / "decisions.jsonl").open("w")  # the daemon's decision log (stdout)
         proc = subprocess.Popen([str(CLI), "run", "--config", str(tmp / "config.yaml"),
                                  "--kubeconfig", str(tmp / "kubeconfig")], cwd=ROOT, env=env,
-                                stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+                                stdout=decisions, stderr=stderr, text=True)
         passes = Passes(port)
-        crashes, exit_code = 0, None
+        crashes, exit_code, end = 0, None, None
         try:
             deadline = time.monotonic() + 60
             while passes.count < 1 and proc.poll() is None and time.monotonic() < deadline:
@@ -267,6 +268,11 @@ def run_chaos(plan: Plan, tmp: Path) -> Outcome:
                     proc.kill()
                     exit_code = proc.wait()
             stderr.close()
+            decisions.close()
+            if keep := os.environ.get("CHAOS_KEEP"):  # the daemon's logs, for the evidence
+                for f in ("daemon.log", "decisions.jsonl"):
+                    dest = Path(keep) / f"seed{plan.seed}-{f}"
+                    dest.write_bytes((tmp / f).read_bytes())
             proxy.stop()
             storms.stop()
         report = check(server, settle=plan.settle, end=end)

@@ -143,6 +143,14 @@ def _finished(scaler: Obj) -> bool:
     return bool(conditions) and conditions[-1].get("type") in _FINISHED
 
 
+def _summary(scaler: Obj) -> str:
+    spec, status = scaler.get("spec") or {}, scaler.get("status") or {}
+    conditions = status.get("conditions") or []
+    what = spec.get("toAdd") or (spec.get("toDelete") or {}).get("podNames")
+    state = conditions[-1].get("type") if conditions else "new"
+    return f"{what}->{state}"
+
+
 def _drained(job: Obj) -> frozenset[str]:
     import json
 
@@ -189,6 +197,18 @@ class _State:
         w = spec.get("worker") or {}
         return int(w.get("minReplicas") or 0), int(w.get("maxReplicas") or 10**9)
 
+    def context(self, job: str) -> str:
+        """Evidence: where the job's workers are and its scalers (ours) so far."""
+        ws = self.workers(job)
+        doomed = [p["metadata"]["name"] for p in ws
+                  if _tainted(self.nodes.get((p.get("spec") or {}).get("nodeName") or "", {}))]
+        pending = sum((p.get("status") or {}).get("phase") == "Pending" for p in ws)
+        drained = sorted(self.drained[job])
+        scalers = [f"{k}/{n}:{_summary(s)}" for (k, n), s in self.scalers.items()
+                   if ((s.get("spec") or {}).get("selector") or {}).get("name") == job][-4:]
+        return (f"on noticed nodes {doomed}, pending {pending}, drained {drained}, "
+                f"last scalers {scalers}")
+
     def pod_named(self, name: str) -> Obj | None:
         return next((p for p in self.pods.values() if p["metadata"]["name"] == name), None)
 
@@ -228,7 +248,8 @@ class _State:
             self.pods[uid] = e.obj
             lo, hi = self.bounds(job)
             if is_worker and len(self.workers(job)) > hi:
-                self.flag(e.t, "over_max", f"{job}: {len(self.workers(job))} workers > max {hi}",
+                self.flag(e.t, "over_max", f"{job}: {len(self.workers(job))} workers > max {hi} "
+                          f"when {name} appeared; {self.context(job)}",
                           (job, str(len(self.workers(job)))))
             return
         pod = self.pods.pop(uid, e.obj)
