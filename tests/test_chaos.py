@@ -74,7 +74,7 @@ class Plan:
     seed: int = 1
 
 
-SHORT = Plan(nodes=8, jobs=2, notices=8, faults=(0.10,), spacing=1.2, deadline=5.0,
+SHORT = Plan(nodes=8, jobs=2, notices=8, faults=(0.10,), spacing=1.2, deadline=8.0,
              min_workers=2, max_workers=10, replicas=6)
 LONG_PLAN = Plan(nodes=40, jobs=4, notices=40, faults=(0.05, 0.10, 0.20), spacing=3.0,
                  deadline=10.0, min_workers=4, max_workers=30, replicas=16)

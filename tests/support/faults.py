@@ -32,7 +32,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from support.kube_api import KubeApiServer
+from .kube_api import KubeApiServer
 
 _HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer",
         "upgrade", "host", "content-length"}

@@ -28,7 +28,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from support.kube_api import KubeApiServer, Resource
+from .kube_api import KubeApiServer, Resource
 
 Obj = dict[str, Any]
 MANAGED_BY = "app.kubernetes.io/managed-by"
