@@ -28,6 +28,7 @@ lint: $(VENV)/.installed  # import contracts, ruff, mypy: also part of `make tes
 # CHAOS_SEED=<n> picks the seed; CHAOS_JSON=<path> appends the report as a JSON line.
 chaos: $(VENV)/.installed
 	CHAOS_LONG=1 $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/test_chaos.py
+	CONFIG_FUZZ_FILES=10000 $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_config_fuzz.py
 
 clean:
 	rm -rf $(VENV) simulate-out .pytest_cache
