@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: simulate test horovod lint clean
+.PHONY: simulate test horovod lint chaos clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,12 @@ horovod: $(VENV)/.installed
 
 lint: $(VENV)/.installed  # import contracts, ruff, mypy: also part of `make test`
 	$(BIN)/python -m pytest -q tests/test_layering.py tests/test_static_checks.py
+
+# The long fault suite (docs/reliability.md): 40 nodes, 4 jobs, 40 notices, 5-20% faults, ~3 min.
+# CHAOS_SEED=<n> picks the seed; CHAOS_JSON=<path> appends the report as a JSON line.
+chaos: $(VENV)/.installed
+	CHAOS_LONG=1 $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/test_chaos.py
+	CONFIG_FUZZ_FILES=10000 $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_config_fuzz.py
 
 clean:
 	rm -rf $(VENV) simulate-out .pytest_cache

@@ -3,6 +3,7 @@ the shipped example (bytes flipped, lines dropped or repeated, YAML oddities spl
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
@@ -11,6 +12,8 @@ import pytest
 from autoscaler.config import ConfigError, check_config
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "config" / "example.yaml"
+# 400 files in `make test`; `make chaos` runs 10,000 (CONFIG_FUZZ_FILES)
+PER_SEED = int(os.environ.get("CONFIG_FUZZ_FILES", "400")) // 4
 ODDITIES = [
     b"a: &x [*x]\n", b"? [a, b]\n: 1\n", b"x: !!python/object:os.system y\n",
     b"policies: " + b"[" * 3000 + b"]" * 3000 + b"\n", b"\xff\xfe\x00",
@@ -42,7 +45,7 @@ def test_mutated_configs_give_problems_never_tracebacks(tmp_path: Path, seed: in
     rng = random.Random(seed)
     text = EXAMPLE.read_bytes()
     bad = 0
-    for n in range(100):
+    for n in range(PER_SEED):
         path = tmp_path / f"c{n}.yaml"
         path.write_bytes(mutate(rng, text))
         try:

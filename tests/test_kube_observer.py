@@ -224,15 +224,16 @@ def test_only_shared_gpu_nodes_are_marked_shared(kube: Kube) -> None:
 
 
 def test_shared_gpu_nodes_reach_the_core_marked(kube: Kube) -> None:
-    shared = node(
-        "share",
-        0,
-        labels={"ack.node.gpu.schedule": "share"},
-        allocatable={"aliyun.com/gpu-mem": "64", "aliyun.com/gpu-count": "4"},
-    )
-    kube.server.seed(shared, node("whole"))
+    # every ACK sharing mode of ack.node.gpu.schedule (cgpu, core_mem, share, mps) is shared
+    modes = ("cgpu", "core_mem", "share", "mps")
+    kube.server.seed(node("whole"), *(
+        node(mode.replace("_", "-"), 0, labels={"ack.node.gpu.schedule": mode},
+             allocatable={"aliyun.com/gpu-mem": "64", "aliyun.com/gpu-count": "4"})
+        for mode in modes
+    ))
     nodes = by_name(snap(kube).nodes)
-    assert nodes["share"].shared_gpu and not nodes["whole"].shared_gpu
+    assert all(nodes[m.replace("_", "-")].shared_gpu for m in modes)
+    assert not nodes["whole"].shared_gpu
 
 
 def unknown_type_nodes(tag: str) -> list[dict]:

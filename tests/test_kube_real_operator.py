@@ -26,7 +26,9 @@ from kube_fixtures import (
 from kubernetes import client
 
 from autoscaler.adapters.kube.et_operator import scaler_name
-from autoscaler.core import Action, Reason
+from autoscaler.adapters.kube.observer import _with_unseen
+from autoscaler.adapters.kube.scalers import ScalerFacts
+from autoscaler.core import Action, Reason, ScalerKind, Worker
 from autoscaler.signals import ASSIGNED_ANNOTATION
 
 NTH_ITN = {"key": "aws-node-termination-handler/spot-itn", "value": "evt-9", "effect": "NoSchedule"}
@@ -169,3 +171,16 @@ def test_already_exists_is_success_only_for_our_own_identical_scaler(kube: Kube)
     rec.tick(now())
     assert rec.errors == 1 and len(kube.objects("ScaleIn")) == 1
     assert kube.objects("ScaleIn")[0]["spec"]["toDelete"]["podNames"] == ["gpt-worker-1"]
+
+
+def test_pods_a_finished_scale_out_added_count_until_the_pod_watch_has_caught_up() -> None:
+    # a cut pod watch: the ScaleOut is seen finished (rv 120) but the pod view is at rv 100;
+    # counting only the pods seen would let the next pass scale out again, past max
+    done = ScalerFacts(ScalerKind.SCALE_OUT, "bert-out-1", "ml/bert", now(),
+                       ("bert-worker-2", "bert-worker-3"), "ScaleSucceeded", now(),
+                       resource_version=120)
+    seen = (Worker("bert-worker-0", "a", "bert-worker-0", 0),
+            Worker("bert-worker-2", "a", "bert-worker-2", 2))
+    lagging = _with_unseen(seen, [done], pods_seen=100)
+    assert [(w.pod, w.pending) for w in lagging[2:]] == [("bert-worker-3", True)]
+    assert _with_unseen(seen, [done], pods_seen=120) == seen  # caught up: trust the pods

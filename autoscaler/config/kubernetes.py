@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import timedelta
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field, field_validator, model_validator
 
@@ -81,9 +82,26 @@ class SharedGpuSettings(StrictModel):
     counted in GPU equivalents: memory requested / (memory allocatable / GPU count)."""
 
     node_label: str = "ack.node.gpu.schedule"
-    node_label_value: str = "share"
+    # ACK's GPU-sharing modes ("Enable scheduling features", ACK docs): cgpu (cGPU memory
+    # isolation), core_mem (compute and memory isolated), share (no isolation), mps (NVIDIA MPS);
+    # `default` (whole GPUs) and `topology` are not sharing
+    node_label_values: list[str] = ["cgpu", "core_mem", "share", "mps"]
     memory_resource: str = "aliyun.com/gpu-mem"
     count_resource: str = "aliyun.com/gpu-count"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _single_value(cls, data: Any) -> Any:
+        # `node_label_value: X` (one value, from before ACK had several sharing modes) still works
+        if isinstance(data, dict) and "node_label_value" in data:
+            if "node_label_values" in data:
+                raise ValueError("give node_label_values, not also node_label_value")
+            data = {**data, "node_label_values": [data["node_label_value"]]}
+            del data["node_label_value"]
+        return data
+
+    def shares(self, labels: Mapping[str, str]) -> bool:
+        return labels.get(self.node_label) in self.node_label_values
 
 
 class KubernetesSettings(StrictModel):

@@ -17,7 +17,9 @@ def wait_for(condition: Callable[[], Any], timeout: float = 5.0, what: str = "co
     return value
 
 
-def seconds_until(condition: Callable[[], Any], timeout: float = 5.0, what: str = "condition") -> float:
+def seconds_until(
+    condition: Callable[[], Any], timeout: float = 5.0, what: str = "condition"
+) -> float:
     """How long `condition()` took to become truthy (a measured latency)."""
     started = time.monotonic()
     wait_for(condition, timeout, what)

@@ -147,6 +147,10 @@ class KubeCache:
             reflector.track(tracker)
         return tracker
 
+    def seen_rv(self, resource: Resource) -> int:
+        """The resourceVersion every view of `resource` is complete up to (0: unknown)."""
+        return min((r.seen_rv for r in self._reflectors[resource].values()), default=0)
+
     def served(self, resource: Resource) -> bool:
         """Whether the API server serves this kind (as last looked up in discovery)."""
         return all(r.served for r in self._reflectors[resource].values())

@@ -30,7 +30,7 @@ def node_gpus(node: Obj, settings: KubernetesSettings) -> NodeGpus:
     allocatable = (node.get("status") or {}).get("allocatable") or {}
     whole = sum(quantity(allocatable.get(r)) for r in settings.gpu_resources)
     shared = settings.shared_gpu
-    if shared and labels_of(node).get(shared.node_label) == shared.node_label_value:
+    if shared and shared.shares(labels_of(node)):
         count = quantity(allocatable.get(shared.count_resource))
         memory = quantity(allocatable.get(shared.memory_resource))
         if count > 0 and memory > 0:

@@ -25,6 +25,7 @@ from autoscaler.adapters.kube.rejects import Rejections
 from autoscaler.adapters.kube.resources import (
     AI_TRAINING_JOBS,
     NODES,
+    PODS,
     SCALE_INS,
     SCALE_OUTS,
     TRAINING_JOBS,
@@ -32,6 +33,7 @@ from autoscaler.adapters.kube.resources import (
     key_of,
 )
 from autoscaler.adapters.kube.scalers import (
+    SUCCEEDED,
     ScalerFacts,
     ScalerState,
     by_job,
@@ -47,6 +49,7 @@ from autoscaler.core.model import (
     Job,
     Notice,
     Scaler,
+    ScalerKind,
     Snapshot,
     Worker,
 )
@@ -78,6 +81,34 @@ class _Derived(Generic[T]):
             out.append(value)
         self._memo = memo
         return out
+
+
+def _with_unseen(
+    workers: tuple[Worker, ...], scalers: list[ScalerFacts], pods_seen: int
+) -> tuple[Worker, ...]:
+    """Workers plus those a ScaleOut has already added that the pod watch has not shown yet.
+
+    Watches are independent streams: after a cut pod watch, the ScaleOut can be seen finished
+    while its pods are not, and a pass would scale out again, past max. A ScaleOut that finished
+    at a resourceVersion newer than the pod view's counts its pods as (pending) workers."""
+    known = {w.pod for w in workers}
+    unseen = [
+        pod
+        for f in scalers
+        if f.kind is ScalerKind.SCALE_OUT and f.outcome == SUCCEEDED
+        and f.resource_version > pods_seen
+        for pod in f.pods
+        if pod not in known
+    ]
+    if not unseen:
+        return workers
+    extra = (Worker(pod=p, node=None, host=p, index=_index_of(p), pending=True) for p in unseen)
+    return (*workers, *extra)
+
+
+def _index_of(pod: str) -> int:
+    tail = pod.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
 
 
 def _node_reader(settings: KubernetesSettings) -> Callable[[Obj], NodeFacts]:
@@ -199,10 +230,13 @@ class KubeObserver:
         built: _Built = {}
         jobs: list[Job] = []
 
+        pods_seen = self._cache.seen_rv(PODS)
+
         def et_operator(obj: Obj) -> Job:
             key = key_of(obj)
             state = scaler_state(obj, key, scalers.get(key, []))
-            workers = self._pods.workers(key, Backend.ET_OPERATOR)
+            workers = _with_unseen(self._pods.workers(key, Backend.ET_OPERATOR),
+                                   scalers.get(key, []), pods_seen)
             scaler = self._newest(key, state.in_flight)
             inputs: _JobInputs = (obj, workers, state, scaler, memory_per_gpu)
             return self._job(built, Backend.ET_OPERATOR, inputs)

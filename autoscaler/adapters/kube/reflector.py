@@ -107,6 +107,9 @@ class Reflector:
         self.served: bool | None = None if resource.group else True
         self.synced = threading.Event()
         self.errors = 0
+        # the newest resourceVersion this view is complete up to (list or watch, bookmarks
+        # included): how fresh it is against objects from other watches (numeric in practice)
+        self.seen_rv = 0
         self._log = log.bind(kind=resource.kind, namespace=namespace or "*")
 
     # --- reads (any thread) --------------------------------------------------------------------
@@ -222,6 +225,7 @@ class Reflector:
             self._touched([k for k in old.keys() | items.keys() if old.get(k) is not items.get(k)])
         if self.synced.is_set():  # a relist: report what changed while we were not watching
             self._on_change(self.resource, _diff(old, items))
+        self._seen(str(meta.get("resourceVersion") or ""))
         self.synced.set()
         return str(meta.get("resourceVersion") or "")
 
@@ -247,9 +251,14 @@ class Reflector:
                 rv = _rv(obj) or rv
                 if kind in ("ADDED", "MODIFIED", "DELETED"):
                     self._apply(kind, self._ingest(obj))
+                self._seen(rv)
         finally:
             self._watch = None
         return rv
+
+    def _seen(self, rv: str) -> None:
+        if rv.isdigit():
+            self.seen_rv = max(self.seen_rv, int(rv))
 
     def _held_version(self, obj: Obj) -> Obj | None:
         """What we hold for `obj` if it is that very version: a relist then neither doubles the

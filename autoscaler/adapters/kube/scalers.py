@@ -38,6 +38,7 @@ class ScalerFacts:
     # a ScaleIn whose victims et-operator has frozen in status.toDeletePods (scalein.go
     # `setsSaleInToDelete`); before that it names pods in spec only
     started: bool = True
+    resource_version: int = 0  # the object's, when numeric: to tell which watches have seen it
 
     def as_scaler(self) -> Scaler:
         return Scaler(self.kind, self.name, self.created_at, self.pods, self.ours, self.started)
@@ -87,6 +88,7 @@ def scaler_facts(resource: Resource, obj: Obj) -> ScalerFacts:
         refill=(meta.get("annotations") or {}).get(REASON_ANNOTATION) == Reason.BELOW_MIN.value,
         ours=(meta.get("labels") or {}).get(MANAGED_BY_LABEL) == MANAGER,
         started=kind is ScalerKind.SCALE_OUT or bool(frozen),
+        resource_version=int(rv) if (rv := str(meta.get("resourceVersion", ""))).isdigit() else 0,
     )
 
 

@@ -1,0 +1,303 @@
+"""A fault-injecting HTTP proxy in front of the API emulator (stdlib only, loopback only).
+
+Each request through the proxy draws, from one seeded RNG, at most one fault:
+
+- ``error``: answered 500, 503 or 429 (with Retry-After) without reaching the server;
+- ``lost_reply``: forwarded (the write happened), then the client connection is shut without a
+  byte of the reply, as when a connection resets after the server committed;
+- ``latency``: forwarded after a pause of up to ``latency_max`` seconds;
+- ``cut_watch`` (watch requests only): the stream is forwarded, then cut abruptly after a random
+  0.2-``cut_after_max`` seconds.
+
+`ServerFaults` adds the server-side kind from a timer: every watch dropped at once
+(``drop_watches``), or the event history compacted so resuming watches get 410 Gone.
+
+Faults are injected only while `active` is set and at most ``budget`` times in all; `stop()`
+closes every open connection. The seed fixes the sequence of draws; which request gets which draw
+still depends on thread timing, so a run is reproducible in its rates, not request by request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import random
+import socket
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from .kube_api import KubeApiServer
+
+_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer",
+        "upgrade", "host", "content-length"}
+
+
+@dataclass(frozen=True)
+class FaultRates:
+    """Per-request probabilities (their sum is the chance a request gets some fault)."""
+
+    error: float = 0.0
+    lost_reply: float = 0.0
+    latency: float = 0.0
+    cut_watch: float = 0.0
+    latency_max: float = 0.5
+    cut_after_max: float = 5.0
+
+    @classmethod
+    def total(cls, fraction: float) -> FaultRates:
+        """``fraction`` of requests faulted, split 40% errors, 20% lost replies, 30% latency,
+        and (of watches) the rest cut."""
+        return cls(error=0.4 * fraction, lost_reply=0.2 * fraction, latency=0.3 * fraction,
+                   cut_watch=0.1 * fraction)
+
+
+class FaultProxy:
+    """A threaded HTTP/1.1 proxy on 127.0.0.1:<ephemeral> forwarding to ``upstream``."""
+
+    def __init__(self, upstream: str, rates: FaultRates, seed: int = 0,
+                 budget: int = 100_000) -> None:
+        parts = urlsplit(upstream)
+        if parts.hostname not in ("127.0.0.1", "localhost"):
+            raise ValueError("the fault proxy forwards to loopback only")
+        self.upstream = (parts.hostname, parts.port or 80)
+        self.rates = rates
+        self.budget = budget
+        self.active = threading.Event()
+        self.counts: Counter[str] = Counter()  # fault kind -> times injected
+        self.requests = 0
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self._open: set[socket.socket] = set()
+        self._httpd: ThreadingHTTPServer | None = None
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> FaultProxy:
+        handler = type("Handler", (_ProxyHandler,), {"proxy": self})
+        self._httpd = _QuietServer(("127.0.0.1", 0), handler)
+        self._httpd.daemon_threads = True
+        threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                         daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self.active.clear()
+        if self._httpd:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+        with self._lock:
+            socks, self._open = list(self._open), set()
+        for s in socks:
+            _shut(s)
+
+    def __enter__(self) -> FaultProxy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        assert self._httpd, "proxy not started"
+        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
+
+    def kubeconfig(self, path: str) -> str:
+        """A kubeconfig pointing at the proxy (the emulator's format, another server)."""
+        cfg = {"apiVersion": "v1", "kind": "Config", "current-context": "chaos",
+               "clusters": [{"name": "chaos", "cluster": {"server": self.url}}],
+               "users": [{"name": "chaos", "user": {}}],
+               "contexts": [{"name": "chaos", "context": {"cluster": "chaos", "user": "chaos"}}]}
+        with open(path, "w") as f:
+            json.dump(cfg, f)
+        return path
+
+    @property
+    def injected(self) -> int:
+        with self._lock:
+            return sum(self.counts.values())
+
+    # ------------------------------------------------------------ per request
+    def draw(self, watch: bool) -> tuple[str | None, float]:
+        """(fault kind or None, its parameter: a status, a delay or a cut time)."""
+        with self._lock:
+            self.requests += 1
+            if not self.active.is_set() or sum(self.counts.values()) >= self.budget:
+                return None, 0.0
+            r, x = self.rates, self._rng.random()
+            choices = [("error", r.error), ("lost_reply", r.lost_reply), ("latency", r.latency)]
+            if watch:
+                choices.append(("cut_watch", r.cut_watch))
+            kind = None
+            for name, p in choices:
+                if x < p:
+                    kind = name
+                    break
+                x -= p
+            if kind is None:
+                return None, 0.0
+            if kind == "error":
+                param = float(self._rng.choice((500, 503, 429)))
+                self.counts[f"error_{int(param)}"] += 1
+            else:
+                param = {"latency": self._rng.uniform(0.0, r.latency_max),
+                         "cut_watch": self._rng.uniform(0.2, r.cut_after_max)}.get(kind, 0.0)
+                self.counts[kind] += 1
+            return kind, param
+
+    def track(self, sock: socket.socket, on: bool) -> None:
+        with self._lock:
+            (self._open.add if on else self._open.discard)(sock)
+
+
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a cut connection is the point, not news
+
+
+def _shut(sock: socket.socket | None) -> None:
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+class _ProxyHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    proxy: FaultProxy
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server naming
+        self.proxy.track(self.connection, True)
+        try:
+            self._forward()
+        finally:
+            self.proxy.track(self.connection, False)
+
+    do_POST = do_PUT = do_PATCH = do_DELETE = do_GET
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _forward(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        query = parse_qs(urlsplit(self.path).query)
+        watch = (query.get("watch") or [""])[-1].lower() in ("1", "t", "true")
+        kind, param = self.proxy.draw(watch)
+        if kind == "error":
+            self._error(int(param))
+            return
+        if kind == "latency":
+            time.sleep(param)
+        host, port = self.proxy.upstream
+        conn = http.client.HTTPConnection(host, port, timeout=None if watch else 60)
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
+        try:
+            conn.request(self.command, self.path, body=body or None, headers=headers)
+            resp = conn.getresponse()
+            if watch and resp.status == 200:
+                self._stream(conn, resp, param if kind == "cut_watch" else None)
+                return
+            data = resp.read()
+        except OSError:
+            self.close_connection = True
+            _shut(self.connection)  # the server went away: so does the reply
+            return
+        finally:
+            if not watch:
+                conn.close()
+        if kind == "lost_reply":  # the write happened; the client never hears of it
+            self.close_connection = True
+            _shut(self.connection)
+            return
+        self.send_response(resp.status)
+        for k, v in resp.getheaders():
+            if k.lower() not in _HOP:
+                self.send_header(k, v)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _error(self, status: int) -> None:
+        reason = {500: "InternalError", 503: "ServiceUnavailable", 429: "TooManyRequests"}[status]
+        data = json.dumps({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                           "status": "Failure", "message": f"injected by the proxy ({status})",
+                           "reason": reason, "code": status}).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        if status == 429:
+            self.send_header("Retry-After", "1")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _stream(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse,
+                cut_after: float | None) -> None:
+        """Relay a watch line by line (events are newline-delimited JSON), re-chunked."""
+        self.close_connection = True
+        upstream = conn.sock
+        self.proxy.track(upstream, True)
+        timer = None
+        if cut_after is not None:  # cut both ends: the client sees a broken stream
+            timer = threading.Timer(cut_after, lambda: (_shut(self.connection), _shut(upstream)))
+            timer.daemon = True
+            timer.start()
+        try:
+            self.send_response(resp.status)
+            self.send_header("Content-Type", resp.getheader("Content-Type") or "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self.wfile.flush()
+            while True:
+                line = resp.readline()
+                if not line:
+                    break
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except (OSError, http.client.HTTPException, ValueError):
+            _shut(self.connection)
+        finally:
+            if timer is not None:
+                timer.cancel()
+            self.proxy.track(upstream, False)
+            _shut(upstream)
+            conn.close()
+
+
+class ServerFaults:
+    """From a timer thread, every ``every`` seconds (uniform in the range): all watches dropped
+    abruptly, or (with ``compact_share``) the history compacted so resumed watches get 410."""
+
+    def __init__(self, server: KubeApiServer, seed: int = 0, every: tuple[float, float] = (2, 6),
+                 compact_share: float = 0.5, budget: int = 1000) -> None:
+        self.server, self.every, self.compact_share = server, every, compact_share
+        self.budget = budget
+        self.counts: Counter[str] = Counter()
+        self._rng = random.Random(seed)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> ServerFaults:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._rng.uniform(*self.every)):
+            if sum(self.counts.values()) >= self.budget:
+                return
+            if self._rng.random() < self.compact_share:
+                self.server.compact()
+                self.server.drop_watches(abrupt=True)  # resuming from an old revision: 410
+                self.counts["compact_410"] += 1
+            else:
+                self.server.drop_watches(abrupt=True)
+                self.counts["drop_watches"] += 1

@@ -1,0 +1,349 @@
+"""Invariants of the autoscaler, checked on the API server's own event stream.
+
+`RecordingServer` is the API emulator that also keeps every event it emits (in commit order,
+with a monotonic timestamp), unbounded by the watch history and untouched by compaction.
+`check()` replays that stream and reports every violation of:
+
+- ``over_max``: a job has more worker pods (not Terminating) than its maxReplicas;
+- ``under_min``: a worker removed by anyone but the spot reclaim (the operator, for a scaler)
+  leaves its job below minReplicas, unless the pod's node had a notice (preemption);
+- ``two_scalers``: more than one of our unfinished scalers (ScaleIn/ScaleOut labelled
+  ``app.kubernetes.io/managed-by=spot-autoscaler``) for one job at once;
+- ``pod_in_two_scaleins``: one pod (name and uid) named by two of our ScaleIns;
+- ``undrained_at_reclaim``: a pod the reclaim kills whose host is not in its job's
+  ``spot-autoscaler.io/drained-hosts`` annotation at that moment;
+- ``drained_after_healthy``: a host still drained ``settle`` seconds after its pod's node is
+  healthy again (notice taint gone) and the pod still runs there.
+
+It also measures, per notice (a node gaining the notice taint), the seconds until every worker on
+the node then is in its job's drained hosts, and how each of those workers left.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from .kube_api import KubeApiServer, Resource
+
+Obj = dict[str, Any]
+MANAGED_BY = "app.kubernetes.io/managed-by"
+DRAINED = "spot-autoscaler.io/drained-hosts"
+NTH_ITN = "aws-node-termination-handler/spot-itn"
+_FINISHED = ("ScaleSucceeded", "ScaleFailed")
+_KINDS = {"nodes": "Node", "pods": "Pod", "trainingjobs.kai.alibabacloud.com": "TrainingJob",
+          "scaleins.kai.alibabacloud.com": "ScaleIn",
+          "scaleouts.kai.alibabacloud.com": "ScaleOut"}
+
+
+@dataclass(frozen=True)
+class Event:
+    t: float  # time.monotonic() at commit
+    type: str  # ADDED / MODIFIED / DELETED
+    kind: str  # Node, Pod, TrainingJob, ScaleIn, ScaleOut
+    obj: Obj
+
+
+class RecordingServer(KubeApiServer):
+    """The emulator, also keeping every event of the kinds the invariants read."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.events: list[Event] = []
+        self.reclaimed: set[str] = set()  # uids of pods the spot reclaim killed
+        self._record_lock = threading.Lock()
+        super().__init__(*args, **kwargs)
+
+    def _emit(self, res: Resource, type_: str, obj: Obj, old: Obj | None = None) -> None:
+        super()._emit(res, type_, obj, old)  # lock held: events are in commit order
+        kind = _KINDS.get(res.key)
+        if kind is not None:
+            self.events.append(Event(time.monotonic(), type_, kind, self._history[-1].obj))
+
+    def reclaim_pod(self, name: str, namespace: str) -> bool:
+        """The spot reclaim kills a pod (recorded as preemption, not as an operator's act)."""
+        with self._lock:
+            pod = self.get("Pod", name, namespace)
+            if pod is None:
+                return False
+            self.reclaimed.add(pod["metadata"]["uid"])
+            self.delete("Pod", name, namespace)
+            return True
+
+
+@dataclass
+class Violation:
+    t: float
+    kind: str
+    detail: str
+
+
+@dataclass
+class Notice:
+    node: str
+    t: float
+    pods: dict[str, str]  # pod uid -> job
+    names: dict[str, str]  # pod uid -> pod name (the host)
+    drained_at: dict[str, float] = field(default_factory=dict)
+    fate: dict[str, str] = field(default_factory=dict)  # uid -> removed / drained_reclaim / ...
+
+    @property
+    def latency(self) -> float | None:
+        if not self.pods or len(self.drained_at) < len(self.pods):
+            return None
+        return max(self.drained_at.values()) - self.t
+
+
+@dataclass
+class Report:
+    violations: list[Violation]
+    notices: list[Notice]
+    stale_drained: int  # hosts still drained at the end whose pod no longer exists
+
+    def by_kind(self) -> dict[str, int]:
+        out: dict[str, int] = defaultdict(int)
+        for v in self.violations:
+            out[v.kind] += 1
+        return dict(out)
+
+    def latencies(self) -> list[float]:
+        return sorted(n.latency for n in self.notices if n.latency is not None)
+
+    def percentile(self, q: float) -> float | None:
+        xs = self.latencies()
+        if not xs:
+            return None
+        return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+    def median(self) -> float | None:
+        xs = self.latencies()
+        return statistics.median(xs) if xs else None
+
+    def fates(self) -> dict[str, int]:
+        out: dict[str, int] = defaultdict(int)
+        for n in self.notices:
+            for uid in n.pods:
+                out[n.fate.get(uid, "survived")] += 1
+        return dict(out)
+
+
+def _labels(obj: Obj) -> dict[str, str]:
+    return obj["metadata"].get("labels") or {}
+
+
+def _tainted(node: Obj) -> bool:
+    return any(t.get("key") == NTH_ITN for t in (node.get("spec") or {}).get("taints") or ())
+
+
+def _finished(scaler: Obj) -> bool:
+    conditions = (scaler.get("status") or {}).get("conditions") or []
+    return bool(conditions) and conditions[-1].get("type") in _FINISHED
+
+
+def _summary(scaler: Obj) -> str:
+    spec, status = scaler.get("spec") or {}, scaler.get("status") or {}
+    conditions = status.get("conditions") or []
+    what = spec.get("toAdd") or (spec.get("toDelete") or {}).get("podNames")
+    state = conditions[-1].get("type") if conditions else "new"
+    return f"{what}->{state}"
+
+
+def _drained(job: Obj) -> frozenset[str]:
+    import json
+
+    raw = (job["metadata"].get("annotations") or {}).get(DRAINED)
+    try:
+        data = json.loads(raw) if raw else []
+    except ValueError:
+        return frozenset()
+    return frozenset(h for h in data if isinstance(h, str)) if isinstance(data, list) else \
+        frozenset()
+
+
+class _State:
+    def __init__(self, reclaimed: set[str], settle: float) -> None:
+        self.reclaimed, self.settle = reclaimed, settle
+        self.nodes: dict[str, Obj] = {}
+        self.healthy_since: dict[str, float] = {}  # node -> when it last lost the notice taint
+        self.pods: dict[str, Obj] = {}  # uid -> pod
+        self.jobs: dict[str, Obj] = {}
+        self.drained: dict[str, frozenset[str]] = defaultdict(frozenset)
+        self.drained_since: dict[tuple[str, str], float] = {}
+        self.scalers: dict[tuple[str, str], Obj] = {}
+        self.named: dict[tuple[str, str | None], str] = {}  # (pod, uid) -> first ScaleIn
+        self.resolved: dict[str, dict[str, str | None]] = {}  # ScaleIn -> pod name -> uid
+        self.violations: list[Violation] = []
+        self.notices: list[Notice] = []
+        self._seen: set[tuple[str, ...]] = set()
+
+    def flag(self, t: float, kind: str, detail: str, key: tuple[str, ...] | None = None) -> None:
+        if key is not None:
+            if (kind, *key) in self._seen:
+                return
+            self._seen.add((kind, *key))
+        self.violations.append(Violation(t, kind, detail))
+
+    # --- helpers --------------------------------------------------------------------------------
+    def workers(self, job: str) -> list[Obj]:
+        return [p for p in self.pods.values() if _labels(p).get("training-job-role") == "worker"
+                and _labels(p).get("training-job-name") == job
+                and not p["metadata"].get("deletionTimestamp")]
+
+    def bounds(self, job: str) -> tuple[int, int]:
+        spec = ((self.jobs.get(job) or {}).get("spec") or {}).get("etReplicaSpecs", {})
+        w = spec.get("worker") or {}
+        return int(w.get("minReplicas") or 0), int(w.get("maxReplicas") or 10**9)
+
+    def context(self, job: str) -> str:
+        """Evidence: where the job's workers are and its scalers (ours) so far."""
+        ws = self.workers(job)
+        doomed = [p["metadata"]["name"] for p in ws
+                  if _tainted(self.nodes.get((p.get("spec") or {}).get("nodeName") or "", {}))]
+        pending = sum((p.get("status") or {}).get("phase") == "Pending" for p in ws)
+        drained = sorted(self.drained[job])
+        scalers = [f"{k}/{n}:{_summary(s)}" for (k, n), s in self.scalers.items()
+                   if ((s.get("spec") or {}).get("selector") or {}).get("name") == job][-4:]
+        return (f"on noticed nodes {doomed}, pending {pending}, drained {drained}, "
+                f"last scalers {scalers}")
+
+    def pod_named(self, name: str) -> Obj | None:
+        return next((p for p in self.pods.values() if p["metadata"]["name"] == name), None)
+
+    # --- replay ---------------------------------------------------------------------------------
+    def apply(self, e: Event) -> None:
+        getattr(self, f"_{e.kind.lower()}")(e)
+        self.check_settled(e.t)
+
+    def _node(self, e: Event) -> None:
+        name = e.obj["metadata"]["name"]
+        before = self.nodes.get(name)
+        if e.type == "DELETED":
+            self.nodes.pop(name, None)
+            self.healthy_since.pop(name, None)
+            return
+        self.nodes[name] = e.obj
+        was, now = before is not None and _tainted(before), _tainted(e.obj)
+        if now and not was:
+            on = [p for p in self.pods.values() if (p.get("spec") or {}).get("nodeName") == name
+                  and _labels(p).get("training-job-role") == "worker"]
+            n = Notice(name, e.t, {p["metadata"]["uid"]: _labels(p)["training-job-name"]
+                                   for p in on},
+                       {p["metadata"]["uid"]: p["metadata"]["name"] for p in on})
+            for uid, job in n.pods.items():
+                if n.names[uid] in self.drained[job]:
+                    n.drained_at[uid] = e.t
+            self.notices.append(n)
+            self.healthy_since.pop(name, None)
+        elif was and not now:
+            self.healthy_since[name] = e.t
+
+    def _pod(self, e: Event) -> None:
+        uid, name = e.obj["metadata"]["uid"], e.obj["metadata"]["name"]
+        job = _labels(e.obj).get("training-job-name", "")
+        is_worker = _labels(e.obj).get("training-job-role") == "worker"
+        if e.type != "DELETED":
+            self.pods[uid] = e.obj
+            lo, hi = self.bounds(job)
+            if is_worker and len(self.workers(job)) > hi:
+                self.flag(e.t, "over_max", f"{job}: {len(self.workers(job))} workers > max {hi} "
+                          f"when {name} appeared; {self.context(job)}",
+                          (job, str(len(self.workers(job)))))
+            return
+        pod = self.pods.pop(uid, e.obj)
+        if not is_worker:
+            return
+        node = (pod.get("spec") or {}).get("nodeName")
+        notices = [n for n in self.notices if uid in n.pods]
+        if uid in self.reclaimed:
+            drained = name in self.drained[job]
+            if not drained:
+                self.flag(e.t, "undrained_at_reclaim",
+                          f"{job}: pod {name} on {node} killed by the reclaim, not drained")
+            for n in notices:
+                n.fate.setdefault(uid, "drained_at_reclaim" if drained else "killed_undrained")
+            return
+        for n in notices:
+            n.fate.setdefault(uid, "removed_by_name")
+        lo, _ = self.bounds(job)
+        noticed = node in self.nodes and _tainted(self.nodes[node])
+        ran = (pod.get("status") or {}).get("phase") == "Running"
+        left = len(self.workers(job))
+        if left < lo and ran and not noticed:
+            self.flag(e.t, "under_min", f"{job}: {name} on healthy node {node} removed, "
+                                        f"{left} workers left < min {lo}")
+
+    def _trainingjob(self, e: Event) -> None:
+        name = e.obj["metadata"]["name"]
+        if e.type == "DELETED":
+            self.jobs.pop(name, None)
+            return
+        self.jobs[name] = e.obj
+        now, before = _drained(e.obj), self.drained[name]
+        self.drained[name] = now
+        for host in now - before:
+            self.drained_since[(name, host)] = e.t
+            for n in self.notices:
+                for uid, job in n.pods.items():
+                    if job == name and n.names[uid] == host and uid not in n.drained_at:
+                        n.drained_at[uid] = e.t
+        for host in before - now:
+            self.drained_since.pop((name, host), None)
+
+    def _scale(self, e: Event) -> None:
+        key = (e.kind, e.obj["metadata"]["name"])
+        if _labels(e.obj).get(MANAGED_BY) != "spot-autoscaler":
+            return
+        if e.type == "DELETED":
+            self.scalers.pop(key, None)
+            return
+        self.scalers[key] = e.obj
+        job = ((e.obj.get("spec") or {}).get("selector") or {}).get("name", "")
+        open_ = sorted(f"{k}/{n}" for (k, n), s in self.scalers.items() if not _finished(s)
+                       and ((s.get("spec") or {}).get("selector") or {}).get("name") == job)
+        if len(open_) > 1:
+            self.flag(e.t, "two_scalers", f"{job}: unfinished {open_}", (job, *open_))
+        if e.kind != "ScaleIn":
+            return
+        resolved = self.resolved.setdefault(key[1], {})
+        for pod_name in ((e.obj.get("spec") or {}).get("toDelete") or {}).get("podNames") or ():
+            if pod_name in resolved:  # the pod it meant when it first named it
+                continue
+            pod = self.pod_named(pod_name)
+            resolved[pod_name] = pod["metadata"]["uid"] if pod else None
+            ident = (pod_name, pod["metadata"]["uid"] if pod else None)
+            first = self.named.setdefault(ident, key[1])
+            if first != key[1]:
+                self.flag(e.t, "pod_in_two_scaleins",
+                          f"{pod_name} (uid {ident[1]}) in ScaleIns {first} and {key[1]}",
+                          (pod_name, str(ident[1]), key[1]))
+
+    _scalein = _scaleout = _scale
+
+    def check_settled(self, t: float) -> None:
+        for (job, host), since in list(self.drained_since.items()):
+            pod = next((p for p in self.workers(job) if p["metadata"]["name"] == host), None)
+            node = (pod.get("spec") or {}).get("nodeName") if pod else None
+            if node is None or node not in self.healthy_since:
+                continue
+            healthy = max(self.healthy_since[node], since)
+            if t - healthy > self.settle:
+                self.flag(t, "drained_after_healthy",
+                          f"{job}: host {host} still drained {t - healthy:.1f} s after node "
+                          f"{node} lost its notice", (job, host, f"{healthy:.3f}"))
+
+
+def check(server: RecordingServer, settle: float = 10.0, end: float | None = None) -> Report:
+    """Replay everything the server recorded; ``end`` (default now) closes the settle checks."""
+    with server._lock:
+        events = list(server.events)
+        reclaimed = set(server.reclaimed)
+    state = _State(reclaimed, settle)
+    for e in events:
+        state.apply(e)
+    state.check_settled(time.monotonic() if end is None else end)
+    stale = sum(1 for job, hosts in state.drained.items() for h in hosts
+                if not any(p["metadata"]["name"] == h for p in state.workers(job)))
+    return Report(state.violations, state.notices, stale)
