@@ -208,8 +208,10 @@ def run_chaos(plan: Plan, tmp: Path) -> Outcome:
                      "status": {"phase": "Active"}})
         generation = [0] * plan.nodes
         server.seed(*(node(f"node-{i}-g0", GPUS_PER_NODE) for i in range(plan.nodes)))
+        # new jobs (no status): the stand-in makes their workers and launcher, as et-operator
         server.seed(*(training_job(f"job-{j}", min_workers=plan.min_workers,
-                                   max_workers=plan.max_workers, replicas=plan.replicas)
+                                   max_workers=plan.max_workers, replicas=plan.replicas,
+                                   phase="")
                       for j in range(plan.jobs)))
         operator = ScheduledEtOperator(server, NS)
         for _ in range(3):  # the workers created and running before the daemon starts

@@ -216,6 +216,7 @@ class EtOperator:
         self._client = server.api_client()
         self._writes = 0
         self._orphans: dict[tuple[str, str, str], str] = {}  # scaler -> rv when orphaned
+        self._ns = namespace or "default"  # the namespace of the job being reconciled
         self._mutex = threading.RLock()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -235,13 +236,15 @@ class EtOperator:
         TrainingJob. True if anything was written."""
         with self._mutex:
             before = self._writes
-            if self.pods_run:
-                self._run_pending_pods()
             for kind in ("ScaleOut", "ScaleIn"):
                 for scaler in self._list(kind):
                     self._set_scaling_owner(kind, scaler)
             for job in self._list("TrainingJob"):
-                self._reconcile_job(job["metadata"]["namespace"], job["metadata"]["name"])
+                self._ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
+                if self.pods_run:
+                    self._start_pending(name)
+                    self._start_launcher(name)
+                self._reconcile_job(self._ns, name)
             return self._writes != before
 
     def start(self, interval: float = 0.05) -> EtOperator:
@@ -363,7 +366,7 @@ class EtOperator:
         if self._has(status, "Failed"):
             return
         current = next((c for c in status["conditions"] if c.get("type") == cond["type"]), None)
-        if current is not None and all(current.get(k) == cond.get(k)
+        if current is not None and all((current.get(k) or "") == (cond.get(k) or "")
                                        for k in ("status", "reason", "message")):
             return
         if current is not None and current.get("status") == cond["status"]:
@@ -1046,10 +1049,19 @@ class EtOperator:
         self._delete_workers(job, list(st["addPods"]))
 
     # ------------------------------------------------------------ the scheduler and kubelet
-    def _run_pending_pods(self) -> None:
-        for pod in self._list("Pod", None, {"group-name": GROUP}):
-            if (pod.get("status") or {}).get("phase") == "Pending" \
-                    and not pod["metadata"].get("deletionTimestamp"):
-                self.server.run_pod(pod["metadata"]["name"], pod["metadata"]["namespace"],
-                                    self.node)
-                self._writes += 1
+    def _start_pending(self, job: str) -> None:
+        """The scheduler and kubelet, kindly: the job's pending workers are bound to ``node``
+        and run. Override to schedule otherwise (``self._ns`` is the job's namespace)."""
+        for pod in self.workers(job, self._ns):
+            self._start(pod)
+
+    def _start_launcher(self, job: str) -> None:
+        launcher = self.server.get("Pod", f"{job}-launcher", self._ns)
+        if launcher is not None:
+            self._start(launcher)
+
+    def _start(self, pod: Obj) -> None:
+        if (pod.get("status") or {}).get("phase") == "Pending" \
+                and not pod["metadata"].get("deletionTimestamp"):
+            self.server.run_pod(pod["metadata"]["name"], pod["metadata"]["namespace"], self.node)
+            self._writes += 1
