@@ -208,7 +208,7 @@ class KubeApiServer(PodWorkloads):
         return f"http://127.0.0.1:{self._httpd.server_address[1]}"
 
     def api_client(self) -> ApiClient:
-        from kubernetes import client  # type: ignore[import-untyped]  # lazy: stdlib-only module
+        from kubernetes import client  # type: ignore[import-untyped]  # lazy: the server needs no client
 
         cfg = client.Configuration()
         cfg.host = self.url

@@ -114,12 +114,13 @@ def _status_entry(name: str, image: str, state: Obj, ready: bool, old: Obj | Non
     entry: Obj = {"name": name, "image": image, "imageID": "", "ready": ready,
                   "restartCount": (old or {}).get("restartCount", 0),
                   "started": "running" in state, "state": state}
-    old_state = (old or {}).get("state") or {}
+    previous = old or {}
+    old_state = previous.get("state") or {}
     if "terminated" in old_state and "terminated" not in state:
         entry["lastState"] = {"terminated": old_state["terminated"]}
         entry["restartCount"] += 1
-    elif (old or {}).get("lastState"):
-        entry["lastState"] = old["lastState"]  # type: ignore[index]
+    elif previous.get("lastState"):
+        entry["lastState"] = previous["lastState"]
     return entry
 
 
