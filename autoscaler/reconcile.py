@@ -68,19 +68,19 @@ class Reconciler:
         snapshot = self.observer.snapshot(now)
         self.idle_since = track_idle(self.idle_since, snapshot.nodes, now)
         decisions = decide(replace(snapshot, idle_since=self.idle_since), self.policies, now)
-        alerts: set[int] = set()  # noops a person must hear of, once per episode (an Event)
+        # every action, and the noops a person must hear of once per episode (an Event)
+        to_apply: list[Decision] = []
         for decision in decisions:
-            if self._worth_logging(decision):
+            logged = self._worth_logging(decision)
+            if logged:
                 log_decision(self.logger, decision, now=now, dry_run=self.actuator.dry_run)
-                if decision.action is Action.NOOP and decision.reason in ALERTS:
-                    alerts.add(id(decision))
+            if decision.action is not Action.NOOP or (logged and decision.reason in ALERTS):
+                to_apply.append(decision)
             if self.on_decision is not None:
                 self.on_decision(decision)
         # Every job's drain before any scaler: a drain is what races the node's death, and it
         # must not wait behind other jobs' API writes. Within a job, drain still precedes scale-in.
-        for decision in sorted(decisions, key=lambda d: _APPLY_ORDER[d.action]):
-            if decision.action is Action.NOOP and id(decision) not in alerts:
-                continue
+        for decision in sorted(to_apply, key=lambda d: _APPLY_ORDER[d.action]):
             try:
                 self.actuator.apply(decision, now)
             except Exception as exc:  # an adapter's failure must not stop the other decisions

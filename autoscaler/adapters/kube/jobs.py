@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from autoscaler.adapters.kube.pods import PodFacts, gpu_requests
+from autoscaler.adapters.kube.pods import PodFacts, gpu_requests, name_index
 from autoscaler.adapters.kube.resources import Obj, annotations_of, labels_of
 from autoscaler.adapters.kube.scalers import ScalerState
 from autoscaler.config.kubernetes import KubernetesSettings
@@ -140,7 +140,7 @@ def next_worker_index(job: Obj) -> int | None:
     names = (job.get("status") or {}).get("targetWorkers")
     if not isinstance(names, list) or not names:
         return None
-    indices = [int(tail) for n in names if (tail := str(n).rsplit("-", 1)[-1]).isdigit()]
+    indices = [i for n in names if (i := name_index(str(n))) is not None]
     return max([0, *indices]) + 1
 
 

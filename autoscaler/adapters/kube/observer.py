@@ -21,6 +21,7 @@ from autoscaler.adapters.kube.cache import KubeCache
 from autoscaler.adapters.kube.jobs import FINISHED_PHASES, build_job, cce_scaler, job_phase
 from autoscaler.adapters.kube.nodes import NodeFacts, node_facts
 from autoscaler.adapters.kube.podindex import PodIndex
+from autoscaler.adapters.kube.pods import name_index
 from autoscaler.adapters.kube.rejects import Rejections
 from autoscaler.adapters.kube.resources import (
     AI_TRAINING_JOBS,
@@ -102,17 +103,9 @@ def _with_unseen(
     ]
     if not unseen:
         return workers
-    extra = (Worker(pod=p, node=None, host=p, index=_index_of(p), pending=True) for p in unseen)
+    extra = (Worker(pod=p, node=None, host=p, index=name_index(p) or 0, pending=True)
+             for p in unseen)
     return (*workers, *extra)
-
-
-def _index_of(pod: str) -> int:
-    tail = pod.rsplit("-", 1)[-1]
-    return int(tail) if tail.isdigit() else 0
-
-
-def _node_reader(settings: KubernetesSettings) -> Callable[[Obj], NodeFacts]:
-    return lambda obj: node_facts(obj, settings)
 
 
 class KubeObserver:
@@ -133,7 +126,9 @@ class KubeObserver:
         self._board = board
         self._price_book = price_book
         self._pods = PodIndex(cache, settings, rejects)
-        self._nodes = _Derived(lambda obj: rejects.read("Node", obj, _node_reader(settings)))
+        self._nodes = _Derived(
+            lambda obj: rejects.read("Node", obj, lambda o: node_facts(o, settings))
+        )
         self._scale_outs = _Derived(
             lambda obj: rejects.read("ScaleOut", obj, lambda o: scaler_facts(SCALE_OUTS, o))
         )

@@ -101,9 +101,15 @@ def _worker_of(meta: Obj, name: str, labels: dict[str, str]) -> tuple[Backend, s
     return None
 
 
+def name_index(name: str) -> int | None:
+    """The replica index a worker's name ends with (`<job>-worker-<i>`), if any."""
+    m = _INDEX_SUFFIX.search(name)
+    return int(m.group(1)) if m else None
+
+
 def _index(name: str, labels: dict[str, str]) -> int:
-    if m := _INDEX_SUFFIX.search(name):
-        return int(m.group(1))
+    if (index := name_index(name)) is not None:
+        return index
     value = labels.get("replica-index", "")
     return int(value) if value.isdigit() else 0
 
