@@ -8,6 +8,7 @@ never end the loop; the next pass sees the world again and retries what is still
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
@@ -54,6 +55,7 @@ class Reconciler:
         policies: PolicySet,
         logger: Any,
         on_decision: Callable[[Decision], None] | None = None,
+        drain_workers: int = 1,
     ) -> None:
         self.observer = observer
         self.actuator = actuator
@@ -63,6 +65,13 @@ class Reconciler:
         self.idle_since: dict[str, datetime] = {}
         self._last_noop: dict[str, tuple[str, tuple[str, ...]]] = {}  # job -> (reason, tags)
         self.errors = 0
+        # drains of different jobs are independent writes racing nodes' deaths: with more than
+        # one worker they go out at once instead of queueing behind each other's round trips
+        self._drain_pool = (
+            ThreadPoolExecutor(drain_workers, thread_name_prefix="drain")
+            if drain_workers > 1
+            else None
+        )
 
     def tick(self, now: datetime) -> list[Decision]:
         snapshot = self.observer.snapshot(now)
@@ -80,17 +89,14 @@ class Reconciler:
                 self.on_decision(decision)
         # Every job's drain before any scaler: a drain is what races the node's death, and it
         # must not wait behind other jobs' API writes. Within a job, drain still precedes scale-in.
-        for decision in sorted(to_apply, key=lambda d: _APPLY_ORDER[d.action]):
-            try:
-                self.actuator.apply(decision, now)
-            except Exception as exc:  # an adapter's failure must not stop the other decisions
-                self.errors += 1
-                self.logger.error(
-                    "actuation_failed",
-                    job=decision.job,
-                    action=decision.action.value,
-                    error=f"{type(exc).__name__}: {exc}",
-                )
+        ordered = sorted(to_apply, key=lambda d: _APPLY_ORDER[d.action])
+        drains = [d for d in ordered if d.action is Action.DRAIN]
+        done: list[bool] = []
+        if self._drain_pool is not None and len(drains) > 1:
+            done += self._drain_pool.map(lambda d: self._apply(d, now), drains)
+            ordered = ordered[len(drains):]
+        done += (self._apply(decision, now) for decision in ordered)
+        self.errors += done.count(False)
         if isinstance(self.actuator, Keeper):
             managed = [j for j in snapshot.jobs if self.policies.for_job(j) is not None]
             try:
@@ -99,6 +105,20 @@ class Reconciler:
                 self.errors += 1
                 self.logger.error("keep_failed", error=f"{type(exc).__name__}: {exc}")
         return decisions
+
+    def _apply(self, decision: Decision, now: datetime) -> bool:
+        """Carry out one decision; False if it failed (logged)."""
+        try:
+            self.actuator.apply(decision, now)
+            return True
+        except Exception as exc:  # an adapter's failure must not stop the other decisions
+            self.logger.error(
+                "actuation_failed",
+                job=decision.job,
+                action=decision.action.value,
+                error=f"{type(exc).__name__}: {exc}",
+            )
+            return False
 
     def _worth_logging(self, decision: Decision) -> bool:
         """Log every action; log a noop only when its reason for that job changes."""

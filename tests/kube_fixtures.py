@@ -205,6 +205,7 @@ class Kube:
     wakes: list[str] = field(default_factory=list)
     clients: list[ApiClient] = field(default_factory=list)
     caches: list[KubeCache] = field(default_factory=list)
+    recorders: list[EventRecorder] = field(default_factory=list)
 
     @property
     def settings(self) -> KubernetesSettings:
@@ -228,7 +229,9 @@ class Kube:
     def actuator(self, cache: KubeCache) -> KubeActuator:
         api = self.server.api_client()
         self.clients.append(api)
-        return KubeActuator(api, self.config, EventRecorder(api), cache, self.rejections)
+        recorder = EventRecorder(api)
+        self.recorders.append(recorder)
+        return KubeActuator(api, self.config, recorder, cache, self.rejections)
 
     def reconciler(self, cache: KubeCache | None = None, dry_run: bool = False) -> Reconciler:
         from autoscaler.adapters.kube import DryRunActuator
@@ -241,6 +244,8 @@ class Kube:
         return self.server.objects(kind, NS)
 
     def events(self, reason: str | None = None) -> list[Obj]:
+        for recorder in self.recorders:  # Events are sent by a thread of their own
+            assert recorder.flush(5), "Events not sent within 5 s"
         return [e for e in self.server.objects("events")
                 if e["metadata"]["namespace"] in (NS, "default") and reason in (None, e["reason"])]
 

@@ -7,8 +7,14 @@ notices arrive as NTH taints; at the notice's deadline the node's pods and the n
 (the reclaim) and a fresh node joins; some notices are false alarms (the taint goes, the node
 stays). Afterwards `support.invariants.check` replays the API server's event stream.
 
-Short (the normal test run): 8 nodes, 2 jobs, 8 notices, 10% faults, ~25 s.
-Long (`make chaos`, i.e. CHAOS_LONG=1): 40 nodes, 4 jobs, 40 notices, faults cycling 5/10/20%.
+Two replicas of the daemon run with leader election, as a Deployment would; now and then the
+leader is killed (SIGKILL; a new replica replaces it, as a new pod would) or paused (SIGSTOP past
+the lease, then SIGCONT): the server's record of who wrote what shows no write by a replica the
+Lease does not name, and the takeover time is measured.
+
+Short (the normal test run): 8 nodes, 2 jobs, 8 notices, 10% faults, one pause, ~35 s.
+Long (`make chaos`, i.e. CHAOS_LONG=1): 40 nodes, 4 jobs, 40 notices, faults cycling 5/10/20%,
+two kills and two pauses of the leader.
 CHAOS_SEED picks the seed; CHAOS_JSON=<path> appends each run's report as a JSON line.
 """
 
@@ -27,14 +33,24 @@ import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kube_fixtures import NS, node, training_job
+from kubernetes.client import CoreV1Api
 from support.et_operator import EtOperator
 from support.faults import FaultProxy, FaultRates, ServerFaults
-from support.invariants import NTH_ITN, RecordingServer, Report, check
+from support.invariants import (
+    LEASE,
+    NTH_ITN,
+    Notice,
+    RecordingServer,
+    Report,
+    check,
+    percentile,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = Path(sys.executable).with_name("spot-autoscaler")
@@ -51,9 +67,11 @@ daemon:
   metrics_port: {port}
   metrics_bind_address: 127.0.0.1
   log_format: json
+  log_level: {level}
   leader_election:
-    {{lease_namespace: default, lease_duration: 6s, renew_deadline: 4s, retry_period: 0.5s}}
+    {{lease_namespace: default, lease_duration: {lease}s, renew_deadline: 3s, retry_period: 0.25s}}
 """
+LEASE_SECONDS = 4.0
 
 
 @dataclass
@@ -69,15 +87,17 @@ class Plan:
     replicas: int
     false_alarms: float = 0.25  # share of notices withdrawn (the node stays)
     fault_period: float = 30.0
+    disruptions: tuple[str, ...] = ()  # "kill" / "pause" of the leader, spread over the run
     settle: float = 6.0  # a host drained this long after its node is healthy is a violation
     hang: float = 10.0  # no reconcile pass for this long is a hang
     seed: int = 1
 
 
 SHORT = Plan(nodes=8, jobs=2, notices=8, faults=(0.10,), spacing=1.2, deadline=8.0,
-             min_workers=2, max_workers=10, replicas=6)
+             min_workers=2, max_workers=10, replicas=6, disruptions=("pause",))
 LONG_PLAN = Plan(nodes=40, jobs=4, notices=40, faults=(0.05, 0.10, 0.20), spacing=3.0,
-                 deadline=10.0, min_workers=4, max_workers=30, replicas=16)
+                 deadline=10.0, min_workers=4, max_workers=30, replicas=16,
+                 disruptions=("kill", "pause", "kill", "pause"))
 
 
 class ScheduledEtOperator(EtOperator):
@@ -114,14 +134,21 @@ class Outcome:
     faults: dict[str, int]
     requests: int
     crashes: int
-    exit_code: int | None
+    exit_codes: dict[str, int | None]  # of crashed replicas, or non-zero ones at the stop
     passes: int
     longest_gap: float
     error_lines: int
     tracebacks: int
     operator_errors: int
     seconds: float
-    notes: list[str] = field(default_factory=list)
+    takeovers: list[Takeover] = field(default_factory=list)
+
+    def steady(self, notice: Notice) -> bool:
+        """Not open during a leader's loss: from the kill or pause until a second after the other
+        replica took the Lease nobody acts, by design (docs/reliability.md)."""
+        done = notice.t + (notice.latency or 0.0)
+        return not any(done >= t.at and notice.t <= t.at + (t.seconds or 30.0) + 1.0
+                       for t in self.takeovers)
 
     @property
     def hangs(self) -> int:
@@ -141,16 +168,27 @@ class Outcome:
             "fates": fates,
             "drain_p50_s": _round(r.median()), "drain_p99_s": _round(r.percentile(0.99)),
             "drain_max_s": _round(r.percentile(1.0)),
-            "notices_not_fully_drained": sum(1 for n in r.notices if n.pods and
+            "drain_p99_steady_s": _round(percentile(
+                [n.latency for n in r.notices if n.latency is not None and self.steady(n)], 0.99)),
+            "takeovers": [{"what": t.what, "s": _round(t.seconds)} for t in self.takeovers],
+            "slowest_drains": [  # to find them in the daemon's log (CHAOS_KEEP)
+                {"node": n.node, "s": _round(n.latency), "at": _utc(n.wall)}
+                for n in sorted(r.notices, key=lambda n: -(n.latency or 0))[:3] if n.latency],
+            "notices_not_fully_drained": sum(1 for n in r.notices if n.timed and
                                              n.latency is None),
+            "workers_kept_as_last_host": sum(len(n.kept) for n in r.notices),
             "violations": r.by_kind(),
             "violation_details": [f"{v.kind}: {v.detail}" for v in r.violations][:20],
             "stale_drained_hosts": r.stale_drained,
-            "crashes": self.crashes, "exit_code": self.exit_code, "hangs": self.hangs,
+            "crashes": self.crashes, "exit_codes": self.exit_codes, "hangs": self.hangs,
             "passes": self.passes, "longest_pass_gap_s": round(self.longest_gap, 1),
             "daemon_error_lines": self.error_lines, "tracebacks": self.tracebacks,
             "operator_errors": self.operator_errors,
         }
+
+
+def _utc(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds")
 
 
 def _round(x: float | None) -> float | None:
@@ -163,11 +201,83 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class Passes:
-    """Scrapes the daemon's reconcile count (directly, not through the proxy)."""
+class Replicas:
+    """The daemon's replicas, `spot-autoscaler run` processes with leader election, as a
+    Deployment runs them: a killed replica is replaced by a new one with a new identity (a new
+    pod). Each writes its stderr log and decision log (stdout) to files of its own."""
 
-    def __init__(self, port: int) -> None:
-        self.port, self.count = port, 0
+    def __init__(self, tmp: Path, kubeconfig: Path) -> None:
+        self.tmp, self.kubeconfig = tmp, kubeconfig
+        self.procs: dict[str, subprocess.Popen[str]] = {}
+        self.ports: dict[str, int] = {}
+        self.killed: set[str] = set()  # exits we caused
+        self._files: list[Any] = []
+        self._serial = 0
+
+    def start(self) -> str:
+        identity = f"chaos-{self._serial}"
+        self._serial += 1
+        port = self.ports[identity] = _free_port()
+        config = self.tmp / f"{identity}.yaml"
+        config.write_text(CONFIG.format(ns=NS, port=port, lease=int(LEASE_SECONDS),
+                                        level=os.environ.get("CHAOS_LOG_LEVEL", "info")))
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "POD_NAME": identity,
+               "POD_NAMESPACE": "default"}
+        stdout = (self.tmp / f"{identity}-decisions.jsonl").open("w")
+        stderr = (self.tmp / f"{identity}-daemon.log").open("w")
+        self._files += [stdout, stderr]
+        self.procs[identity] = subprocess.Popen(
+            [str(CLI), "run", "--config", str(config), "--kubeconfig", str(self.kubeconfig)],
+            cwd=ROOT, env=env, stdout=stdout, stderr=stderr, text=True)
+        return identity
+
+    def signal(self, identity: str, sig: signal.Signals) -> None:
+        proc = self.procs[identity]
+        if sig is signal.SIGKILL:
+            self.killed.add(identity)
+            proc.kill()
+            proc.wait()
+        else:
+            proc.send_signal(sig)
+
+    def crashes(self) -> dict[str, int | None]:
+        """Replicas that exited without being killed: identity -> exit code."""
+        return {i: p.returncode for i, p in self.procs.items()
+                if p.poll() is not None and i not in self.killed}
+
+    def stop(self) -> dict[str, int | None]:
+        """SIGTERM every live replica (SIGCONT first: a paused one cannot handle it); exit codes."""
+        codes = {}
+        for identity, proc in self.procs.items():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            codes[identity] = proc.returncode
+        for f in self._files:
+            f.close()
+        return codes
+
+    def logs(self, kind: str) -> list[Path]:
+        return sorted(self.tmp.glob(f"chaos-*-{kind}"))
+
+
+def lease_holder(server: RecordingServer) -> str | None:
+    lease = server.get("leases", *LEASE)
+    return lease["spec"].get("holderIdentity") if lease else None
+
+
+class Passes:
+    """Scrapes the replicas' reconcile counts (directly, not through the proxy): passes made by
+    any replica; the longest time no replica made one."""
+
+    def __init__(self, replicas: Replicas) -> None:
+        self.replicas = replicas
+        self.counts: dict[str, int] = {}
         self.last_change = time.monotonic()
         self.longest_gap = 0.0
         self.watching = False
@@ -175,9 +285,14 @@ class Passes:
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
-    def _scrape(self) -> int | None:
+    @property
+    def count(self) -> int:
+        return sum(self.counts.values())
+
+    @staticmethod
+    def _scrape(port: int) -> int | None:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=2) as r:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as r:
                 body = r.read().decode()
         except OSError:
             return None
@@ -188,15 +303,54 @@ class Passes:
 
     def _run(self) -> None:
         while not self._stop.wait(0.25):
-            count, now = self._scrape(), time.monotonic()
-            if count is not None and count != self.count:
-                self.count, self.last_change = count, now
+            now = time.monotonic()
+            for identity, port in list(self.replicas.ports.items()):
+                if self.replicas.procs[identity].poll() is not None:
+                    continue
+                count = self._scrape(port)
+                if count is not None and count != self.counts.get(identity, 0):
+                    self.counts[identity], self.last_change = count, now
             if self.watching:
                 self.longest_gap = max(self.longest_gap, now - self.last_change)
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+
+
+@dataclass
+class Takeover:
+    what: str  # kill / pause
+    at: float  # monotonic time of the signal
+    seconds: float | None  # until another replica held the Lease (None: none did)
+
+
+def _disrupt(plan: Plan, server: RecordingServer, replicas: Replicas, stop: threading.Event,
+             takeovers: list[Takeover]) -> None:
+    """Kill or pause the leader at even intervals over the notices' timeline."""
+    span = plan.notices * plan.spacing + plan.deadline
+    t0 = time.monotonic()
+    for k, what in enumerate(plan.disruptions):
+        if stop.wait(max(0.0, t0 + span * (k + 1) / (len(plan.disruptions) + 1)
+                         - time.monotonic())):
+            return
+        leader = lease_holder(server)
+        if leader not in replicas.procs or replicas.procs[leader].poll() is not None:
+            continue
+        at = time.monotonic()
+        replicas.signal(leader, signal.SIGKILL if what == "kill" else signal.SIGSTOP)
+        if what == "kill":
+            replicas.start()  # the Deployment's replacement pod
+        took: float | None = None
+        while not stop.is_set() and time.monotonic() - at < 30:
+            if lease_holder(server) not in (leader, None):
+                took = time.monotonic() - at
+                break
+            time.sleep(0.02)
+        takeovers.append(Takeover(what, at, took))
+        if what == "pause":  # resumed after the other took over: it must write nothing
+            stop.wait(max(0.0, at + LEASE_SECONDS * 2 - time.monotonic()))
+            replicas.signal(leader, signal.SIGCONT)
 
 
 def run_chaos(plan: Plan, tmp: Path) -> Outcome:
@@ -231,58 +385,52 @@ def run_chaos(plan: Plan, tmp: Path) -> Outcome:
         stepper.start()
         proxy = FaultProxy(server.url, FaultRates.total(plan.faults[0]), seed=plan.seed).start()
         storms = ServerFaults(server, seed=plan.seed + 1, every=(3.0, 8.0))
-        port = _free_port()
-        (tmp / "config.yaml").write_text(CONFIG.format(ns=NS, port=port))
         proxy.kubeconfig(str(tmp / "kubeconfig"))
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "POD_NAME": "chaos",
-               "POD_NAMESPACE": "default"}
-        stderr = (tmp / "daemon.log").open("w")
-        decisions = (tmp / "decisions.jsonl").open("w")  # the daemon's decision log (stdout)
-        proc = subprocess.Popen([str(CLI), "run", "--config", str(tmp / "config.yaml"),
-                                 "--kubeconfig", str(tmp / "kubeconfig")], cwd=ROOT, env=env,
-                                stdout=decisions, stderr=stderr, text=True)
-        passes = Passes(port)
-        crashes, exit_code, end = 0, None, None
+        replicas = Replicas(tmp, tmp / "kubeconfig")
+        for _ in range(2):
+            replicas.start()
+        passes = Passes(replicas)
+        takeovers: list[Takeover] = []
+        disrupter = threading.Thread(target=_disrupt, daemon=True,
+                                     args=(plan, server, replicas, stop, takeovers))
+        crashes: dict[str, int | None] = {}
+        end = None
         try:
             deadline = time.monotonic() + 60
-            while passes.count < 1 and proc.poll() is None and time.monotonic() < deadline:
+            while passes.count < 1 and not replicas.crashes() and time.monotonic() < deadline:
                 time.sleep(0.1)
-            assert proc.poll() is None, (tmp / "daemon.log").read_text()[-3000:]
-            assert passes.count >= 1, "the daemon made no pass within 60 s"
+            logs = replicas.logs("daemon.log")
+            assert not replicas.crashes(), [p.read_text()[-3000:] for p in logs]
+            assert passes.count >= 1, "no replica made a pass within 60 s"
             passes.watching = True
             proxy.active.set()
             storms.start()
+            disrupter.start()
             _timeline(plan, rng, server, world, generation, proxy)
             proxy.active.clear()
             storms.stop()
+            disrupter.join(timeout=60)
             time.sleep(plan.settle + 2.0)  # faults off: the daemon catches up
             end = time.monotonic()
-            if proc.poll() is not None:
-                crashes, exit_code = 1, proc.returncode
+            crashes = replicas.crashes()
         finally:
             stop.set()
             passes.stop()
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    exit_code = proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    exit_code = proc.wait()
-            stderr.close()
-            decisions.close()
-            if keep := os.environ.get("CHAOS_KEEP"):  # the daemon's logs, for the evidence
-                for f in ("daemon.log", "decisions.jsonl"):
-                    dest = Path(keep) / f"seed{plan.seed}-{f}"
-                    dest.write_bytes((tmp / f).read_bytes())
+            codes = replicas.stop()
+            if keep := os.environ.get("CHAOS_KEEP"):  # the daemons' logs, for the evidence
+                for f in replicas.logs("daemon.log") + replicas.logs("decisions.jsonl"):
+                    (Path(keep) / f"seed{plan.seed}-{f.name}").write_bytes(f.read_bytes())
             proxy.stop()
             storms.stop()
         report = check(server, settle=plan.settle, end=end)
-    log = (tmp / "daemon.log").read_text()
+    log = "".join(p.read_text() for p in replicas.logs("daemon.log"))
     return Outcome(plan, report, dict(proxy.counts) | dict(storms.counts), proxy.requests,
-                   crashes, exit_code, passes.count, passes.longest_gap,
+                   len(crashes),
+                   crashes or {i: c for i, c in codes.items() if c and i not in replicas.killed},
+                   passes.count, passes.longest_gap,
                    sum('"level": "error"' in line for line in log.splitlines()),
-                   log.count("Traceback"), operator_errors[0], time.monotonic() - started)
+                   log.count("Traceback"), operator_errors[0], time.monotonic() - started,
+                   takeovers)
 
 
 def _timeline(plan: Plan, rng: random.Random, server: RecordingServer, world: threading.Lock,
@@ -364,6 +512,9 @@ def test_the_daemon_survives_faults_and_keeps_its_invariants(tmp_path: Path) -> 
     summary = _record(outcome)
     assert summary["faults_total"] > 0 and summary["notices"] == plan.notices
     assert outcome.crashes == 0 and summary["tracebacks"] == 0, summary
+    assert not outcome.exit_codes, summary  # every replica stopped cleanly on SIGTERM
+    assert [t.what for t in outcome.takeovers] == list(plan.disruptions), summary
+    assert all(t.seconds is not None for t in outcome.takeovers), summary
     assert outcome.hangs == 0, summary
     assert outcome.report.violations == [], summary["violation_details"]
 
@@ -401,6 +552,21 @@ def test_every_invariant_fires_on_a_stream_that_breaks_it() -> None:
                                 "drained_after_healthy": 1}
     assert [n.node for n in report.notices] == ["a", "b"]
     assert report.fates() == {"killed_undrained": 1, "survived": 1}
+
+
+def test_a_write_by_a_replica_the_lease_does_not_name_is_a_violation() -> None:
+    with RecordingServer() as server:
+        server.seed(node("a"), {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                                "metadata": {"name": "spot-autoscaler", "namespace": "default"},
+                                "spec": {"holderIdentity": "r-1", "leaseDurationSeconds": 6}})
+        for identity in ("r-1", "r-2"):
+            api = server.api_client()
+            api.user_agent = f"spot-autoscaler/{identity}"
+            CoreV1Api(api).patch_node("a", {"metadata": {"labels": {"by": identity}}})
+            api.close()
+        report = check(server, settle=1.0)
+    assert [(v.kind, v.detail) for v in report.violations] == [
+        ("write_by_non_leader", "PATCH /api/v1/nodes/a by r-2 while r-1 held the Lease")]
 
 
 def test_a_graceful_notice_breaks_nothing_and_is_measured() -> None:

@@ -69,19 +69,21 @@ class Sent:
 
 class AuditedApi(KubeApiServer):
     """The emulator, recording each request's User-Agent; it can hold one chosen request (a
-    replica's pass stays in the middle of a decision until the test lets the answer go)."""
+    replica's pass stays in the middle of a decision until the test lets the answer go), then
+    answer it with an error instead of serving it."""
 
     def __init__(self) -> None:
         super().__init__()
         self.sent: list[Sent] = []
         self._hold: Callable[[Sent], bool] | None = None
+        self._answer = 0  # the status a held request gets after its release; 0: served
         self.holding = threading.Event()
         self.release = threading.Event()
 
-    def hold(self, match: Callable[[Sent], bool]) -> None:
+    def hold(self, match: Callable[[Sent], bool], answer: int = 0) -> None:
         self.holding.clear()
         self.release.clear()
-        self._hold = match
+        self._hold, self._answer = match, answer
 
     def _serve(self, h: Any) -> None:
         record = Sent(
@@ -93,6 +95,8 @@ class AuditedApi(KubeApiServer):
             self._hold = None
             self.holding.set()
             self.release.wait(30)
+            if self._answer:
+                self.fail_next(1, self._answer, path_contains=record.path, method=record.method)
         super()._serve(h)
 
 
@@ -171,10 +175,12 @@ def test_a_paused_and_resumed_leader_writes_nothing_once_the_other_holds_the_lea
         assert any(s.write_by(leader.identity) for s in api.sent)  # its writes are attributed
         assert not any(s.write_by(standby.identity) for s in api.sent)
 
-        # The leader's next pass reads the job before patching it: keep it on that read.
+        # The leader's next pass patches the job (its drain): hold that request, then answer
+        # it 503, so that the leader, once resumed, would send it again.
         api.hold(
-            lambda s: s.agent == leader.agent and s.method == "GET"
-            and s.path.endswith("/trainingjobs/bert")
+            lambda s: s.agent == leader.agent and s.method == "PATCH"
+            and s.path.endswith("/trainingjobs/bert"),
+            answer=503,
         )
         api.patch("nodes", "node-0", {"spec": {"taints": [
             {"key": INTERRUPTION_TAINT, "value": "itn-1", "effect": "NoSchedule"}
@@ -195,7 +201,7 @@ def test_a_paused_and_resumed_leader_writes_nothing_once_the_other_holds_the_lea
 
         leader.proc.send_signal(signal.SIGCONT)
         resumed = time.monotonic()
-        # its held pass goes on: the drain's patch must be refused before it is sent
+        # its held pass goes on: the drain's retry must be refused before it is sent
         wait_for(
             lambda: any(s.write_by(leader.identity) and s.at > resumed for s in api.sent)
             or any("NotLeader" in json.dumps(e) for e in leader.events()),
@@ -278,6 +284,7 @@ def test_the_fence_closes_when_the_last_renewal_is_older_than_the_renew_deadline
     with pytest.raises(NotLeader):
         objects.delete(TRAINING_JOBS, "default", "bert", "1")
     recorder.record(node(0), "Test", "not sent", now=datetime.now(UTC))
+    assert recorder.flush(5)
     assert objects.get(NODES, "", "node-0")["metadata"]["name"] == "node-0"  # reads still go
     assert [r.method for r in api.request_log] == ["GET"]
 

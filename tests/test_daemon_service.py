@@ -138,11 +138,15 @@ def test_reload_applies_new_policies_and_keeps_the_old_on_a_broken_file(tmp_path
     path = tmp_path / "config.yaml"
     path.write_text(CONFIG)
     world = World()
-    d, log = daemon(
-        config(), Parts(observer=world, actuator=Recorder(world)), WakeSignal(), config_path=path
-    )
+    told: list[tuple[str, str]] = []
+    parts = Parts(observer=world, actuator=Recorder(world),
+                  announce=lambda reason, message: told.append((reason, message)))
+    d, log = daemon(config(), parts, WakeSignal(), config_path=path)
     d.start()
     try:
+        port = d.endpoints.port  # type: ignore[union-attr]
+        assert metric(http_get(port, "/metrics")[1],
+                      "spot_autoscaler_config_last_reload_successful") == 1
         path.write_text(CONFIG + "bogus_section: 1\npolicies: [\n")
         wait_for(lambda: "config_rejected" in events(log), what="the broken file to be rejected")
         rejected = next(c for c in log.calls if c.args and c.args[0] == "config_rejected")
@@ -153,14 +157,20 @@ def test_reload_applies_new_policies_and_keeps_the_old_on_a_broken_file(tmp_path
         assert d.reloader is not None
         assert not d.reloader.check() and not d.reloader.check()
         assert events(log).count("config_rejected") == 1
-        _, text = http_get(d.endpoints.port, "/metrics")  # type: ignore[union-attr]
+        _, text = http_get(port, "/metrics")
         assert metric(text, "spot_autoscaler_errors_total", component="config") == 1
+        assert metric(text, "spot_autoscaler_config_last_reload_successful") == 0
+        # one Warning on the daemon's own Pod, naming the file and the first problem
+        assert [reason for reason, _ in told] == ["ConfigRejected"]
+        assert str(path) in told[0][1] and "previous config" in told[0][1]
 
         changed = CONFIG.replace("cooldown: 0s}\n", "cooldown: 7m}\n  - name: gold\n")
         path.write_text(changed)
         wait_for(lambda: len(d.reconciler.policies.policies) == 2, what="the new policies")
         assert d.reconciler.policies.policies[0].scale_out.cooldown.total_seconds() == 420
         assert "config_reloaded" in events(log)
+        assert metric(http_get(port, "/metrics")[1],
+                      "spot_autoscaler_config_last_reload_successful") == 1
 
         path.write_text(changed + "kubernetes: {namespaces: [ml]}\n")
         wait_for(lambda: "config_change_needs_restart" in events(log), what="a restart-only change")

@@ -249,3 +249,34 @@ def test_metrics_expose_rejected_objects_and_live_backends() -> None:
     assert 'objects_rejected_total{kind="TrainingJob",reason="AttributeError"} 2.0' in text
     assert 'backend_live{backend="et-operator"} 1.0' in text
     assert 'backend_live{backend="cce"} 0.0' in text
+
+
+def test_a_prober_that_hung_up_leaves_no_traceback(capfd: pytest.CaptureFixture[str]) -> None:
+    """Seen in the fault suite: a paused replica, resumed, answered scrapes whose client had
+    given up; the stdlib server printed a BrokenPipe traceback for each."""
+    import struct
+
+    from autoscaler.daemon.endpoints import Endpoints
+
+    hung_up, answered = threading.Event(), threading.Event()
+
+    def slow_check() -> None:  # the probe is answered only after the client is gone
+        hung_up.wait(5)
+        answered.set()
+
+    endpoints = Endpoints("127.0.0.1", 0, Metrics(), slow_check, lambda: None)
+    endpoints.start()
+    try:
+        sock = socket.create_connection(("127.0.0.1", endpoints.port))
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()  # linger 0: a reset, so the server's write fails
+        hung_up.set()
+        wait_for(answered.is_set, what="the probe to be answered")
+        # the next request is served (the server thread is fine) once the failed one is done
+        with socket.create_connection(("127.0.0.1", endpoints.port)) as again:
+            again.sendall(b"GET /readyz HTTP/1.0\r\n\r\n")
+            assert again.recv(64).startswith(b"HTTP/1.0 200")
+    finally:
+        endpoints.stop()
+    assert "Traceback" not in capfd.readouterr().err

@@ -383,7 +383,8 @@ def test_the_command_exits_0_with_the_launcher_container(
             proc.kill()
         _, err = proc.communicate(timeout=10)
     events = [json.loads(line)["event"] for line in err.splitlines() if line.startswith("{")]
-    assert "assigned_hosts_published" in events and events[-1] == "container_terminated"
+    # two threads log these: the publisher's line may come after the watcher's (seen under load)
+    assert {"assigned_hosts_published", "container_terminated"} <= set(events)
 
 
 def test_exit_with_container_needs_the_downward_api(tmp_path: Path) -> None:

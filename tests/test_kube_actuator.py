@@ -153,7 +153,7 @@ def test_transient_api_errors_are_retried_and_lasting_ones_reach_the_reconciler(
 
     kube.server.seed(node("b", taints=[NTH_ITN]), worker("bert", 9, "b"))
     wait_for(lambda: any("bert-worker-9" in w for w in kube.wakes), what="the new worker")
-    kube.server.fail_next(1, 403, path_contains="trainingjobs/bert", method="GET")
+    kube.server.fail_next(1, 403, path_contains="trainingjobs/bert", method="PATCH")
     rec.tick(now())
     assert rec.errors == 1  # the drain failed for good: logged, retried by the next pass
     rec.tick(now())
@@ -209,3 +209,27 @@ def test_namespaced_watches_drive_the_same_flow(kube: Kube) -> None:
     kube.server.seed(node("a"), *bert_on("a"), training_job("bert", namespace="other"))
     assert actions(kube.reconciler().tick(now())) == [("ml/bert", Action.SCALE_OUT)]
     assert [o["metadata"]["namespace"] for o in kube.server.objects("ScaleOut")] == [NS]
+
+
+def test_a_warning_about_the_daemon_itself_lands_on_its_own_pod(
+    kube: Kube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from autoscaler.adapters.kube import EventRecorder
+
+    kube.server.seed(pod("spot-autoscaler-0", "a", 0, namespace="ops"))
+    recorder = EventRecorder(kube.server.api_client(), host="spot-autoscaler-0")
+    monkeypatch.setenv("POD_NAME", "spot-autoscaler-0")
+    monkeypatch.setenv("POD_NAMESPACE", "ops")
+    recorder.about_self("ConfigRejected", "config.yaml:3: bad", now())
+    assert recorder.flush(5)
+    uid = kube.server.get("Pod", "spot-autoscaler-0", "ops")["metadata"]["uid"]
+    [event] = [e for e in kube.server.objects("events") if e["reason"] == "ConfigRejected"]
+    # kubectl describe pod finds Events by the pod's kind, name, namespace and uid
+    assert (event["metadata"]["namespace"], event["type"]) == ("ops", "Warning")
+    assert {k: event["involvedObject"][k] for k in ("kind", "name", "namespace", "uid")} == {
+        "kind": "Pod", "name": "spot-autoscaler-0", "namespace": "ops", "uid": uid}
+
+    monkeypatch.delenv("POD_NAME")  # outside a pod: nothing to attach it to, nothing sent
+    recorder.about_self("ConfigRejected", "again", now())
+    assert recorder.flush(5)
+    assert len([e for e in kube.server.objects("events") if e["reason"] == "ConfigRejected"]) == 1

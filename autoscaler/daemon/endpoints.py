@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import structlog
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from autoscaler.daemon.metrics import Metrics
+
+log = structlog.get_logger()
 
 Check = Callable[[], str | None]  # None when fine, else what is wrong (shown to the prober)
 
@@ -29,7 +33,7 @@ class Endpoints:
             "/readyz": lambda: _probe(ready, detail()),  # detail: e.g. which backends are live
         }
         handler = type("Handler", (_Handler,), {"routes": routes})
-        self._server = ThreadingHTTPServer((host, port), handler)
+        self._server = _Server((host, port), handler)
         self._server.daemon_threads = True
         # the poll interval bounds how long stop() waits
         self._thread = threading.Thread(
@@ -49,6 +53,16 @@ class Endpoints:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A prober that gave up (a scrape timeout, or this process was paused) leaves a closed
+        socket behind: no traceback on stderr for that. Anything else is a bug: say so."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError):
+            return
+        log.error("endpoint_failed", client=str(client_address), exc_info=exc)
 
 
 def _probe(check: Check, detail: str = "") -> tuple[int, str, bytes]:

@@ -37,12 +37,12 @@ class NoticeTracker:
     def answered(self, nodes: Iterable[str], at: datetime) -> None:
         nodes = set(nodes)
         for key, notice in list(self._open.items()):
-            if notice.node in nodes:
-                del self._open[key]
-                if notice.received_at is not None:
-                    self._metrics.reaction.observe(
-                        max(0.0, (at - notice.received_at).total_seconds())
-                    )
+            # pop, not del: drains of two jobs on one node may answer it at once (threads)
+            answered = notice.node in nodes and self._open.pop(key, None) is not None
+            if answered and notice.received_at is not None:
+                self._metrics.reaction.observe(
+                    max(0.0, (at - notice.received_at).total_seconds())
+                )
 
 
 class MeasuredObserver:

@@ -66,6 +66,12 @@ class Metrics:
             ["backend"],
             registry=r,
         )
+        self.config_ok = Gauge(
+            f"{PREFIX}_config_last_reload_successful",
+            "0 while the config file on disk is rejected (the previous config runs), else 1.",
+            registry=r,
+        )
+        self.config_ok.set(1)
         self._jobs: set[str] = set()
 
     def track_backends(self, backends: Callable[[], Mapping[str, bool]]) -> None:
@@ -75,6 +81,9 @@ class Metrics:
 
         for name in backends():
             self.backend_live.labels(name).set_function(live(name))
+
+    def track_config(self, healthy: Callable[[], bool]) -> None:
+        self.config_ok.set_function(lambda: 1.0 if healthy() else 0.0)
 
     def track_leader(self, is_leader: Callable[[], bool]) -> None:
         """Read at scrape time, so a lapsed lease shows even while a renewal call hangs."""

@@ -26,14 +26,19 @@ class ConfigReloader:
         current: Config,
         apply: Callable[[Config], None],
         logger: Any,
-        on_error: Callable[[], None],
+        on_rejected: Callable[[list[str]], None],
     ) -> None:
         self.path = path
         self.current = current
         self._apply = apply
         self._logger = logger
-        self._on_error = on_error
+        self._on_rejected = on_rejected  # metric and Event: once per distinct bad file
         self._reported: list[str] | None = None  # the problems last logged: a bad file is told once
+
+    @property
+    def healthy(self) -> bool:
+        """False while the file on disk is rejected (the previous config still runs)."""
+        return self._reported is None
 
     def check(self) -> bool:
         """Reload if the file changed; True if new policies were applied."""
@@ -43,7 +48,7 @@ class ConfigReloader:
             problems = [str(p) for p in exc.problems]
             if problems != self._reported:
                 self._reported = problems
-                self._on_error()
+                self._on_rejected(problems)
                 self._logger.error(
                     "config_rejected",
                     file=str(self.path),

@@ -45,6 +45,12 @@ class Parts:
     rejected: Callable[[], Mapping[tuple[str, str], int]] = dict
     start: Callable[[], None] = lambda: None  # begin watches
     stop: Callable[[], None] = lambda: None
+    # a Warning about this replica itself (reason, message): an Event on its own Pod
+    announce: Callable[[str, str], None] = lambda reason, message: None
+    # drains applied at once (one per job); 1 = one after another
+    drain_workers: int = 1
+    # finish what a pass left queued (Events) while the Lease is still ours; before `stop`
+    settle: Callable[[], object] = lambda: None
     sources: list[NamedSource] = field(default_factory=list)  # notice and price feeds
     lock: LeaderLock | None = None  # None: this mode runs alone (no leader election)
     # asked by the mode's writers before each write; the daemon binds it to the leadership
@@ -84,6 +90,7 @@ class Daemon:
             GuardedActuator(parts.actuator, self.leadership.is_leader, self.metrics, tracker),
             config,
             decision_logger,
+            drain_workers=parts.drain_workers,
         )
         backoff_max = self.settings.error_backoff_max.total_seconds()
         self.loop = ReconcileLoop(
@@ -102,11 +109,13 @@ class Daemon:
                 config,
                 self._apply_config,
                 logger,
-                lambda: self.metrics.error("config"),
+                self._config_rejected,
             )
             if config_path is not None
             else None
         )
+        if self.reloader is not None:
+            self.metrics.track_config(lambda: self.reloader is None or self.reloader.healthy)
         self.supervisor = Supervisor(parts.sources, logger, self.metrics.error, backoff_max)
         self.scheduler = BackgroundScheduler(timezone=UTC)
         self.endpoints: Endpoints | None = None
@@ -202,6 +211,15 @@ class Daemon:
             misfire_grace_time=None,
         )
 
+    def _config_rejected(self, problems: list[str]) -> None:
+        self.metrics.error("config")
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        self.parts.announce(
+            "ConfigRejected",
+            f"{self.reloader.path if self.reloader else 'config'}: {problems[0]}{more}; "
+            "the previous config stays in force",
+        )
+
     def _apply_config(self, config: Config) -> None:
         self.parts.reconfigure(config)
         self.loop.set_policies(config)
@@ -215,6 +233,7 @@ class Daemon:
         if self.scheduler.running:
             self.scheduler.shutdown(wait=False)
         self.loop.stop(_STOP_TIMEOUT)
+        self.parts.settle()
         self.leadership.release()
         self.supervisor.stop(_STOP_TIMEOUT)
         self.parts.stop()
@@ -247,6 +266,7 @@ class Daemon:
                 return False
             return self.loop.run_pass({"once"})
         finally:
+            self.parts.settle()
             self.leadership.release()
             self.parts.stop()
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,8 @@ from autoscaler.fencing import Fence
 from autoscaler.signals import NoticeBoard, PriceBook, Wake
 
 OnError = Callable[[str], None]  # counts a survived failure by component
+_DRAIN_WORKERS = 4  # concurrent drain patches (one per job) in a pass
+_EVENTS_FLUSH = 3.0  # seconds queued Events get at shutdown (inside the pod's grace period)
 
 
 def build_parts(
@@ -79,12 +82,11 @@ def _kubernetes(
         if election.enabled
         else None
     )
+    recorder = EventRecorder(api, host=me, fence=fence)
     actuator = (
         DryRunActuator()
         if dry_run
-        else KubeActuator(
-            api, config, EventRecorder(api, host=me, fence=fence), cache, rejections, fence
-        )
+        else KubeActuator(api, config, recorder, cache, rejections, fence)
     )
     board = PersistingBoard(actuator.persist_notice, logger, lambda: on_error("notices"))
     prices = PriceBook()
@@ -110,6 +112,9 @@ def _kubernetes(
         rejected=rejections.counts,
         start=cache.start,
         stop=lambda: _stop_all(board.close, cache.stop),
+        settle=lambda: recorder.flush(_EVENTS_FLUSH),
+        drain_workers=_DRAIN_WORKERS,
+        announce=lambda reason, message: recorder.about_self(reason, message, _now()),
         sources=sources,
         lock=lock,
         fence=fence,
@@ -130,6 +135,10 @@ def _standalone(config: Config, wake: Wake, dry_run: bool) -> Parts:
         start=observer.start,
         stop=observer.stop,
     )
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
 
 
 def _stop_all(*steps: Callable[[], None]) -> None:

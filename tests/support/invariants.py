@@ -13,7 +13,10 @@ with a monotonic timestamp), unbounded by the watch history and untouched by com
 - ``undrained_at_reclaim``: a pod the reclaim kills whose host is not in its job's
   ``spot-autoscaler.io/drained-hosts`` annotation at that moment;
 - ``drained_after_healthy``: a host still drained ``settle`` seconds after its pod's node is
-  healthy again (notice taint gone) and the pod still runs there.
+  healthy again (notice taint gone) and the pod still runs there;
+- ``write_by_non_leader``: a write (not to the Lease) from a replica (User-Agent
+  ``spot-autoscaler/<identity>``) that the Lease does not name as its holder when the request
+  reaches the server.
 
 It also measures, per notice (a node gaining the notice taint), the seconds until every worker on
 the node then is in its job's drained hosts, and how each of those workers left.
@@ -35,6 +38,9 @@ MANAGED_BY = "app.kubernetes.io/managed-by"
 DRAINED = "spot-autoscaler.io/drained-hosts"
 NTH_ITN = "aws-node-termination-handler/spot-itn"
 _FINISHED = ("ScaleSucceeded", "ScaleFailed")
+_WRITES = ("POST", "PUT", "PATCH", "DELETE")
+_AGENT = "spot-autoscaler/"
+LEASE = ("spot-autoscaler", "default")  # the daemon's Lease (name, namespace) in these runs
 _KINDS = {"nodes": "Node", "pods": "Pod", "trainingjobs.kai.alibabacloud.com": "TrainingJob",
           "scaleins.kai.alibabacloud.com": "ScaleIn",
           "scaleouts.kai.alibabacloud.com": "ScaleOut"}
@@ -43,16 +49,28 @@ _KINDS = {"nodes": "Node", "pods": "Pod", "trainingjobs.kai.alibabacloud.com": "
 @dataclass(frozen=True)
 class Event:
     t: float  # time.monotonic() at commit
+    wall: float  # time.time() at commit: to find the moment in the daemon's log
     type: str  # ADDED / MODIFIED / DELETED
     kind: str  # Node, Pod, TrainingJob, ScaleIn, ScaleOut
     obj: Obj
 
 
+@dataclass(frozen=True)
+class Write:
+    t: float
+    identity: str  # from the User-Agent
+    method: str
+    path: str
+    holder: str | None  # the Lease's holderIdentity when the request arrived
+
+
 class RecordingServer(KubeApiServer):
-    """The emulator, also keeping every event of the kinds the invariants read."""
+    """The emulator, also keeping every event of the kinds the invariants read, and every write
+    a replica sends (with the Lease holder at that moment)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.events: list[Event] = []
+        self.writes: list[Write] = []
         self.reclaimed: set[str] = set()  # uids of pods the spot reclaim killed
         self._record_lock = threading.Lock()
         super().__init__(*args, **kwargs)
@@ -61,7 +79,18 @@ class RecordingServer(KubeApiServer):
         super()._emit(res, type_, obj, old)  # lock held: events are in commit order
         kind = _KINDS.get(res.key)
         if kind is not None:
-            self.events.append(Event(time.monotonic(), type_, kind, self._history[-1].obj))
+            obj = self._history[-1].obj
+            self.events.append(Event(time.monotonic(), time.time(), type_, kind, obj))
+
+    def _serve(self, h: Any) -> None:
+        agent = h.headers.get("User-Agent") or ""
+        if h.command in _WRITES and agent.startswith(_AGENT) and "/leases" not in h.path:
+            with self._lock:
+                lease = self.get("leases", *LEASE)
+                holder = lease["spec"].get("holderIdentity") if lease else None
+                self.writes.append(Write(time.monotonic(), agent[len(_AGENT):], h.command,
+                                         h.path.split("?")[0], holder))
+        super()._serve(h)
 
     def reclaim_pod(self, name: str, namespace: str) -> bool:
         """The spot reclaim kills a pod (recorded as preemption, not as an operator's act)."""
@@ -85,16 +114,33 @@ class Violation:
 class Notice:
     node: str
     t: float
+    wall: float
     pods: dict[str, str]  # pod uid -> job
     names: dict[str, str]  # pod uid -> pod name (the host)
     drained_at: dict[str, float] = field(default_factory=dict)
     fate: dict[str, str] = field(default_factory=dict)  # uid -> removed / drained_reclaim / ...
+    # workers that were their job's last hosts off noticed nodes: the daemon keeps such a host
+    # visible until a replacement runs (Horovod must not lose its whole host set), so their
+    # drain waits for the replacement and is not a notice -> drain latency
+    kept: set[str] = field(default_factory=set)
+
+    @property
+    def timed(self) -> set[str]:
+        return set(self.pods) - self.kept
 
     @property
     def latency(self) -> float | None:
-        if not self.pods or len(self.drained_at) < len(self.pods):
+        """Notice -> every timed worker drained; None if none is timed or one never was."""
+        timed = self.timed
+        if not timed or not timed <= self.drained_at.keys():
             return None
-        return max(self.drained_at.values()) - self.t
+        return max(self.drained_at[uid] for uid in timed) - self.t
+
+
+def percentile(xs: list[float], q: float) -> float | None:
+    """Nearest-rank percentile; None for no values."""
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else None
 
 
 @dataclass
@@ -113,10 +159,7 @@ class Report:
         return sorted(n.latency for n in self.notices if n.latency is not None)
 
     def percentile(self, q: float) -> float | None:
-        xs = self.latencies()
-        if not xs:
-            return None
-        return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+        return percentile(self.latencies(), q)
 
     def median(self) -> float | None:
         xs = self.latencies()
@@ -229,9 +272,13 @@ class _State:
         if now and not was:
             on = [p for p in self.pods.values() if (p.get("spec") or {}).get("nodeName") == name
                   and _labels(p).get("training-job-role") == "worker"]
-            n = Notice(name, e.t, {p["metadata"]["uid"]: _labels(p)["training-job-name"]
+            n = Notice(name, e.t, e.wall, {p["metadata"]["uid"]: _labels(p)["training-job-name"]
                                    for p in on},
                        {p["metadata"]["uid"]: p["metadata"]["name"] for p in on})
+            n.kept = {uid for uid, job in n.pods.items() if not any(
+                not _tainted(self.nodes.get((w.get("spec") or {}).get("nodeName") or "", {}))
+                and (w.get("spec") or {}).get("nodeName") not in (None, name)
+                for w in self.workers(job))}
             for uid, job in n.pods.items():
                 if n.names[uid] in self.drained[job]:
                     n.drained_at[uid] = e.t
@@ -340,9 +387,14 @@ def check(server: RecordingServer, settle: float = 10.0, end: float | None = Non
     with server._lock:
         events = list(server.events)
         reclaimed = set(server.reclaimed)
+        writes = list(server.writes)
     state = _State(reclaimed, settle)
     for e in events:
         state.apply(e)
+    for w in writes:
+        if w.identity != w.holder:
+            state.flag(w.t, "write_by_non_leader",
+                       f"{w.method} {w.path} by {w.identity} while {w.holder} held the Lease")
     state.check_settled(time.monotonic() if end is None else end)
     stale = sum(1 for job, hosts in state.drained.items() for h in hosts
                 if not any(p["metadata"]["name"] == h for p in state.workers(job)))

@@ -115,11 +115,10 @@ class KubeActuator:
 
     def _drain(self, resource: Resource, job: Obj, decision: Decision, now: datetime) -> None:
         """Hide hosts from (or show them again to) the job's Horovod discovery."""
-        meta = job["metadata"]
         hosts = frozenset(decision.hosts)
         drain = decision.action is Action.DRAIN
         result = update_drained(
-            self._objects, resource, meta["namespace"], meta["name"],
+            self._objects, resource, job,
             (lambda held: held | hosts) if drain else (lambda held: held - hosts),
         )
         if result is None:

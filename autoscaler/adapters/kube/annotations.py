@@ -25,15 +25,18 @@ _CONFLICT_RETRIES = 3
 def update_drained(
     objects: ObjectApi,
     resource: Resource,
-    namespace: str,
-    name: str,
+    held: Obj,
     change: Callable[[frozenset[str]], frozenset[str]],
 ) -> tuple[Obj, frozenset[str], frozenset[str]] | None:
-    """Read-modify-write the job's drained hosts under optimistic concurrency (resourceVersion
-    precondition; a conflict reads again). Returns (job, before, after), None if unchanged."""
-    conflicts = 0
+    """Read-modify-write the job's drained hosts under optimistic concurrency: the patch carries
+    the resourceVersion it was computed from, so a change made since (by anyone, or by our own
+    write whose reply was lost) makes the server answer 409 and we read again. The first try
+    starts from `held`, the watch cache's copy: one round trip while the cache is current, which
+    is what a drain racing a node's death needs. Returns (job, before, after), None if unchanged."""
+    ident = held.get("metadata") or {}
+    namespace, name = str(ident.get("namespace") or ""), str(ident.get("name") or "")
+    job, conflicts = held, 0
     while True:
-        job = objects.get(resource, namespace, name, urgent=True)
         before = decode_drained(annotations_of(job).get(DRAINED_ANNOTATION))
         after = change(before)
         if after == before:
@@ -48,6 +51,7 @@ def update_drained(
             conflicts += 1
             if exc.status != 409 or conflicts > _CONFLICT_RETRIES:
                 raise
+        job = objects.get(resource, namespace, name, urgent=True)
 
 
 def notice_patch(node: Obj, notice: Notice) -> Obj | None:

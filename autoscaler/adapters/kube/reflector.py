@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -33,6 +34,7 @@ OnServed = Callable[[], None]  # a kind's served state was looked up (it may hav
 _PAGE = 500
 _CONNECT_TIMEOUT = 10.0
 _READ_GRACE = 15.0  # client read timeout = server watch timeout + this
+_RESUME_EVERY = 1.0  # at most one immediate resume of a broken watch per this many seconds
 
 log = structlog.get_logger()
 
@@ -101,6 +103,7 @@ class Reflector:
         # weak: a tracker lives as long as its reader, and nobody has to unregister it
         self._trackers: weakref.WeakSet[KeyTracker] = weakref.WeakSet()
         self._watch: watch.Watch | None = None
+        self._opened = False  # the current watch's response arrived (see run)
         self._rediscover = rediscover
         self._on_served = on_served
         # None until looked up; built-in kinds are always served
@@ -143,7 +146,9 @@ class Reflector:
     def run(self) -> None:
         rv: str | None = None
         delay = self._backoff[0]
+        resumed = 0.0  # when a broken watch was last resumed without a back-off
         while not self._stop.is_set():
+            self._opened = False
             try:
                 if rv is None:
                     if not self._discover():
@@ -164,6 +169,16 @@ class Reflector:
                 # the server ignored timeoutSeconds and went quiet: just watch again
                 continue
             except Exception as exc:  # connection drops, bad payloads: never end the thread
+                now = time.monotonic()
+                stopping = self._stop.is_set()  # stop_watch() broke it on purpose
+                if self._opened and rv and not stopping and now - resumed > _RESUME_EVERY:
+                    # an established stream that broke (a proxy, a restarting apiserver): resume
+                    # at once from where it stopped, as client-go's reflector does; a watch that
+                    # cannot be opened (or breaks again at once) backs off. Every second blind
+                    # here delays a notice.
+                    resumed = now
+                    self._log.info("watch_broken_resuming", error=type(exc).__name__)
+                    continue
                 delay = self._failed(exc, delay)
 
     def stop_watch(self) -> None:
@@ -233,9 +248,15 @@ class Reflector:
         """Watch until the server ends the stream; the resourceVersion to resume from."""
         w = watch.Watch(return_type="object")  # plain dicts: no model deserialisation
         self._watch = w
+
+        def opened(**kwargs: Any) -> Any:
+            response = self._list_fn(**kwargs)
+            self._opened = True  # the server answered: the stream is established
+            return response
+
         try:
             stream = w.stream(
-                self._list_fn,
+                opened,
                 resource_version=rv,
                 allow_watch_bookmarks=True,
                 timeout_seconds=self._watch_timeout,
