@@ -229,12 +229,17 @@ def test_policy_priority_overrides_job_priority() -> None:
     assert grown(ds, "ml/b") == 2 and next(d.policy for d in ds if d.job == "ml/b") == "vip"
 
 
-def test_scale_out_warns_when_et_operator_would_reuse_a_blacklisted_name() -> None:
+def test_scale_out_warns_when_the_operator_would_reuse_a_blacklisted_name() -> None:
     # worker-2 died abruptly and was removed; the next ScaleOut recreates index 2
-    j = job(hi=8, placement=["x", "x"], failed_hosts=frozenset({"bert-worker-2"}))
+    failed = frozenset({"bert-worker-2"})
+    j = job(hi=8, placement=["x", "x"], failed_hosts=failed, reuses_names=True)
     out = only(run(snapshot([node("a", gpus=2)], [j])), Action.SCALE_OUT)[0]
     assert Reason.BLACKLIST_RISK in out.tags and "--blacklist-cooldown-range" in out.message
-    clean = job(hi=8, placement=["x", "x"], failed_hosts=frozenset({"bert-worker-9"}))
+    fresh = job(hi=8, placement=["x", "x"], failed_hosts=failed)  # names never reused: no risk
+    assert Reason.BLACKLIST_RISK not in only(
+        run(snapshot([node("a", gpus=2)], [fresh])), Action.SCALE_OUT)[0].tags
+    clean = job(hi=8, placement=["x", "x"], failed_hosts=frozenset({"bert-worker-9"}),
+                reuses_names=True)
     assert (
         Reason.BLACKLIST_RISK
         not in only(run(snapshot([node("a", gpus=2)], [clean])), Action.SCALE_OUT)[0].tags

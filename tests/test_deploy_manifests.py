@@ -18,6 +18,7 @@ from support.kube_api import KubeApiServer
 from support.waiting import wait_for
 from test_daemon_support import JOB, KUBE_CONFIG, node, wired_daemon, worker
 
+from autoscaler.adapters.kube.kinds import KINDS
 from autoscaler.cli import main
 from autoscaler.config import parse_config
 from autoscaler.core import Notice, NoticeKind
@@ -101,13 +102,10 @@ RULES = {  # (apiGroup, resource) -> verbs, exactly what the daemon does
     ("", "nodes"): {"get", "list", "watch", "patch"},
     ("", "pods"): {"get", "list", "watch"},
     ("", "events"): {"create", "patch"},
-    ("kai.alibabacloud.com", "trainingjobs"): {"get", "list", "watch", "patch"},
-    ("kai.alibabacloud.com", "scaleouts"): {"get", "list", "watch", "create"},
-    # delete: only our ScaleIn whose pods are all gone, before et-operator runs it
-    ("kai.alibabacloud.com", "scaleins"): {"get", "list", "watch", "create", "delete"},
-    ("kongming.cce.baiudbce.com", "aitrainingjobs"): {"get", "list", "watch", "patch"},
     # kubernetes.guard_evictions: our own budgets only
     ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create", "patch", "delete"},
+    # and what each job kind declares it needs (adapters/kube/kinds)
+    **{(r.group, r.plural): set(verbs) for kind in KINDS for r, verbs in kind.rbac.items()},
 }
 
 

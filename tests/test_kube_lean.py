@@ -25,6 +25,7 @@ from autoscaler.adapters.kube import KubeCache, KubeObserver
 from autoscaler.adapters.kube import cache as cache_module
 from autoscaler.adapters.kube.lean import NODE_SHAPE, POD_SHAPE, project, trimmer
 from autoscaler.adapters.kube.nodes import instance_id, node_facts
+from autoscaler.adapters.kube.podindex import _recognise
 from autoscaler.adapters.kube.pods import pod_facts
 from autoscaler.adapters.kube.resources import (
     AI_TRAINING_JOBS,
@@ -246,7 +247,7 @@ def custom_objects() -> list[tuple[Resource, Obj]]:
 @pytest.mark.parametrize("pod", full_pods(), ids=lambda p: p["metadata"]["name"])
 def test_a_trimmed_pod_says_what_the_whole_pod_says(pod: Obj) -> None:
     lean = trimmer(PODS)(pod)
-    assert pod_facts(lean, SETTINGS) == pod_facts(pod, SETTINGS)
+    assert pod_facts(lean, SETTINGS, _recognise) == pod_facts(pod, SETTINGS, _recognise)
     assert signature(PODS, lean, SETTINGS) == signature(PODS, pod, SETTINGS)
     assert key_of(lean) == key_of(pod)
     assert lean["metadata"]["resourceVersion"] == pod["metadata"]["resourceVersion"]

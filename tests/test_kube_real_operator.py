@@ -25,8 +25,7 @@ from kube_fixtures import (
 )
 from kubernetes import client
 
-from autoscaler.adapters.kube.et_operator import scaler_name
-from autoscaler.adapters.kube.observer import _with_unseen
+from autoscaler.adapters.kube.kinds.et_operator import scaler_name, with_unseen
 from autoscaler.adapters.kube.scalers import ScalerFacts
 from autoscaler.core import Action, Reason, ScalerKind, Worker
 from autoscaler.signals import ASSIGNED_ANNOTATION
@@ -181,6 +180,6 @@ def test_pods_a_finished_scale_out_added_count_until_the_pod_watch_has_caught_up
                        resource_version=120)
     seen = (Worker("bert-worker-0", "a", "bert-worker-0", 0),
             Worker("bert-worker-2", "a", "bert-worker-2", 2))
-    lagging = _with_unseen(seen, [done], pods_seen=100)
+    lagging = with_unseen(seen, [done], pods_seen=100)
     assert [(w.pod, w.pending) for w in lagging[2:]] == [("bert-worker-3", True)]
-    assert _with_unseen(seen, [done], pods_seen=120) == seen  # caught up: trust the pods
+    assert with_unseen(seen, [done], pods_seen=120) == seen  # caught up: trust the pods

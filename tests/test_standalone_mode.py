@@ -13,7 +13,7 @@ from structlog.testing import CapturingLogger, capture_logs
 from autoscaler.adapters.standalone import OwnedDiscoveryActuator, StandaloneObserver
 from autoscaler.config import parse_config
 from autoscaler.config.discovery import StandaloneSettings
-from autoscaler.core import Action, Backend, Decision, Notice, NoticeKind, PolicySet, Reason
+from autoscaler.core import Action, Decision, Notice, NoticeKind, PolicySet, Reason
 from autoscaler.reconcile import Reconciler
 from autoscaler.signals import NoticeBoard
 
@@ -108,7 +108,7 @@ def test_the_snapshot_reads_the_file_back(tmp_path: Path) -> None:
     assert (nodes["b"].gpus_requested, nodes["b"].idle_gpus) == (4, 0)
     assert "stray" not in nodes  # not ours to place on, but its worker stays a worker
     (job,) = snap.jobs
-    assert (job.key, job.backend, job.gpus_per_worker) == ("ml/bert", Backend.STANDALONE, 2.0)
+    assert (job.key, job.backend, job.gpus_per_worker) == ("ml/bert", "standalone", 2.0)
     assert [(w.pod, w.host, w.index) for w in job.workers] == [
         ("b#0", "b", 0), ("b#1", "b", 1), ("a#0", "a", 2), ("stray#0", "stray", 3)
     ]

@@ -4,7 +4,6 @@ from autoscaler.core.decide import decide
 from autoscaler.core.idle import track_idle
 from autoscaler.core.model import (
     Action,
-    Backend,
     CapacityType,
     Decision,
     GpuNode,
@@ -21,7 +20,6 @@ from autoscaler.core.policy import Policy, PolicySet
 
 __all__ = [
     "Action",
-    "Backend",
     "CapacityType",
     "Decision",
     "GpuNode",

@@ -14,7 +14,6 @@ from autoscaler.core.capacity import CapacityPool, Claim, fill, grant_of
 from autoscaler.core.departures import Departures, plan_departures, scaler_block
 from autoscaler.core.model import (
     Action,
-    Backend,
     Decision,
     GpuNode,
     Job,
@@ -198,8 +197,9 @@ def _growth_decision(plan: _Plan, pool: CapacityPool, now: datetime) -> Decision
 
 
 def _blacklisted_names(job: Job, count: int) -> tuple[str, ...]:
-    """New pod names that Horovod already saw fail (et-operator reuses indices after a scale-in)."""
-    if job.backend is not Backend.ET_OPERATOR or not job.failed_hosts:
+    """New pod names that Horovod already saw fail (operators that reuse indices after a
+    scale-in give a new worker a removed one's name)."""
+    if not job.reuses_names or not job.failed_hosts:
         return ()
     return tuple(name for name in job.next_pod_names(count) if name in job.failed_hosts)
 

@@ -24,12 +24,6 @@ class NoticeKind(StrEnum):
     MAINTENANCE = "maintenance"  # scheduled: hard once its deadline is near
 
 
-class Backend(StrEnum):
-    ET_OPERATOR = "et-operator"  # ScaleOut/ScaleIn objects, hosts are pod names
-    CCE = "cce"  # AITrainingJob replicas patch
-    STANDALONE = "standalone"  # no operator: we own the discovery file, hosts are node names
-
-
 class Action(StrEnum):
     SCALE_OUT = "scale_out"
     SCALE_IN = "scale_in"
@@ -144,7 +138,10 @@ class Job:
     min_workers: int
     max_workers: int
     gpus_per_worker: float = 1.0
-    backend: Backend = Backend.ET_OPERATOR
+    backend: str = "et-operator"  # who scales it (an operator's name, or "standalone"): for logs
+    # new workers may get the names of removed ones (et-operator and mpi-operator reuse indices):
+    # a name Horovod saw fail stays blacklisted in the running job
+    reuses_names: bool = False
     workers: tuple[Worker, ...] = ()
     running: bool = True  # phase allows scalers (et-operator runs them only while Running)
     scaler: Scaler | None = None  # the outstanding scaler, if any

@@ -15,7 +15,6 @@ from typing import Protocol
 from autoscaler.config.schema import SimJob
 from autoscaler.core import (
     Action,
-    Backend,
     CapacityType,
     Decision,
     GpuNode,
@@ -215,7 +214,7 @@ class SimulatedCluster:
                     min_workers=spec.min_workers,
                     max_workers=spec.max_workers,
                     gpus_per_worker=spec.gpus_per_worker,
-                    backend=Backend.ET_OPERATOR,
+                    reuses_names=True,  # the simulated cluster follows et-operator
                     priority=spec.priority,
                     labels=spec.labels,
                     workers=tuple(

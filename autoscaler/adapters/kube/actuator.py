@@ -1,4 +1,4 @@
-"""The reconciler's actuator for Kubernetes: one entry point, dispatching on the job's backend.
+"""The reconciler's actuator for Kubernetes: one entry point, dispatching on the job's kind.
 
 Errors that outlast a few quick retries are raised: the reconciler logs them per decision and
 the next pass, seeing the cluster again, decides afresh.
@@ -14,16 +14,15 @@ from kubernetes.client.exceptions import ApiException
 
 from autoscaler.adapters.kube.annotations import notice_patch, update_drained
 from autoscaler.adapters.kube.cache import KubeCache
-from autoscaler.adapters.kube.cce import CceActuator
-from autoscaler.adapters.kube.et_operator import EtOperatorActuator
 from autoscaler.adapters.kube.events import EventRecorder
 from autoscaler.adapters.kube.guard import EvictionGuard
+from autoscaler.adapters.kube.kinds import KINDS, kind_of
 from autoscaler.adapters.kube.objects import ObjectApi
 from autoscaler.adapters.kube.outcomes import refuse, summary
 from autoscaler.adapters.kube.rejects import Rejections
-from autoscaler.adapters.kube.resources import AI_TRAINING_JOBS, NODES, TRAINING_JOBS, Obj, Resource
+from autoscaler.adapters.kube.resources import NODES, Obj, Resource
 from autoscaler.config import Config
-from autoscaler.core.model import Action, Backend, Decision, Job, Notice
+from autoscaler.core.model import Action, Decision, Job, Notice
 from autoscaler.fencing import Fence
 
 log = structlog.get_logger()
@@ -52,21 +51,23 @@ class KubeActuator:
         # writes it on its Node (that is how a standby's notice reaches the leader), unfenced.
         self._notices = ObjectApi(api_client, retries)
         self._notice_recorder = recorder.unfenced()
-        self._et = EtOperatorActuator(self._objects, cache, recorder)
-        self._cce = CceActuator(self._objects, cache, recorder)
+        self._kinds = {kind.jobs: kind.actuator(self._objects, cache, recorder) for kind in KINDS}
         guarded = config.kubernetes.guard_evictions
         self._guard = EvictionGuard(self._objects, cache) if guarded else None
 
     def keep(self, jobs: list[Job], now: datetime) -> None:
         """Warning Events for objects the observer rejected; one PodDisruptionBudget per managed
-        et-operator job (guard.py), none for others."""
+        job of a kind that guards its workers (guard.py), none for others."""
         for obj, message in self._rejections.untold() if self._rejections else ():
             self._recorder.record(obj, "ObjectRejected", message, now, warning=True)
         if self._guard is None or not self._cache.synced():
             return
-        ours = (j.key for j in jobs if j.backend is Backend.ET_OPERATOR)
-        found = (self._cache.get(TRAINING_JOBS, key) for key in ours)
-        self._guard.keep(obj for obj in found if obj is not None)
+        guarded = []
+        for job in jobs:
+            found = self._cache.find_job(job.key)
+            if found is not None and (labels := kind_of(found[0]).guard_labels) is not None:
+                guarded.append((found[1], labels(job.name)))
+        self._guard.keep(guarded)
 
     def apply(self, decision: Decision, now: datetime) -> None:
         if not self._cache.synced():  # a partial view could hide a scaler that already runs
@@ -75,16 +76,16 @@ class KubeActuator:
         if found is None:
             raise LookupError(f"job {decision.job} is not in the cache (deleted, or not managed)")
         resource, job = found
-        backend = self._cce if resource is AI_TRAINING_JOBS else self._et
+        kind, backend = kind_of(resource), self._kinds[resource]
         scaling = decision.action in (Action.SCALE_OUT, Action.SCALE_IN)
-        if scaling and not self._cache.backends().get(resource.backend, False):
+        if scaling and not self._cache.backends().get(kind.backend, False):
             # e.g. TrainingJobs served but the ScaleIn CRD not installed: nothing could run it
-            refuse(decision, "backend_not_served", backend=resource.backend)
+            refuse(decision, "backend_not_served", backend=kind.backend)
             return
         if decision.action is Action.NOOP:  # an alert (core.model.ALERTS): tell people
             self._recorder.record(job, _event_reason(decision), decision.message, now, warning=True)
-        elif decision.action is Action.CANCEL and resource is not AI_TRAINING_JOBS:
-            self._et.cancel(job, decision, now)
+        elif decision.action is Action.CANCEL:
+            backend.cancel(job, decision, now)
         elif decision.action is Action.SCALE_OUT:
             backend.scale_out(job, decision, now)
         elif decision.action is Action.SCALE_IN:

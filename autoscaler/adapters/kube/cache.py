@@ -11,21 +11,16 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime
 
 import structlog
 from kubernetes import client
 
-from autoscaler.adapters.kube.jobs import is_elastic_cce
+from autoscaler.adapters.kube.kinds import BACKENDS, JOB_RESOURCES, KINDS, kind_of
 from autoscaler.adapters.kube.lean import trimmer
 from autoscaler.adapters.kube.nodes import INSTANCE_TYPE_LABELS, first_label, instance_id, node_gpus
 from autoscaler.adapters.kube.pods import NOT_TERMINATED_SELECTOR, TERMINATED_PHASES
 from autoscaler.adapters.kube.reflector import Changes, KeyTracker, Reflector
 from autoscaler.adapters.kube.resources import (
-    AI_TRAINING_JOBS,
-    ALL_RESOURCES,
-    BACKENDS,
-    JOB_RESOURCES,
     MANAGED_BY_LABEL,
     MANAGER,
     NODES,
@@ -35,7 +30,6 @@ from autoscaler.adapters.kube.resources import (
     Resource,
     key_of,
     labels_of,
-    parse_time,
 )
 from autoscaler.adapters.kube.wakes import signature
 from autoscaler.config.kubernetes import KubernetesSettings
@@ -45,6 +39,8 @@ from autoscaler.signals import Wake
 log = structlog.get_logger()
 
 _CLUSTER_WIDE = (NODES, PODS)
+# what the cache watches: nodes and pods, every kind's job and helper kinds, our budgets
+WATCHED = (NODES, PODS, *(r for kind in KINDS for r in kind.resources), PDBS)
 _OURS = f"{MANAGED_BY_LABEL}={MANAGER}"  # the only PodDisruptionBudgets we read: our own
 
 
@@ -67,7 +63,7 @@ class KubeCache:
         self._reflectors: dict[Resource, dict[str | None, Reflector]] = {}
         self._backends_lock = threading.Lock()
         self._backends_logged: dict[str, bool] | None = None
-        for resource in ALL_RESOURCES:
+        for resource in WATCHED:
             is_job = resource in JOB_RESOURCES
             selector = _OURS if resource is PDBS else settings.label_selector if is_job else ""
             for scope in [None] if resource in _CLUSTER_WIDE else scopes:
@@ -116,7 +112,7 @@ class KubeCache:
         return reflector.get(key) if reflector else None
 
     def find_job(self, key: str) -> tuple[Resource, Obj] | None:
-        """The TrainingJob or AITrainingJob `ns/name`, whichever exists."""
+        """The job `ns/name` of whichever kind it is."""
         for resource in JOB_RESOURCES:
             if (obj := self.get(resource, key)) is not None:
                 return resource, obj
@@ -219,17 +215,6 @@ class KubeCache:
                 return
 
 
-def pod_alive(cache: KubeCache, namespace: str, pod: str) -> bool:
-    """The pod exists and is not being deleted (no deletionTimestamp)."""
-    obj = cache.get(PODS, f"{namespace}/{pod}")
-    return obj is not None and not (obj.get("metadata") or {}).get("deletionTimestamp")
-
-
-def pod_created(cache: KubeCache, namespace: str, pod: str) -> datetime | None:
-    obj = cache.get(PODS, f"{namespace}/{pod}")
-    return parse_time((obj or {}).get("metadata", {}).get("creationTimestamp"))
-
-
 def _keeper(
     resource: Resource, namespace: str | None, labels: LabelMatcher | None
 ) -> Callable[[Obj], bool]:
@@ -243,8 +228,8 @@ def _keeper(
             return False
         if resource is PODS:
             return (obj.get("status") or {}).get("phase") not in TERMINATED_PHASES
-        if resource is AI_TRAINING_JOBS:
-            return is_elastic_cce(obj)
+        if resource in JOB_RESOURCES:
+            return kind_of(resource).keep(obj)
         return True
 
     return keep

@@ -9,7 +9,7 @@ et-operator delete the pod by name: a DELETE, which no budget blocks (worker.go
 `DeleteWorkerPods`). The drain then finishes by itself.
 
 Only our budgets are touched (label managed-by=spot-autoscaler, named `<job>-spot-guard`); each
-is owned by its TrainingJob, so the garbage collector removes it with the job.
+is owned by its job, so the garbage collector removes it with the job.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from kubernetes.client.exceptions import ApiException
 
 from autoscaler.adapters.kube.cache import KubeCache
 from autoscaler.adapters.kube.objects import ObjectApi
-from autoscaler.adapters.kube.pods import ET_JOB_LABEL, ET_ROLE_LABEL
 from autoscaler.adapters.kube.resources import (
     MANAGED_BY_LABEL,
     MANAGER,
@@ -40,7 +39,8 @@ def guard_name(job: str) -> str:
     return f"{job[: 63 - len(SUFFIX)]}{SUFFIX}"
 
 
-def desired_guard(job: Obj) -> Obj:
+def desired_guard(job: Obj, workers: dict[str, str]) -> Obj:
+    """The budget over `job`'s workers (`workers`: their labels, from the job's kind)."""
     meta = job["metadata"]
     return {
         "apiVersion": PDBS.api_version,
@@ -55,8 +55,7 @@ def desired_guard(job: Obj) -> Obj:
             }],
         },
         "spec": {
-            # et-operator's worker labels (trainingjob_controller.go `GenLabels` + role)
-            "selector": {"matchLabels": {ET_JOB_LABEL: meta["name"], ET_ROLE_LABEL: "worker"}},
+            "selector": {"matchLabels": workers},
             "maxUnavailable": 0,
             # a worker that is not Ready holds no training state: let it be evicted (k8s >= 1.27)
             "unhealthyPodEvictionPolicy": "AlwaysAllow",
@@ -71,10 +70,11 @@ class EvictionGuard:
         self._objects = objects
         self._cache = cache
 
-    def keep(self, jobs: Iterable[Obj]) -> None:
+    def keep(self, jobs: Iterable[tuple[Obj, dict[str, str]]]) -> None:
+        """`jobs`: each guarded job with its workers' labels."""
         if not self._cache.served(PDBS):
             return
-        wanted = {key_of(want): want for want in map(desired_guard, jobs)}
+        wanted = {key_of(want): want for want in (desired_guard(*j) for j in jobs)}
         for key, want in wanted.items():
             held = self._cache.get(PDBS, key)
             same = held is not None and _essentials(held.get("spec") or {}) == _essentials(

@@ -18,49 +18,23 @@ from typing import Generic, TypeVar
 import structlog
 
 from autoscaler.adapters.kube.cache import KubeCache
-from autoscaler.adapters.kube.jobs import FINISHED_PHASES, build_job, cce_scaler, job_phase
+from autoscaler.adapters.kube.jobs import build_job
+from autoscaler.adapters.kube.kinds import KINDS
+from autoscaler.adapters.kube.kinds.base import JobContext, JobInputs, JobKind
 from autoscaler.adapters.kube.nodes import NodeFacts, node_facts
 from autoscaler.adapters.kube.podindex import PodIndex
-from autoscaler.adapters.kube.pods import name_index
 from autoscaler.adapters.kube.rejects import Rejections
-from autoscaler.adapters.kube.resources import (
-    AI_TRAINING_JOBS,
-    NODES,
-    PODS,
-    SCALE_INS,
-    SCALE_OUTS,
-    TRAINING_JOBS,
-    Obj,
-    key_of,
-)
-from autoscaler.adapters.kube.scalers import (
-    SUCCEEDED,
-    ScalerFacts,
-    ScalerState,
-    by_job,
-    scaler_facts,
-    scaler_state,
-)
+from autoscaler.adapters.kube.resources import NODES, PODS, Obj, Resource, key_of
+from autoscaler.adapters.kube.scalers import ScalerFacts, by_job, scaler_facts
 from autoscaler.config import Prices
 from autoscaler.config.kubernetes import KubernetesSettings
-from autoscaler.core.model import (
-    Backend,
-    CapacityType,
-    GpuNode,
-    Job,
-    Notice,
-    Scaler,
-    ScalerKind,
-    Snapshot,
-    Worker,
-)
+from autoscaler.core.model import CapacityType, GpuNode, Job, Notice, Scaler, Snapshot
 from autoscaler.signals import NoticeBoard, PriceBook
 
 log = structlog.get_logger()
 T = TypeVar("T")
-# what a job is built from: its object, workers, scalers, the scaler reported, GiB per GPU
-_JobInputs = tuple[Obj, tuple[Worker, ...], ScalerState | None, Scaler | None, float | None]
-_Built = dict[tuple[str, Backend], tuple[_JobInputs, Job]]  # by job key and backend
+# by job key and kind: what the job was built from (its object, inputs, GiB per GPU), the job
+_Built = dict[tuple[str, str], tuple[tuple[Obj, JobInputs, float | None], Job]]
 
 
 class _Derived(Generic[T]):
@@ -84,28 +58,8 @@ class _Derived(Generic[T]):
         return out
 
 
-def _with_unseen(
-    workers: tuple[Worker, ...], scalers: list[ScalerFacts], pods_seen: int
-) -> tuple[Worker, ...]:
-    """Workers plus those a ScaleOut has already added that the pod watch has not shown yet.
-
-    Watches are independent streams: after a cut pod watch, the ScaleOut can be seen finished
-    while its pods are not, and a pass would scale out again, past max. A ScaleOut that finished
-    at a resourceVersion newer than the pod view's counts its pods as (pending) workers."""
-    known = {w.pod for w in workers}
-    unseen = [
-        pod
-        for f in scalers
-        if f.kind is ScalerKind.SCALE_OUT and f.outcome == SUCCEEDED
-        and f.resource_version > pods_seen
-        for pod in f.pods
-        if pod not in known
-    ]
-    if not unseen:
-        return workers
-    extra = (Worker(pod=p, node=None, host=p, index=name_index(p) or 0, pending=True)
-             for p in unseen)
-    return (*workers, *extra)
+def _read_scaler(rejects: Rejections, resource: Resource, obj: Obj) -> ScalerFacts | None:
+    return rejects.read(resource.kind, obj, lambda o: scaler_facts(resource, o))
 
 
 class KubeObserver:
@@ -129,12 +83,11 @@ class KubeObserver:
         self._nodes = _Derived(
             lambda obj: rejects.read("Node", obj, lambda o: node_facts(o, settings))
         )
-        self._scale_outs = _Derived(
-            lambda obj: rejects.read("ScaleOut", obj, lambda o: scaler_facts(SCALE_OUTS, o))
-        )
-        self._scale_ins = _Derived(
-            lambda obj: rejects.read("ScaleIn", obj, lambda o: scaler_facts(SCALE_INS, o))
-        )
+        # the scaler objects of kinds that have them (et-operator's ScaleOut and ScaleIn)
+        self._scalers = {
+            r: _Derived(functools.partial(_read_scaler, rejects, r))
+            for kind in KINDS for r in kind.helpers
+        }
         self._gpu_nodes: dict[str, tuple[NodeFacts, GpuNode]] = {}  # the last snapshot's
         self._built: _Built = {}  # the last snapshot's jobs
         self._warned: set[tuple[str, ...]] = set()
@@ -219,51 +172,40 @@ class KubeObserver:
         )
 
     def _jobs(self, memory_per_gpu: float | None) -> list[Job]:
-        facts = [*self._scale_outs(self._cache.items(SCALE_OUTS)),
-                 *self._scale_ins(self._cache.items(SCALE_INS))]
+        helpers = (r for kind in KINDS for r in kind.helpers)
+        facts = [f for r in helpers for f in self._scalers[r](self._cache.items(r))]
         scalers = by_job(f for f in facts if f is not None)
+        pods_seen = self._cache.seen_rv(PODS)
         built: _Built = {}
         jobs: list[Job] = []
+        for kind in KINDS:
+            workers = functools.partial(self._pods.workers, backend=kind.backend)
+            ctx = JobContext(workers, scalers, pods_seen, self._newest)
 
-        pods_seen = self._cache.seen_rv(PODS)
+            def build(obj: Obj, kind: JobKind = kind, ctx: JobContext = ctx) -> Job:
+                return self._job(built, kind, obj, kind.inputs(obj, ctx), memory_per_gpu)
 
-        def et_operator(obj: Obj) -> Job:
-            key = key_of(obj)
-            state = scaler_state(obj, key, scalers.get(key, []))
-            workers = _with_unseen(self._pods.workers(key, Backend.ET_OPERATOR),
-                                   scalers.get(key, []), pods_seen)
-            scaler = self._newest(key, state.in_flight)
-            inputs: _JobInputs = (obj, workers, state, scaler, memory_per_gpu)
-            return self._job(built, Backend.ET_OPERATOR, inputs)
-
-        def cce(obj: Obj) -> Job:
-            workers = self._pods.workers(key_of(obj), Backend.CCE)
-            inputs = (obj, workers, None, cce_scaler(obj, workers), memory_per_gpu)
-            return self._job(built, Backend.CCE, inputs)
-
-        for resource, backend, build in (
-            (TRAINING_JOBS, Backend.ET_OPERATOR, et_operator),
-            (AI_TRAINING_JOBS, Backend.CCE, cce),
-        ):
-            for obj in self._cache.items(resource):
-                if job_phase(obj) in FINISHED_PHASES[backend]:
+            for obj in self._cache.items(kind.jobs):
+                if kind.phase(obj) in kind.finished:
                     continue
-                if (job := self._rejects.read(resource.kind, obj, build)) is not None:
+                if (job := self._rejects.read(kind.jobs.kind, obj, build)) is not None:
                     jobs.append(job)
         self._built = built
         return jobs
 
-    def _job(self, built: _Built, backend: Backend, inputs: _JobInputs) -> Job:
-        """The job built from `inputs`; the last snapshot's if its inputs were equal (the same
-        objects, mostly: equality stops at identity)."""
-        obj, workers, state, scaler, memory_per_gpu = inputs
-        key = (key_of(obj), backend)
+    def _job(
+        self, built: _Built, kind: JobKind, obj: Obj, inputs: JobInputs,
+        memory_per_gpu: float | None,
+    ) -> Job:
+        """The job built from its object and inputs; the last snapshot's if they were equal (the
+        same objects, mostly: equality stops at identity)."""
+        key = (key_of(obj), kind.backend)
         hit = self._built.get(key)
-        if hit is not None and hit[0] == inputs:
+        if hit is not None and hit[0] == (obj, inputs, memory_per_gpu):
             job = hit[1]
         else:
-            job = build_job(obj, backend, workers, state, scaler, self._settings, memory_per_gpu)
-        built[key] = (inputs, job)
+            job = build_job(obj, kind, inputs, self._settings, memory_per_gpu)
+        built[key] = ((obj, inputs, memory_per_gpu), job)
         return job
 
     def _newest(self, job: str, in_flight: tuple[ScalerFacts, ...]) -> Scaler | None:

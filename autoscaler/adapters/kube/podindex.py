@@ -13,13 +13,14 @@ from typing import TypeVar
 
 from autoscaler.adapters.kube.cache import KubeCache
 from autoscaler.adapters.kube.jobs import workers_of
+from autoscaler.adapters.kube.kinds import recognise
 from autoscaler.adapters.kube.pods import PodFacts, pod_facts
 from autoscaler.adapters.kube.rejects import Rejections
 from autoscaler.adapters.kube.resources import PODS, Obj
 from autoscaler.config.kubernetes import KubernetesSettings
-from autoscaler.core.model import Backend, Worker
+from autoscaler.core.model import Worker
 
-JobKey = tuple[str, Backend]  # `ns/name` of the job, and whose worker pods these are
+JobKey = tuple[str, str]  # `ns/name` of the job, and the kind (backend) whose workers these are
 K = TypeVar("K")
 _NOTHING = (0.0, 0.0)
 
@@ -68,13 +69,13 @@ class PodIndex:
                 self._workers.pop(job, None)
 
     def _facts_of(self, pod: Obj) -> PodFacts:
-        return pod_facts(pod, self._settings)
+        return pod_facts(pod, self._settings, _recognise)
 
     def held(self, node: str) -> tuple[float, float]:
         """(whole GPUs, shared-GPU memory) the pods bound to `node` request."""
         return self._held.get(node, _NOTHING)
 
-    def workers(self, job: str, backend: Backend) -> tuple[Worker, ...]:
+    def workers(self, job: str, backend: str) -> tuple[Worker, ...]:
         return self._workers.get((job, backend), ())
 
     def jobs_on(self, nodes: Iterable[str | None]) -> set[str]:
@@ -84,6 +85,12 @@ class PodIndex:
     def nodes(self) -> set[str | None]:
         """Every node a pod is bound to (None if a pod is not bound)."""
         return set(self._on_node)
+
+
+def _recognise(meta: Obj, name: str, labels: dict[str, str]) -> tuple[str, str] | None:
+    """(backend, job) of a worker pod of any kind."""
+    found = recognise(meta, name, labels)
+    return (found[0].backend, found[1]) if found is not None else None
 
 
 def _job_of(facts: PodFacts) -> JobKey | None:

@@ -4,23 +4,25 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kubernetes.utils.quantity import parse_quantity
 
-from autoscaler.adapters.kube.resources import Obj, parse_time
+from autoscaler.adapters.kube.resources import PODS, Obj, parse_time
 from autoscaler.config.kubernetes import KubernetesSettings
-from autoscaler.core.model import Backend
+
+if TYPE_CHECKING:
+    from autoscaler.adapters.kube.cache import KubeCache
 
 TERMINATED_PHASES = frozenset({"Succeeded", "Failed"})
 # Pods in these phases hold no resources: the server-side filter of the pod watch.
 NOT_TERMINATED_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
 
-# et-operator's worker pod labels (pkg/controllers: GenLabels + labelTrainingRoleType)
-ET_JOB_LABEL = "training-job-name"
-ET_ROLE_LABEL = "training-job-role"
+# pod (metadata, name, labels) -> (backend, job name) if it is a job's worker
+Recognise = Callable[[Obj, str, dict[str, str]], tuple[str, str] | None]
 _INDEX_SUFFIX = re.compile(r"-(\d+)$")
 
 
@@ -33,7 +35,7 @@ class PodFacts:
     gpus: float  # effective request of whole-GPU resources
     gpu_memory: float  # effective request of shared-GPU memory (GiB)
     job: str | None  # `ns/name` of the elastic job this pod is a worker of
-    backend: Backend | None
+    backend: str | None  # the job's kind
     index: int
     ready_since: datetime | None  # Ready condition's transition, else the container's start
     terminating: bool = False  # metadata.deletionTimestamp set: Terminating for its grace period
@@ -79,28 +81,6 @@ def gpu_requests(spec: Obj, settings: KubernetesSettings) -> tuple[float, float]
     return gpus, memory
 
 
-def _controller(meta: Obj) -> Obj | None:
-    return next((o for o in meta.get("ownerReferences") or () if o.get("controller")), None)
-
-
-def _worker_of(meta: Obj, name: str, labels: dict[str, str]) -> tuple[Backend, str] | None:
-    """(backend, job name) if the pod is a worker of an et-operator or CCE elastic job."""
-    if labels.get(ET_ROLE_LABEL) == "worker" and labels.get(ET_JOB_LABEL):
-        return Backend.ET_OPERATOR, labels[ET_JOB_LABEL]
-    owner = _controller(meta)
-    if owner is None:
-        return None
-    job = str(owner.get("name", ""))
-    if owner.get("kind") == "TrainingJob" and re.fullmatch(rf"{re.escape(job)}-worker-\d+", name):
-        return Backend.ET_OPERATOR, job
-    # CCE names its replica types in the pod name and labels; only trainers are elastic workers.
-    if owner.get("kind") == "AITrainingJob" and (
-        "-trainer-" in name or "trainer" in labels.values()
-    ):
-        return Backend.CCE, job
-    return None
-
-
 def name_index(name: str) -> int | None:
     """The replica index a worker's name ends with (`<job>-worker-<i>`), if any."""
     m = _INDEX_SUFFIX.search(name)
@@ -114,13 +94,13 @@ def _index(name: str, labels: dict[str, str]) -> int:
     return int(value) if value.isdigit() else 0
 
 
-def pod_facts(pod: Obj, settings: KubernetesSettings) -> PodFacts:
+def pod_facts(pod: Obj, settings: KubernetesSettings, recognise: Recognise) -> PodFacts:
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     name, namespace = str(meta.get("name", "")), str(meta.get("namespace", ""))
     labels = meta.get("labels") or {}
     gpus, memory = gpu_requests(spec, settings)
-    worker = _worker_of(meta, name, labels)
+    worker = recognise(meta, name, labels)
     return PodFacts(
         namespace=namespace,
         name=name,
@@ -145,3 +125,14 @@ def _ready_since(status: Obj) -> datetime | None:
         if started is not None:
             return started
     return None
+
+
+def pod_alive(cache: KubeCache, namespace: str, pod: str) -> bool:
+    """The pod exists and is not being deleted (no deletionTimestamp)."""
+    obj = cache.get(PODS, f"{namespace}/{pod}")
+    return obj is not None and not (obj.get("metadata") or {}).get("deletionTimestamp")
+
+
+def pod_created(cache: KubeCache, namespace: str, pod: str) -> datetime | None:
+    obj = cache.get(PODS, f"{namespace}/{pod}")
+    return parse_time((obj or {}).get("metadata", {}).get("creationTimestamp"))

@@ -26,9 +26,6 @@ class Resource:
     version: str
     plural: str
     namespaced: bool
-    # the operator whose CRD defines this kind ("" = built in, always served): a cluster may not
-    # have it installed, or install it later
-    backend: str = ""
 
     @property
     def api_version(self) -> str:
@@ -55,24 +52,14 @@ class Resource:
 NODES = Resource("Node", "", "v1", "nodes", namespaced=False)
 PODS = Resource("Pod", "", "v1", "pods", namespaced=True)
 PDBS = Resource("PodDisruptionBudget", "policy", "v1", "poddisruptionbudgets", True)
-ET_OPERATOR = "et-operator"
-CCE = "cce"
 _KAI = "kai.alibabacloud.com"
-TRAINING_JOBS = Resource("TrainingJob", _KAI, "v1alpha1", "trainingjobs", True, ET_OPERATOR)
-SCALE_OUTS = Resource("ScaleOut", _KAI, "v1alpha1", "scaleouts", True, ET_OPERATOR)
-SCALE_INS = Resource("ScaleIn", _KAI, "v1alpha1", "scaleins", True, ET_OPERATOR)
+TRAINING_JOBS = Resource("TrainingJob", _KAI, "v1alpha1", "trainingjobs", True)
+SCALE_OUTS = Resource("ScaleOut", _KAI, "v1alpha1", "scaleouts", True)
+SCALE_INS = Resource("ScaleIn", _KAI, "v1alpha1", "scaleins", True)
 # The group's misspelling ("baiudbce") is the real one.
 AI_TRAINING_JOBS = Resource(
-    "AITrainingJob", "kongming.cce.baiudbce.com", "v1", "aitrainingjobs", True, CCE
+    "AITrainingJob", "kongming.cce.baiudbce.com", "v1", "aitrainingjobs", True
 )
-
-JOB_RESOURCES = (TRAINING_JOBS, AI_TRAINING_JOBS)
-SCALER_RESOURCES = (SCALE_OUTS, SCALE_INS)
-ALL_RESOURCES = (NODES, PODS, *JOB_RESOURCES, *SCALER_RESOURCES, PDBS)
-# a backend can act only while the API server serves every kind it needs
-BACKENDS = {
-    name: tuple(r for r in ALL_RESOURCES if r.backend == name) for name in (ET_OPERATOR, CCE)
-}
 
 
 def key_of(obj: Obj) -> str:

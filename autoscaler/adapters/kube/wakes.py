@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 from collections.abc import Hashable
 
+from autoscaler.adapters.kube.kinds import JOB_RESOURCES, kind_of
 from autoscaler.adapters.kube.pods import TERMINATED_PHASES, gpu_requests
 from autoscaler.adapters.kube.resources import (
-    JOB_RESOURCES,
     NODES,
     PODS,
     Obj,
@@ -49,11 +49,11 @@ def _pod(pod: Obj, settings: KubernetesSettings) -> Hashable:
     return ((pod.get("spec") or {}).get("nodeName"), phase, phase in TERMINATED_PHASES)
 
 
-def _job(job: Obj) -> Hashable:
+def _job(resource: Resource, job: Obj) -> Hashable:
     status = job.get("status") or {}
     return (
         _frozen(job.get("spec") or {}),
-        status.get("phase"),
+        kind_of(resource).phase(job),
         status.get("currentScaler"),
         annotations_of(job).get(DRAINED_ANNOTATION),
         _frozen(labels_of(job)),
@@ -75,5 +75,5 @@ def signature(resource: Resource, obj: Obj | None, settings: KubernetesSettings)
     if resource is PODS:
         return _pod(obj, settings)
     if resource in JOB_RESOURCES:
-        return _job(obj)
+        return _job(resource, obj)
     return _scaler(obj)

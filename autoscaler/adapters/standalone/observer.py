@@ -12,7 +12,7 @@ from datetime import datetime
 from autoscaler.adapters.standalone.notices import NoticeDirectory
 from autoscaler.adapters.standalone.workers import job_of, owned_file, workers_of
 from autoscaler.config.discovery import StandaloneSettings
-from autoscaler.core.model import Backend, GpuNode, Job, Snapshot
+from autoscaler.core.model import GpuNode, Job, Snapshot
 from autoscaler.signals import NoticeBoard, Wake
 
 
@@ -55,7 +55,7 @@ class StandaloneObserver:
         job = Job(
             namespace=spec.namespace, name=spec.name, min_workers=spec.min_workers,
             max_workers=spec.max_workers, gpus_per_worker=float(spec.gpus_per_worker),
-            backend=Backend.STANDALONE, labels=spec.labels,
+            backend="standalone", labels=spec.labels,
             workers=workers_of(hosts, spec.gpus_per_worker, joined),
             last_scale_out_at=max(joined.values(), default=None),
             # a drained host leaves the file at once, with its workers: nothing stays drained

@@ -1,4 +1,5 @@
-"""et-operator: a decision becomes one ScaleOut or ScaleIn object with a deterministic name.
+"""et-operator (kai.alibabacloud.com TrainingJob): workers are pods named `<job>-worker-<i>`;
+a decision becomes one ScaleOut or ScaleIn object with a deterministic name.
 
 The name hashes the state the decision was made from, so a restarted daemon that makes the same
 decision again gets 409 AlreadyExists instead of a second scaler. The last finished scaler is part
@@ -8,40 +9,56 @@ of that state: after a ScaleOut fails (or a pod index is reused), the retry gets
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import structlog
 from kubernetes.client.exceptions import ApiException
 
-from autoscaler.adapters.kube.cache import KubeCache, pod_alive, pod_created
-from autoscaler.adapters.kube.events import EventRecorder
-from autoscaler.adapters.kube.jobs import job_phase
-from autoscaler.adapters.kube.objects import ObjectApi
+from autoscaler.adapters.kube.kinds.base import (
+    JobContext,
+    JobInputs,
+    JobKind,
+    ReplicaSpec,
+    count,
+    status_phase,
+)
 from autoscaler.adapters.kube.outcomes import already_done, refuse, summary
+from autoscaler.adapters.kube.pods import name_index, pod_alive, pod_created
 from autoscaler.adapters.kube.resources import (
     MANAGED_BY_LABEL,
     MANAGER,
     REASON_ANNOTATION,
     SCALE_INS,
     SCALE_OUTS,
+    TRAINING_JOBS,
     Obj,
     Resource,
     key_of,
 )
 from autoscaler.adapters.kube.scalers import (
     FAILED,
+    SUCCEEDED,
     ScalerFacts,
     ScalerState,
     scaler_facts,
     scaler_state,
 )
-from autoscaler.core.model import Decision, ScalerKind
+from autoscaler.core.model import Decision, ScalerKind, Worker
 from autoscaler.core.policy import ScaleOutRules
+
+if TYPE_CHECKING:
+    from autoscaler.adapters.kube.cache import KubeCache
+    from autoscaler.adapters.kube.events import EventRecorder
+    from autoscaler.adapters.kube.objects import ObjectApi
 
 log = structlog.get_logger()
 
-
+# et-operator's worker pod labels (pkg/controllers: GenLabels + labelTrainingRoleType)
+JOB_LABEL = "training-job-name"
+ROLE_LABEL = "training-job-role"
 
 # et-operator copies a ScaleOut's name into a label of the pods it adds: label values are <= 63.
 _MAX_NAME = 63
@@ -183,8 +200,8 @@ class EtOperatorActuator:
         if state.in_flight:  # et-operator runs one at a time, newest first: never queue another
             refuse(decision, "scaler_in_flight", scalers=[s.name for s in state.in_flight])
             return
-        if job_phase(job) != "Running":  # scalers run only while Running; a queued one goes LIFO
-            refuse(decision, "job_not_running", phase=job_phase(job))
+        if status_phase(job) != "Running":  # scalers run only while Running; a queued one goes LIFO
+            refuse(decision, "job_not_running", phase=status_phase(job))
             return
         namespace = job["metadata"]["namespace"]
         body = {
@@ -220,3 +237,93 @@ class EtOperatorActuator:
         self._recorder.record(job, request.event_reason, request.message, now)
         log.info("scaler_created", job=decision.job, kind=resource.kind, scaler=name,
                  count=decision.count, pods=list(decision.pods))
+
+
+# --- reading TrainingJobs and their workers ------------------------------------------------------
+def _worker_of(meta: Obj, name: str, labels: dict[str, str]) -> str | None:
+    if labels.get(ROLE_LABEL) == "worker" and labels.get(JOB_LABEL):
+        return labels[JOB_LABEL]
+    owner = next((o for o in meta.get("ownerReferences") or () if o.get("controller")), None)
+    if owner is None or owner.get("kind") != TRAINING_JOBS.kind:
+        return None
+    job = str(owner.get("name", ""))
+    return job if re.fullmatch(rf"{re.escape(job)}-worker-\d+", name) else None
+
+
+def _worker_spec(job: Obj) -> ReplicaSpec:
+    spec = ((job.get("spec") or {}).get("etReplicaSpecs") or {}).get("worker") or {}
+    return ReplicaSpec(count(spec, "replicas"), count(spec, "minReplicas"),
+                       count(spec, "maxReplicas"), spec.get("template") or {})
+
+
+def next_worker_index(job: Obj) -> int | None:
+    """The index et-operator gives the next worker it creates: one past the highest index in
+    status.targetWorkers, a list that keeps workers which died without a scaler (scaleout.go
+    `setScaleOutWorkers` and worker.go `handleWorkersFailed` via `getWorkerPodsMaxIndex`, whose
+    maximum starts at 0 and skips names without a numeric suffix). None before it has one."""
+    names = (job.get("status") or {}).get("targetWorkers")
+    if not isinstance(names, list) or not names:
+        return None
+    indices = [i for n in names if (i := name_index(str(n))) is not None]
+    return max([0, *indices]) + 1
+
+
+def with_unseen(
+    workers: tuple[Worker, ...], scalers: list[ScalerFacts], pods_seen: int
+) -> tuple[Worker, ...]:
+    """Workers plus those a ScaleOut has already added that the pod watch has not shown yet.
+
+    Watches are independent streams: after a cut pod watch, the ScaleOut can be seen finished
+    while its pods are not, and a pass would scale out again, past max. A ScaleOut that finished
+    at a resourceVersion newer than the pod view's counts its pods as (pending) workers."""
+    known = {w.pod for w in workers}
+    unseen = [
+        pod
+        for f in scalers
+        if f.kind is ScalerKind.SCALE_OUT and f.outcome == SUCCEEDED
+        and f.resource_version > pods_seen
+        for pod in f.pods
+        if pod not in known
+    ]
+    if not unseen:
+        return workers
+    extra = (Worker(pod=p, node=None, host=p, index=name_index(p) or 0, pending=True)
+             for p in unseen)
+    return (*workers, *extra)
+
+
+def _inputs(job: Obj, ctx: JobContext) -> JobInputs:
+    key = key_of(job)
+    facts = ctx.scalers.get(key, [])
+    state = scaler_state(job, key, facts)
+    workers = with_unseen(ctx.workers(key), facts, ctx.pods_seen)
+    return JobInputs(workers, state, ctx.newest(key, state.in_flight))
+
+
+def _actuator(objects: ObjectApi, cache: KubeCache, recorder: EventRecorder) -> EtOperatorActuator:
+    return EtOperatorActuator(objects, cache, recorder)
+
+
+_READ = frozenset({"get", "list", "watch"})
+KIND = JobKind(
+    backend="et-operator",
+    jobs=TRAINING_JOBS,
+    helpers=(SCALE_OUTS, SCALE_INS),
+    worker_of=_worker_of,
+    worker_spec=_worker_spec,
+    phase=status_phase,
+    # api/v1/types.go JobSucceeded/JobFailed
+    finished=frozenset({"Succeeded", "Failed"}),
+    inputs=_inputs,
+    actuator=_actuator,
+    next_index=next_worker_index,
+    reuses_names=True,  # a ScaleOut after a ScaleIn gets the freed indices back
+    guard_labels=lambda name: {JOB_LABEL: name, ROLE_LABEL: "worker"},
+    rbac={
+        TRAINING_JOBS: _READ | {"patch"},  # patch: the drained-hosts annotation
+        SCALE_OUTS: _READ | {"create"},
+        # delete: only our ScaleIn whose pods are all gone, before et-operator runs it
+        SCALE_INS: _READ | {"create", "delete"},
+    },
+    docs="ScaleOut/ScaleIn objects naming the pods to delete; hosts are pod names",
+)

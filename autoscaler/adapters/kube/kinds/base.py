@@ -1,0 +1,118 @@
+"""What a job kind (an operator's elastic training job) must tell the rest of the adapter.
+
+One module per kind declares a `JobKind`: its resources, how its worker pods are recognised and
+named for Horovod, how min/max, phase and an in-flight scale are read from its objects, and how
+a decision becomes writes. The cache, pod index, observer, actuator, wiring, RBAC check and docs
+iterate over the registry (`kinds.KINDS`); nothing outside a kind's module names its resources.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Protocol
+
+from autoscaler.adapters.kube.resources import Obj, Resource
+from autoscaler.core.model import Decision, Scaler, Worker
+
+if TYPE_CHECKING:  # the kinds are imported by the cache: only types from there
+    from autoscaler.adapters.kube.cache import KubeCache
+    from autoscaler.adapters.kube.events import EventRecorder
+    from autoscaler.adapters.kube.objects import ObjectApi
+    from autoscaler.adapters.kube.scalers import ScalerFacts, ScalerState
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSpec:
+    """The worker replica spec of a job, whatever its kind calls it."""
+
+    replicas: int | None
+    min_replicas: int | None
+    max_replicas: int | None
+    template: Obj
+    scale_in_pods: tuple[str, ...] = ()  # CCE: the victims of the current scale-in
+
+    def bounds(self) -> tuple[int, int]:
+        """(min, max) workers, falling back to the initial replicas; max never below min."""
+        lo = next((v for v in (self.min_replicas, self.replicas) if v is not None), 1)
+        hi = next((v for v in (self.max_replicas, self.replicas) if v is not None), lo)
+        return lo, max(lo, hi)
+
+
+def status_phase(job: Obj) -> str:
+    """`status.phase`, where et-operator and CCE report it."""
+    return str((job.get("status") or {}).get("phase") or "")
+
+
+def count(spec: Mapping[str, object], key: str) -> int | None:
+    """An integer field of a spec; None when absent or not an integer."""
+    value = spec.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True, slots=True)
+class JobContext:
+    """What building one job may read besides its own object: this snapshot's other views."""
+
+    workers: Callable[[str], tuple[Worker, ...]]  # job key -> its worker pods (this kind's)
+    scalers: Mapping[str, list[ScalerFacts]]  # job key -> scaler objects naming it
+    pods_seen: int  # the resourceVersion the pod view is complete up to
+    newest: Callable[[str, tuple[ScalerFacts, ...]], Scaler | None]  # the one to report
+
+
+@dataclass(frozen=True, slots=True)
+class JobInputs:
+    """What a job is built from besides its object; equal inputs build an equal job."""
+
+    workers: tuple[Worker, ...]
+    scalers: ScalerState | None  # scaler objects' history (kinds that have scaler objects)
+    scaler: Scaler | None  # the scale in flight, if any
+
+
+class KindActuator(Protocol):
+    """Carries out the scale decisions for one kind; drains are the same for every kind."""
+
+    def scale_out(self, job: Obj, decision: Decision, now: datetime) -> None: ...
+
+    def scale_in(self, job: Obj, decision: Decision, now: datetime) -> None: ...
+
+    def cancel(self, job: Obj, decision: Decision, now: datetime) -> None: ...
+
+
+ActuatorFactory = Callable[["ObjectApi", "KubeCache", "EventRecorder"], KindActuator]
+
+
+def _every(_: Obj) -> bool:
+    return True
+
+
+def _no_index(_: Obj) -> int | None:
+    return None
+
+
+@dataclass(frozen=True)
+class JobKind:
+    backend: str  # the operator's name in logs, metrics and /readyz
+    jobs: Resource
+    # pod (metadata, name, labels) -> the name of the job it is a worker of, or None
+    worker_of: Callable[[Obj, str, dict[str, str]], str | None]
+    worker_spec: Callable[[Obj], ReplicaSpec]
+    phase: Callable[[Obj], str]  # "Running" when scaling may happen
+    finished: frozenset[str]  # phases after which a job never scales again
+    inputs: Callable[[Obj, JobContext], JobInputs]
+    actuator: ActuatorFactory
+    # verbs per resource this kind needs, besides what every kind needs (deploy/rbac.yaml)
+    rbac: Mapping[Resource, frozenset[str]]
+    helpers: tuple[Resource, ...] = ()  # other kinds it needs served (its scaler objects)
+    keep: Callable[[Obj], bool] = _every  # which objects of `jobs` are elastic jobs at all
+    next_index: Callable[[Obj], int | None] = _no_index  # the index of the next worker made
+    reuses_names: bool = False  # a new worker may get a removed one's name (Horovod blacklists)
+    # job name -> the labels of its worker pods, for a PodDisruptionBudget over them (guard.py);
+    # None: evictions are not held for this kind
+    guard_labels: Callable[[str], dict[str, str]] | None = None
+    docs: str = field(default="", compare=False)  # one line for docs/kubernetes.md
+
+    @property
+    def resources(self) -> tuple[Resource, ...]:
+        return (self.jobs, *self.helpers)

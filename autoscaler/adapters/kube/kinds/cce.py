@@ -1,0 +1,144 @@
+"""Baidu CCE AITrainingJob: workers are its `trainer` replicas; a decision becomes a merge patch
+of the trainer replica spec.
+
+Setting replicas to the decision's target is idempotent by nature; a scale-in also names its
+victims in `scaleInpods`, so the operator removes those pods rather than any.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+import structlog
+
+from autoscaler.adapters.kube.kinds.base import (
+    JobContext,
+    JobInputs,
+    JobKind,
+    ReplicaSpec,
+    count,
+    status_phase,
+)
+from autoscaler.adapters.kube.outcomes import already_done, refuse, summary
+from autoscaler.adapters.kube.pods import pod_alive
+from autoscaler.adapters.kube.resources import AI_TRAINING_JOBS, Obj, key_of
+from autoscaler.core.model import Decision, Scaler, ScalerKind, Worker
+
+if TYPE_CHECKING:
+    from autoscaler.adapters.kube.cache import KubeCache
+    from autoscaler.adapters.kube.events import EventRecorder
+    from autoscaler.adapters.kube.objects import ObjectApi
+
+log = structlog.get_logger()
+
+WORKER_REPLICA = "trainer"
+
+
+class CceActuator:
+    def __init__(self, objects: ObjectApi, cache: KubeCache, recorder: EventRecorder) -> None:
+        self._objects = objects
+        self._cache = cache
+        self._recorder = recorder
+
+    def scale_out(self, job: Obj, decision: Decision, now: datetime) -> None:
+        self._patch(job, decision, (), now)
+
+    def scale_in(self, job: Obj, decision: Decision, now: datetime) -> None:
+        namespace = job["metadata"]["namespace"]
+        victims = tuple(p for p in decision.pods if pod_alive(self._cache, namespace, p))
+        if not victims:  # a pod already gone or going needs no scale-in (and names nobody)
+            refuse(decision, "no_live_victims", pods=list(decision.pods))
+            return
+        self._patch(job, decision, victims, now)
+
+    def _patch(self, job: Obj, decision: Decision, victims: tuple[str, ...], now: datetime) -> None:
+        meta = job["metadata"]
+        current = _worker_spec(job)
+        same_victims = not victims or current.scale_in_pods == victims
+        if current.replicas == decision.to_workers and same_victims:
+            already_done(decision, meta["name"])
+            return
+        if status_phase(job) != "Running":  # Scaling: the previous change is still under way
+            refuse(decision, "job_not_running", phase=status_phase(job))
+            return
+        # the operator never clears scaleInpods: a scale-out clears it, so old victims named
+        # there cannot be taken for the next scale-in's
+        trainer: Obj = {"replicas": decision.to_workers, "scaleInpods": list(victims) or None}
+        patch = {"spec": {"replicaSpecs": {WORKER_REPLICA: trainer}}}
+        namespace, name = meta["namespace"], meta["name"]
+        patched = self._objects.merge_patch(AI_TRAINING_JOBS, namespace, name, patch)
+        self._cache.assume(AI_TRAINING_JOBS, patched)
+        what = f"remove {', '.join(victims)}" if victims else f"add {decision.count} worker(s)"
+        reason = "ScaleInRequested" if victims else "ScaleOutRequested"
+        message = f"trainer replicas {decision.to_workers}: {what}, {summary(decision)}"
+        self._recorder.record(patched, reason, message, now)
+        log.info("replicas_patched", job=decision.job, replicas=decision.to_workers,
+                 pods=list(victims))
+
+    def cancel(self, job: Obj, decision: Decision, now: datetime) -> None:
+        refuse(decision, "nothing_to_cancel")  # no scaler objects: a patch is never queued
+
+
+# --- reading AITrainingJobs and their trainers ---------------------------------------------------
+def _worker_of(meta: Obj, name: str, labels: dict[str, str]) -> str | None:
+    """CCE names its replica types in the pod name and labels; only trainers are elastic."""
+    owner = next((o for o in meta.get("ownerReferences") or () if o.get("controller")), None)
+    if owner is None or owner.get("kind") != AI_TRAINING_JOBS.kind:
+        return None
+    if f"-{WORKER_REPLICA}-" in name or WORKER_REPLICA in labels.values():
+        return str(owner.get("name", ""))
+    return None
+
+
+def _worker_spec(job: Obj) -> ReplicaSpec:
+    spec = ((job.get("spec") or {}).get("replicaSpecs") or {}).get(WORKER_REPLICA) or {}
+    return ReplicaSpec(count(spec, "replicas"), count(spec, "minReplicas"),
+                       count(spec, "maxReplicas"), spec.get("template") or {},
+                       tuple(spec.get("scaleInpods") or ()))
+
+
+def is_elastic(job: Obj) -> bool:
+    return (job.get("spec") or {}).get("faultTolerant") is True
+
+
+def in_flight(job: Obj, workers: Sequence[Worker]) -> Scaler | None:
+    """CCE has no scaler objects: a job in phase Scaling is one scale in flight."""
+    if status_phase(job) != "Scaling":
+        return None
+    replica = _worker_spec(job)
+    name = f"{(job.get('metadata') or {}).get('name', '')}-scaling"
+    if (replica.replicas or 0) > len(workers):
+        return Scaler(ScalerKind.SCALE_OUT, name)
+    # the operator never clears scaleInpods: names from earlier scale-ins linger there
+    live = {w.pod for w in workers}
+    victims = tuple(p for p in replica.scale_in_pods if p in live)
+    return Scaler(ScalerKind.SCALE_IN, name, pods=victims)
+
+
+def _inputs(job: Obj, ctx: JobContext) -> JobInputs:
+    workers = ctx.workers(key_of(job))
+    return JobInputs(workers, None, in_flight(job, workers))
+
+
+def _actuator(objects: ObjectApi, cache: KubeCache, recorder: EventRecorder) -> CceActuator:
+    return CceActuator(objects, cache, recorder)
+
+
+KIND = JobKind(
+    backend="cce",
+    jobs=AI_TRAINING_JOBS,
+    worker_of=_worker_of,
+    worker_spec=_worker_spec,
+    phase=status_phase,
+    # CCE reports its own words (Succeed, not Succeeded) and ends a job also on Timeout,
+    # Preemption and node failure
+    finished=frozenset({"Succeed", "Succeeded", "Failed", "Timeout", "Preempted", "NodeFail"}),
+    inputs=_inputs,
+    actuator=_actuator,
+    keep=is_elastic,
+    # patch: spec.replicaSpecs.trainer.replicas / scaleInpods, and the drained-hosts annotation
+    rbac={AI_TRAINING_JOBS: frozenset({"get", "list", "watch", "patch"})},
+    docs="patches `spec.replicaSpecs.trainer.replicas` and names victims in `scaleInpods`",
+)

@@ -1,0 +1,180 @@
+"""Kubeflow mpi-operator MPIJob (kubeflow.org/v2beta1): Horovod elastic jobs whose launcher runs
+`horovodrun --host-discovery-script /etc/mpi/discover_hosts.sh`.
+
+What the operator does, from its source (kubeflow/mpi-operator v0.8.2,
+pkg/controller/mpi_job_controller.go; docs/mpi-operator.md has the details and what it costs us):
+- workers are pods `<job>-worker-<i>`, i in 0..replicas-1 (`workerName`), labelled
+  `training.kubeflow.org/job-name`, `training.kubeflow.org/job-role=worker`, owned by the MPIJob;
+- lowering `spec.mpiReplicaSpecs.Worker.replicas` deletes the workers with the highest indices
+  (`getOrCreateWorker`): no field names a victim, so a scale-in here can only remove the top
+  indices, and only after they are drained;
+- an index below replicas whose pod is gone is created again under the same name: a worker
+  whose node died comes back Pending with its old name (Horovod blacklists a host name that
+  failed: `reuses_names`);
+- `discover_hosts.sh` in the ConfigMap `<job>-config` echoes `<pod>.<job>.<namespace>.svc` (plus
+  `.<clusterDomain>` when the operator is given one) for each Running worker
+  (`updateDiscoverHostsInConfigMap`), and reaches the launcher only when the kubelet syncs the
+  volume (up to a minute). Hosts are therefore pod names here, as for et-operator: a drained
+  host hides every discovered name whose first DNS label it is.
+The MPIJob has no min/max: they come from annotations (`spot-autoscaler.io/min-workers`,
+`max-workers`), and a job without them keeps its replicas (min = max = replicas).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+import structlog
+
+from autoscaler.adapters.kube.kinds.base import JobContext, JobInputs, JobKind, ReplicaSpec, count
+from autoscaler.adapters.kube.outcomes import already_done, refuse, summary
+from autoscaler.adapters.kube.pods import name_index, pod_alive
+from autoscaler.adapters.kube.resources import Obj, Resource, annotations_of, key_of
+from autoscaler.core.model import Decision, Scaler, ScalerKind, Worker
+
+if TYPE_CHECKING:
+    from autoscaler.adapters.kube.cache import KubeCache
+    from autoscaler.adapters.kube.events import EventRecorder
+    from autoscaler.adapters.kube.objects import ObjectApi
+
+log = structlog.get_logger()
+
+MPI_JOBS = Resource("MPIJob", "kubeflow.org", "v2beta1", "mpijobs", True)
+JOB_LABEL = "training.kubeflow.org/job-name"
+ROLE_LABEL = "training.kubeflow.org/job-role"
+WORKER = "Worker"  # the replica type in spec.mpiReplicaSpecs
+MIN_ANNOTATION = "spot-autoscaler.io/min-workers"
+MAX_ANNOTATION = "spot-autoscaler.io/max-workers"
+# status.conditions types (pkg/apis/kubeflow/v2beta1 JobConditionType), newest state last
+_FINISHED = frozenset({"Succeeded", "Failed"})
+_STATES = ("Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
+
+
+class MpiJobActuator:
+    """A decision becomes a merge patch of the worker replicas, with the resourceVersion it was
+    decided on: a patch on a job that changed meanwhile gets 409 and the next pass decides again."""
+
+    def __init__(self, objects: ObjectApi, cache: KubeCache, recorder: EventRecorder) -> None:
+        self._objects = objects
+        self._cache = cache
+        self._recorder = recorder
+
+    def scale_out(self, job: Obj, decision: Decision, now: datetime) -> None:
+        self._patch(job, decision, (), now)
+
+    def scale_in(self, job: Obj, decision: Decision, now: datetime) -> None:
+        namespace = job["metadata"]["namespace"]
+        victims = tuple(p for p in decision.pods if pod_alive(self._cache, namespace, p))
+        if not victims:
+            refuse(decision, "no_live_victims", pods=list(decision.pods))
+            return
+        if (job.get("spec") or {}).get("runLauncherAsWorker"):
+            # the index label is then i + 1 (`workerReplicaIndexLabel`) but getOrCreateWorker
+            # compares it with replicas: worker replicas-1 would go too (and come back at once)
+            refuse(decision, "launcher_as_worker", pods=list(victims))
+            return
+        # the operator deletes indices >= replicas: the victims must be exactly those
+        replicas = _worker_spec(job).replicas or 0
+        top = {f"{job['metadata']['name']}-worker-{i}"
+               for i in range(replicas - len(victims), replicas)}
+        if set(victims) != top:
+            refuse(decision, "not_highest_indices", pods=list(victims), replicas=replicas)
+            return
+        self._patch(job, decision, victims, now)
+
+    def cancel(self, job: Obj, decision: Decision, now: datetime) -> None:
+        refuse(decision, "nothing_to_cancel")  # no scaler objects: a patch is never queued
+
+    def _patch(self, job: Obj, decision: Decision, victims: tuple[str, ...], now: datetime) -> None:
+        meta = job["metadata"]
+        replicas = _worker_spec(job).replicas
+        if replicas == decision.to_workers:
+            already_done(decision, meta["name"])
+            return
+        if _phase(job) != "Running":
+            refuse(decision, "job_not_running", phase=_phase(job))
+            return
+        if replicas != decision.from_workers:  # decided on a view the job has moved on from
+            refuse(decision, "replicas_changed", replicas=replicas)
+            return
+        patch = {
+            "metadata": {"resourceVersion": meta.get("resourceVersion")},
+            "spec": {"mpiReplicaSpecs": {WORKER: {"replicas": decision.to_workers}}},
+        }
+        patched = self._objects.merge_patch(MPI_JOBS, meta["namespace"], meta["name"], patch)
+        self._cache.assume(MPI_JOBS, patched)
+        what = f"remove {', '.join(victims)}" if victims else f"add {decision.count} worker(s)"
+        reason = "ScaleInRequested" if victims else "ScaleOutRequested"
+        message = f"Worker replicas {decision.to_workers}: {what}, {summary(decision)}"
+        self._recorder.record(patched, reason, message, now)
+        log.info("replicas_patched", job=decision.job, replicas=decision.to_workers,
+                 pods=list(victims))
+
+
+# --- reading MPIJobs and their workers ------------------------------------------------------------
+def _worker_of(meta: Obj, name: str, labels: dict[str, str]) -> str | None:
+    owner = next((o for o in meta.get("ownerReferences") or () if o.get("controller")), None)
+    if owner is None or owner.get("kind") != MPI_JOBS.kind:
+        return None
+    return labels.get(JOB_LABEL) if labels.get(ROLE_LABEL) == "worker" else None
+
+
+def _annotated(job: Obj, key: str) -> int | None:
+    value = annotations_of(job).get(key, "")
+    return int(value) if value.isdigit() else None
+
+
+def _worker_spec(job: Obj) -> ReplicaSpec:
+    spec = ((job.get("spec") or {}).get("mpiReplicaSpecs") or {}).get(WORKER) or {}
+    return ReplicaSpec(count(spec, "replicas"), _annotated(job, MIN_ANNOTATION),
+                       _annotated(job, MAX_ANNOTATION), spec.get("template") or {})
+
+
+def _phase(job: Obj) -> str:
+    """The newest condition that holds, as a phase (the MPIJob has conditions, no phase)."""
+    held = [c.get("type") for c in (job.get("status") or {}).get("conditions") or ()
+            if isinstance(c, dict) and c.get("status") == "True" and c.get("type") in _STATES]
+    return str(held[-1]) if held else ""
+
+
+def _next_index(job: Obj) -> int | None:
+    """New workers take indices from replicas up."""
+    return _worker_spec(job).replicas
+
+
+def in_flight(job: Obj, workers: tuple[Worker, ...]) -> Scaler | None:
+    """No scaler objects: replicas that the worker pods do not match yet is a scale in flight."""
+    replicas = _worker_spec(job).replicas or 0
+    live = [w for w in workers if not w.terminating]
+    name = f"{job['metadata']['name']}-replicas"
+    if len(live) < replicas:
+        return Scaler(ScalerKind.SCALE_OUT, name)
+    going = tuple(w.pod for w in live if (name_index(w.pod) or 0) >= replicas)
+    return Scaler(ScalerKind.SCALE_IN, name, pods=going) if going else None
+
+
+def _inputs(job: Obj, ctx: JobContext) -> JobInputs:
+    workers = ctx.workers(key_of(job))
+    return JobInputs(workers, None, in_flight(job, workers))
+
+
+def _actuator(objects: ObjectApi, cache: KubeCache, recorder: EventRecorder) -> MpiJobActuator:
+    return MpiJobActuator(objects, cache, recorder)
+
+
+KIND = JobKind(
+    backend="mpi-operator",
+    jobs=MPI_JOBS,
+    worker_of=_worker_of,
+    worker_spec=_worker_spec,
+    phase=_phase,
+    finished=_FINISHED,
+    inputs=_inputs,
+    actuator=_actuator,
+    next_index=_next_index,
+    reuses_names=True,
+    # patch: spec.mpiReplicaSpecs.Worker.replicas, and the drained-hosts annotation
+    rbac={MPI_JOBS: frozenset({"get", "list", "watch", "patch"})},
+    docs="patches `spec.mpiReplicaSpecs.Worker.replicas`; a scale-in removes the highest indices",
+)

@@ -1,0 +1,201 @@
+"""The Kubeflow MPIJob backend against the API emulator (the real v2beta1 CRD) and a stand-in of
+mpi-operator v0.8.2's controller (support/mpi_operator.py): read, scale out, scale in by the
+highest indices only, drain a doomed worker in the middle and show it again once it runs
+elsewhere under its old name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kube_fixtures import (
+    NS,
+    Kube,
+    container,
+    kube_fixture,  # noqa: F401  (the `kube` fixture)
+    node,
+    now,
+)
+from support.mpi_operator import MpiOperator, discover_hosts, worker_name
+
+from autoscaler.adapters.kube.kinds.mpi_operator import MAX_ANNOTATION, MIN_ANNOTATION
+from autoscaler.core import Action, Decision, Reason
+from autoscaler.signals import DRAINED_ANNOTATION, decode_drained
+
+Obj = dict[str, Any]
+NTH_ITN = {"key": "aws-node-termination-handler/spot-itn", "value": "e", "effect": "NoSchedule"}
+
+
+def mpi_job(name: str = "hvd", replicas: int = 2, lo: int | None = 1, hi: int | None = 4,
+            **spec: Any) -> Obj:
+    annotations = {k: str(v) for k, v in ((MIN_ANNOTATION, lo), (MAX_ANNOTATION, hi)) if v}
+    worker = {"replicas": replicas, "template": {"spec": {"containers": [container(1)]}}}
+    launcher = {"replicas": 1, "template": {"spec": {"containers": [container()]}}}
+    return {
+        "apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob",
+        "metadata": {"name": name, "namespace": NS, "annotations": annotations},
+        "spec": {"slotsPerWorker": 1, "mpiReplicaSpecs": {"Launcher": launcher, "Worker": worker},
+                 **spec},
+    }
+
+
+@pytest.fixture
+def mpi(kube: Kube) -> MpiOperator:
+    kube.server.install_crd("kubeflow.org_mpijobs.yaml")
+    return MpiOperator(kube.server, NS)
+
+
+def running(kube: Kube, mpi: MpiOperator, job: Obj, on: str) -> None:
+    """Seed the job; the operator makes its workers; they run on `on`."""
+    kube.server.seed(job)
+    mpi.step()
+    mpi.run_pending(on)
+    mpi.step()
+
+
+def replicas(kube: Kube, name: str = "hvd") -> int:
+    job = kube.server.get("mpijobs", name, NS)
+    return int(job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"])
+
+
+def drained(kube: Kube, name: str = "hvd") -> frozenset[str]:
+    job = kube.server.get("mpijobs", name, NS)
+    return decode_drained((job["metadata"].get("annotations") or {}).get(DRAINED_ANNOTATION))
+
+
+def test_the_stand_in_writes_discovery_as_the_operator_does(kube: Kube, mpi: MpiOperator) -> None:
+    running(kube, mpi, mpi_job(replicas=3), on="a")
+    # updateDiscoverHostsInConfigMap: Running workers only, sorted as strings, no slots
+    assert mpi.script("hvd") == (
+        "#!/bin/sh\necho hvd-worker-0.hvd.ml.svc\necho hvd-worker-1.hvd.ml.svc\n"
+        "echo hvd-worker-2.hvd.ml.svc\n")
+    assert discover_hosts("j", "ns", ["j-worker-10", "j-worker-2"]).splitlines()[1] == (
+        "echo j-worker-10.j.ns.svc")
+    kube.server.patch("mpijobs", "hvd", {"spec": {"mpiReplicaSpecs": {"Worker": {"replicas": 1}}}},
+                      NS)
+    mpi.step()  # getOrCreateWorker: the highest indices go
+    assert [p["metadata"]["name"] for p in mpi.workers("hvd")] == ["hvd-worker-0"]
+
+
+def test_an_mpijob_is_read_as_an_elastic_job(kube: Kube, mpi: MpiOperator) -> None:
+    kube.server.seed(node("a"))
+    running(kube, mpi, mpi_job(replicas=2), on="a")
+    kube.server.seed(mpi_job("fixed", replicas=1, lo=None, hi=None))  # no bounds: stays as is
+    mpi.step()
+    jobs = {j.name: j for j in kube.observer(kube.cache()).snapshot(now()).jobs}
+    hvd = jobs["hvd"]
+    assert (hvd.backend, hvd.min_workers, hvd.max_workers, hvd.running) == (
+        "mpi-operator", 1, 4, True)
+    assert [(w.pod, w.host, w.index, w.pending) for w in hvd.workers] == [
+        ("hvd-worker-0", "hvd-worker-0", 0, False), ("hvd-worker-1", "hvd-worker-1", 1, False)]
+    assert hvd.next_pod_names(1) == ("hvd-worker-2",) and hvd.reuses_names
+    assert (jobs["fixed"].min_workers, jobs["fixed"].max_workers) == (1, 1)
+    assert not jobs["fixed"].running  # its one worker is Pending: no Running condition yet
+
+    kube.server.patch("mpijobs", "hvd", {"status": {"conditions": [
+        {"type": "Created", "status": "True"}, {"type": "Succeeded", "status": "True"}]}}, NS)
+    cache = kube.cache()
+    assert "hvd" not in {j.name for j in kube.observer(cache).snapshot(now()).jobs}
+
+
+def test_idle_gpus_raise_the_worker_replicas(kube: Kube, mpi: MpiOperator) -> None:
+    kube.server.seed(node("a", gpus=4))
+    running(kube, mpi, mpi_job(replicas=2), on="a")
+    rec = kube.reconciler()
+    [out] = [d for d in rec.tick(now()) if d.action is Action.SCALE_OUT]
+    assert (out.from_workers, out.to_workers) == (2, 4)
+    assert replicas(kube) == 4
+    assert [e["reason"] for e in kube.events()] == ["ScaleOutRequested"]
+    # until the operator has made the pods, the scale is in flight: no second patch
+    assert not [d for d in rec.tick(now()) if d.action is Action.SCALE_OUT]
+    mpi.step()
+    assert [p["metadata"]["name"] for p in mpi.workers("hvd")][-1] == worker_name("hvd", 3)
+
+
+def test_a_notice_on_the_highest_index_drains_it_and_lowers_the_replicas(
+    kube: Kube, mpi: MpiOperator
+) -> None:
+    kube.server.seed(node("a", gpus=2), node("b", gpus=1))
+    running(kube, mpi, mpi_job(replicas=2, lo=1, hi=3), on="a")
+    kube.server.seed(mpi_job(replicas=3, lo=1, hi=3))
+    mpi.step()
+    mpi.run_pending("b")  # hvd-worker-2 on b
+    mpi.step()
+    kube.server.patch("nodes", "b", {"spec": {"taints": [NTH_ITN]}})
+    actions = {d.action for d in kube.reconciler().tick(now())}
+    assert {Action.DRAIN, Action.SCALE_IN} <= actions
+    assert drained(kube) == {"hvd-worker-2"} and replicas(kube) == 2
+    mpi.step()
+    assert [p["metadata"]["name"] for p in mpi.workers("hvd")] == ["hvd-worker-0", "hvd-worker-1"]
+
+
+def test_a_doomed_worker_in_the_middle_is_drained_never_replaced_by_a_healthy_ones_removal(
+    kube: Kube, mpi: MpiOperator
+) -> None:
+    """Lowering replicas would delete hvd-worker-2 (healthy) for hvd-worker-1 (doomed): the
+    worker is only hidden from discovery; its node dies, the operator makes it again under the
+    same name, and once it runs on a healthy node the host is shown again."""
+    kube.server.seed(node("a", gpus=2), node("b", gpus=1))
+    running(kube, mpi, mpi_job(replicas=1, lo=1, hi=3), on="a")
+    kube.server.seed(mpi_job(replicas=2, lo=1, hi=3))
+    mpi.step()
+    mpi.run_pending("b")  # hvd-worker-1 on b
+    kube.server.seed(mpi_job(replicas=3, lo=1, hi=3))
+    mpi.step()
+    mpi.run_pending("a")  # hvd-worker-2 on a
+    mpi.step()
+    kube.server.patch("nodes", "b", {"spec": {"taints": [NTH_ITN]}})
+    rec = kube.reconciler()
+    rec.tick(now())
+    assert drained(kube) == {"hvd-worker-1"} and replicas(kube) == 3
+
+    kube.server.delete("pods", "hvd-worker-1", NS)  # the reclaim
+    kube.server.delete("nodes", "b")
+    mpi.step()  # made again, Pending, same name
+    rec.tick(now())
+    assert drained(kube) == {"hvd-worker-1"}  # not Running anywhere healthy yet
+    kube.server.seed(node("c", gpus=1))
+    mpi.run_pending("c")
+    mpi.step()
+    for _ in range(3):
+        rec.tick(now())
+    assert drained(kube) == frozenset() and replicas(kube) == 3
+
+
+def test_a_scale_in_naming_anything_but_the_top_indices_is_refused(
+    kube: Kube, mpi: MpiOperator
+) -> None:
+    kube.server.seed(node("a"))
+    running(kube, mpi, mpi_job(replicas=3), on="a")
+    actuator = kube.actuator(kube.cache())
+    middle = Decision("ml/hvd", Action.SCALE_IN, Reason.PREEMPTION_NOTICE, "default", 3, 2,
+                      count=1, pods=("hvd-worker-1",))
+    actuator.apply(middle, now())
+    assert replicas(kube) == 3
+    top = Decision("ml/hvd", Action.SCALE_IN, Reason.CLAMP_MAX, "default", 3, 2, count=1,
+                   pods=("hvd-worker-2",))
+    actuator.apply(top, now())
+    assert replicas(kube) == 2
+
+
+def test_with_the_launcher_as_a_worker_a_scale_in_is_refused(
+    kube: Kube, mpi: MpiOperator
+) -> None:
+    """The index label is then i + 1 (workerReplicaIndexLabel) but getOrCreateWorker compares it
+    with replicas: lowering replicas to n also deletes worker n - 1 (made again at once), an
+    abrupt loss of a healthy worker."""
+    kube.server.seed(node("a"))
+    running(kube, mpi, mpi_job(replicas=3, runLauncherAsWorker=True), on="a")
+    kube.server.patch("mpijobs", "hvd", {"spec": {"mpiReplicaSpecs": {"Worker": {"replicas": 2}}}},
+                      NS)
+    uid = kube.server.get("pods", "hvd-worker-1", NS)["metadata"]["uid"]
+    mpi.step()  # the stand-in shows the quirk
+    assert kube.server.get("pods", "hvd-worker-1", NS)["metadata"]["uid"] != uid
+    kube.server.patch("mpijobs", "hvd", {"spec": {"mpiReplicaSpecs": {"Worker": {"replicas": 3}}}},
+                      NS)
+    mpi.step()
+    actuator = kube.actuator(kube.cache())
+    top = Decision("ml/hvd", Action.SCALE_IN, Reason.CLAMP_MAX, "default", 3, 2, count=1,
+                   pods=("hvd-worker-2",))
+    actuator.apply(top, now())
+    assert replicas(kube) == 3
