@@ -488,3 +488,33 @@ def test_script_speed(edl: Overlay) -> None:
     per_run_ms = (time.perf_counter() - started) * 1000 / runs
     print(f"\ndiscover_hosts.sh: {per_run_ms:.2f} ms per run (64 hosts, 16 drained, with spawn)")
     assert per_run_ms < 50
+
+
+# --- mpi-operator: its discover_hosts.sh as the base (SPOT_BASE_SCRIPT) ------------------------
+def mpi_base(edl: Overlay, *hosts: str, fails: bool = False) -> dict[str, str]:
+    """mpi-operator's script for these hosts (updateDiscoverHostsInConfigMap), as the base."""
+    script = edl.dir / "discover_hosts.sh"
+    body = "".join(f"echo {h}\n" for h in hosts) + ("exit 3\n" if fails else "")
+    script.write_text("#!/bin/sh\n" + body)
+    return {**edl.env(), "SPOT_BASE_SCRIPT": str(script), "SPOT_SLOTS": "2"}
+
+
+def discover_with(env: dict[str, str]) -> str:
+    result = subprocess.run(["sh", str(SCRIPT)], env=env, capture_output=True, text=True,
+                            timeout=10)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_mpi_operator_hosts_are_filtered_by_the_pod_names_drained(edl: Overlay) -> None:
+    edl.set(drained=["hvd-worker-1"])  # the daemon names hosts by pod
+    env = mpi_base(edl, "hvd-worker-0.hvd.ml.svc", "hvd-worker-1.hvd.ml.svc",
+                   "hvd-worker-10.hvd.ml.svc")
+    # worker-1 hidden (not worker-10: a whole first label matches), slots from SPOT_SLOTS
+    assert discover_with(env) == lines("hvd-worker-0.hvd.ml.svc:2", "hvd-worker-10.hvd.ml.svc:2")
+
+
+def test_a_failing_base_script_repeats_the_last_good_output(edl: Overlay) -> None:
+    good = discover_with(mpi_base(edl, "a.j.ns.svc", "b.j.ns.svc"))
+    assert good == lines("a.j.ns.svc:2", "b.j.ns.svc:2")
+    assert discover_with(mpi_base(edl, "a.j.ns.svc", fails=True)) == good

@@ -1,7 +1,9 @@
 #!/bin/sh
-# Horovod host discovery for et-operator jobs, shipped by spot-autoscaler (overlay mode).
+# Horovod host discovery for et-operator and mpi-operator jobs, shipped by spot-autoscaler
+# (overlay mode).
 #
-# Prints et-operator's hostfile minus the hosts spot-autoscaler drained, so Horovod removes a
+# Prints et-operator's hostfile (or what mpi-operator's discover_hosts.sh prints, with
+# SPOT_BASE_SCRIPT) minus the hosts spot-autoscaler drained, so Horovod removes a
 # doomed host gracefully (no rollback) before its pod goes. Horovod runs this every second and
 # ends the job if the first call fails, so it always exits 0, and (docs/discovery.md):
 #   - it never prints a torn hostfile: the operator rewrites it in place (`echo ... > hostfile`:
@@ -29,6 +31,12 @@
 # SPOT_SETTLE_SECONDS  assigned this long: its worker runs   default 15
 # SPOT_JOIN_SECONDS    no process evidence: printed this long default 60
 # SPOT_PROC_DIR        process table and uptime clock         default /proc
+# SPOT_BASE_SCRIPT     run this discovery script instead of   (unset: read SPOT_HOSTFILE)
+#                      reading the hostfile, e.g. mpi-operator's /etc/mpi/discover_hosts.sh: it
+#                      echoes `<pod>.<job>.<ns>.svc` per Running worker, without slots. A drained
+#                      name hides a host whose first DNS label it is.
+# SPOT_SLOTS           slots of a host printed without them   default 1
+#                      (set it to horovodrun's --slots, the MPIJob's slotsPerWorker)
 
 hostfile=${SPOT_HOSTFILE:-/etc/edl/hostfile}
 drainfile=${SPOT_DRAIN_FILE:-/etc/edl/drained-hosts}
@@ -37,8 +45,11 @@ assignedfile=${SPOT_ASSIGNED_FILE:-/etc/edl/assigned-hosts}
 proc=${SPOT_PROC_DIR:-/proc}
 settle=${SPOT_SETTLE_SECONDS:-15}
 join=${SPOT_JOIN_SECONDS:-60}
+base=${SPOT_BASE_SCRIPT:-}
+slots=${SPOT_SLOTS:-1}
 case $settle in *[!0123456789]* | '') settle=15 ;; esac
 case $join in *[!0123456789]* | '') join=60 ;; esac
+case $slots in *[!0123456789]* | '' | 0) slots=1 ;; esac
 LC_ALL=C  # byte-wise character ranges and sort order
 export LC_ALL
 nl='
@@ -62,21 +73,33 @@ now=''
 now=${now%%.*}
 case $now in *[!0123456789]* | '') now=$(date +%s) ;; esac
 
-# The hostfile counts when two whole-file reads in a row agree (a few tries) and it ends with a
-# newline: a cut at a line boundary needs the writer to stall between the two reads.
 fresh=0
-snapshot
-tries=1
-while [ "$tries" -lt 5 ]; do
-    seen=$snap
-    snapshot
-    if [ "$snap" = "$seen" ]; then
-        case $snap in *"$nl") fresh=1 ;; esac
-        break
+if [ -n "$base" ]; then
+    # The base script's output counts when it exits 0 (a ConfigMap file: the kubelet swaps it
+    # whole, no torn read); `host` lines get `:$slots`, the slots Horovod would give them.
+    if snap=$(sh -- "$base" 2>/dev/null); then
+        fresh=1
+        snap=$(printf '%s\n' "$snap" |
+            sed "s/^\([A-Za-z0-9_.-]\{1,\}\)\$/\1:$slots/")$nl
+    else
+        snap=''
     fi
-    tries=$((tries + 1))
-done
-[ "$fresh" = 1 ] || snap=''
+else
+    # The hostfile counts when two whole-file reads in a row agree (a few tries) and it ends
+    # with a newline: a cut at a line boundary needs the writer to stall between the two reads.
+    snapshot
+    tries=1
+    while [ "$tries" -lt 5 ]; do
+        seen=$snap
+        snapshot
+        if [ "$snap" = "$seen" ]; then
+            case $snap in *"$nl") fresh=1 ;; esac
+            break
+        fi
+        tries=$((tries + 1))
+    done
+    [ "$fresh" = 1 ] || snap=''
+fi
 
 # Hosts with a live worker: one pipeline over the process table. The pattern never matches its
 # own command line: there `HOROVOD_HOSTNAME=` is followed by `\(`, not by a hostname.
@@ -131,6 +154,12 @@ function add(list, host, slots) {
     HOST[list, ++N[list]] = host
 }
 function since(t) { return t != "-" && t != "" ? now - t : -1 }
+# drained(HOST): HOST or its first DNS label (a pod name, as the daemon names hosts) is drained
+function drained(h,    p) {
+    p = h
+    sub(/[.].*$/, "", p)
+    return (h in DRAINED) || (p in DRAINED)
+}
 # settled(HOST): its worker has run for `settle` seconds, or without process evidence, it has
 # been printed for `join` seconds.
 function settled(h) {
@@ -164,7 +193,7 @@ BEGIN {
     N["q"] = N["out"] = 0
     for (i = 1; i <= N["view"]; i++) {
         h = HOST["view", i]
-        if (!(h in DRAINED)) add("q", h, SLOTS["view", h])
+        if (!drained(h)) add("q", h, SLOTS["view", h])
     }
     if (!prev) {
         if (!N["q"]) add("out", HOST["view", 1], SLOTS["view", HOST["view", 1]])

@@ -17,7 +17,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from autoscaler.adapters.discovery.hostlines import valid_host
-from autoscaler.adapters.discovery.jobref import GROUP, PLURAL, VERSION, JobRef
+from autoscaler.adapters.discovery.jobref import JobRef
 from autoscaler.signals import ASSIGNED_ANNOTATION, encode_assigned
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -44,8 +44,7 @@ class AssignedPublisher:
         patch = {"metadata": {"annotations": {ASSIGNED_ANNOTATION: encode_assigned(self._hosts)}}}
         try:
             self._objects.patch_namespaced_custom_object(
-                GROUP, VERSION, self.job.namespace, PLURAL, self.job.name, patch,
-                _content_type=MERGE_PATCH,
+                *self.job.path, self.job.name, patch, _content_type=MERGE_PATCH
             )
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
             if not self._failing:  # once per outage: the next poll retries
@@ -69,4 +68,6 @@ class AssignedPublisher:
             return
         self._seen = seen
         lines = (line.strip() for line in text.splitlines())
-        self._hosts = frozenset(h for h in lines if valid_host(h))
+        # as the daemon names hosts: the pod, i.e. the first DNS label (mpi-operator's discovery
+        # prints `<pod>.<job>.<namespace>.svc`; et-operator's, the pod name itself)
+        self._hosts = frozenset(h.split(".", 1)[0] for h in lines if valid_host(h))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from kubernetes.config import ConfigException
@@ -12,6 +13,7 @@ from pydantic import ValidationError
 
 from autoscaler.adapters.discovery.scripts import install_scripts
 from autoscaler.adapters.discovery.sidecar import ContainerRef, JobRef, api_client, run_sidecar
+from autoscaler.adapters.kube.kinds import KINDS
 from autoscaler.config.discovery import DiscoverySettings
 from autoscaler.core.policy import parse_duration
 from autoscaler.logs import configure
@@ -24,13 +26,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "discovery-sidecar",
         help="in the launcher pod: the drain file from the job, the assigned hosts to the job",
-        description="Watch one et-operator TrainingJob and write DIR/DRAIN_FILE (one hostname per "
-        "line, atomically) from its spot-autoscaler.io/drained-hosts annotation, for the shipped "
-        "discover_hosts.sh; publish DIR/ASSIGNED_FILE (written by that script) as the job's "
+        description="Watch one job (an et-operator TrainingJob, or of --kind) and write "
+        "DIR/DRAIN_FILE (one hostname per line, atomically) from its "
+        "spot-autoscaler.io/drained-hosts annotation, for the shipped discover_hosts.sh; publish "
+        "DIR/ASSIGNED_FILE (written by that script) as the job's "
         "spot-autoscaler.io/assigned-hosts annotation. Runs until killed, or with "
         "--exit-with-container until that container of its own pod has terminated.",
     )
     p.add_argument("--job", required=True, type=_job_ref, metavar="NAMESPACE/NAME")
+    p.add_argument("--kind", default=KINDS[0].backend, choices=[k.backend for k in KINDS],
+                   help=f"the operator the job belongs to (default {KINDS[0].backend})")
     p.add_argument("--dir", type=Path, default=defaults.dir,
                    help=f"shared directory (default {defaults.dir})")
     p.add_argument("--drain-file", default=defaults.drain_file,
@@ -79,8 +84,9 @@ def cmd_discovery_sidecar(args: argparse.Namespace) -> int:
     except (ValidationError, ConfigException, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    job = replace(args.job, resource=next(k.jobs for k in KINDS if k.backend == args.kind))
     run_sidecar(
-        api, args.job, settings.drain_path, settings.dir / args.assigned_file, exit_with,
+        api, job, settings.drain_path, settings.dir / args.assigned_file, exit_with,
         settings.watch_timeout, settings.backoff_max,
     )  # SIGTERM ends the process: every write is atomic, nothing to flush
     return 0

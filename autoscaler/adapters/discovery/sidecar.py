@@ -23,7 +23,7 @@ from kubernetes import client, config
 
 from autoscaler.adapters.discovery.assigned import AssignedPublisher
 from autoscaler.adapters.discovery.drainfile import write_drain_file
-from autoscaler.adapters.discovery.jobref import GROUP, PLURAL, VERSION, JobRef
+from autoscaler.adapters.discovery.jobref import JobRef
 from autoscaler.adapters.discovery.podexit import ContainerExit, ContainerRef
 from autoscaler.adapters.discovery.watch import Obj, ObjectWatch
 from autoscaler.signals import DRAINED_ANNOTATION, decode_drained
@@ -60,10 +60,7 @@ class DrainSidecar:
         self.drain_path = drain_path
         self._stop = stop or threading.Event()
         self.log = log.bind(job=str(job), drain_file=str(drain_path))
-        lister = partial(
-            client.CustomObjectsApi(api).list_namespaced_custom_object,
-            GROUP, VERSION, job.namespace, PLURAL,
-        )
+        lister = partial(client.CustomObjectsApi(api).list_namespaced_custom_object, *job.path)
         self._watch = ObjectWatch(
             lister, job.name, self._apply, watch_timeout, backoff_max, self._stop, self.log
         )
