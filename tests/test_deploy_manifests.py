@@ -247,3 +247,15 @@ def test_the_dockerfile_builds_a_non_root_daemon_image() -> None:
     for copied in re.findall(r"^COPY (?!--from)(.+) \S+$", text, re.M):
         for source in copied.split():
             assert (ROOT / source).exists(), source
+
+
+def test_the_docs_table_lists_every_job_kind() -> None:
+    docs = (ROOT / "docs" / "kubernetes.md").read_text()
+    table = docs[docs.index("## Job kinds"):docs.index("## Backends")]
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    assert len(rows) == len(KINDS)
+    for kind, row in zip(KINDS, rows, strict=True):
+        jobs = kind.jobs
+        assert row.startswith(f"| `{kind.backend}` | `{jobs.kind}` ({jobs.group}/{jobs.version})")
+        assert all(helper.kind in row for helper in kind.helpers)
+        assert kind.docs in row

@@ -5,9 +5,15 @@ elsewhere under its old name."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import threading
+from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kube_fixtures import (
     NS,
     Kube,
@@ -16,11 +22,20 @@ from kube_fixtures import (
     node,
     now,
 )
+from kubernetes import client
 from support.mpi_operator import MpiOperator, discover_hosts, worker_name
+from support.waiting import wait_for
 
-from autoscaler.adapters.kube.kinds.mpi_operator import MAX_ANNOTATION, MIN_ANNOTATION
+from autoscaler.adapters.discovery.jobref import JobRef
+from autoscaler.adapters.discovery.scripts import OVERLAY_SCRIPT, script_path
+from autoscaler.adapters.discovery.sidecar import run_sidecar
+from autoscaler.adapters.kube.kinds.mpi_operator import MAX_ANNOTATION, MIN_ANNOTATION, MPI_JOBS
 from autoscaler.core import Action, Decision, Reason
-from autoscaler.signals import DRAINED_ANNOTATION, decode_drained
+from autoscaler.signals import (
+    ASSIGNED_ANNOTATION,
+    DRAINED_ANNOTATION,
+    decode_drained,
+)
 
 Obj = dict[str, Any]
 NTH_ITN = {"key": "aws-node-termination-handler/spot-itn", "value": "e", "effect": "NoSchedule"}
@@ -157,8 +172,12 @@ def test_a_doomed_worker_in_the_middle_is_drained_never_replaced_by_a_healthy_on
     kube.server.seed(node("c", gpus=1))
     mpi.run_pending("c")
     mpi.step()
-    for _ in range(3):
+    # the next passes, once the cache has seen it Running on c
+    def shown_again() -> bool:
         rec.tick(now())
+        return drained(kube) == frozenset()
+
+    wait_for(shown_again, what="the undrain")
     assert drained(kube) == frozenset() and replicas(kube) == 3
 
 
@@ -199,3 +218,64 @@ def test_with_the_launcher_as_a_worker_a_scale_in_is_refused(
                    pods=("hvd-worker-2",))
     actuator.apply(top, now())
     assert replicas(kube) == 3
+
+
+# --- the shipped example: the launcher's side, against the emulator ------------------------------
+EXAMPLE = Path(__file__).resolve().parents[1] / "deploy" / "mpijob-example.yaml"
+
+
+def test_the_example_job_is_accepted_and_keeps_its_native_sidecar(kube: Kube) -> None:
+    kube.server.install_crd("kubeflow.org_mpijobs.yaml")
+    docs = [d for d in yaml.safe_load_all(EXAMPLE.read_text()) if d]
+    (job,) = [d for d in docs if d["kind"] == "MPIJob"]
+    made = client.CustomObjectsApi(kube.server.api_client()).create_namespaced_custom_object(
+        "kubeflow.org", "v2beta1", "default", "mpijobs", job)
+    launcher = made["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
+    sidecar = next(c for c in launcher["initContainers"] if c["name"] == "discovery-sidecar")
+    assert sidecar["restartPolicy"] == "Always"  # not pruned, unlike et-operator's schema
+    env = {e["name"]: e.get("value") for e in launcher["containers"][0]["env"]}
+    assert env["SPOT_SLOTS"] == str(job["spec"]["slotsPerWorker"])
+    assert f"--slots {env['SPOT_SLOTS']}" in launcher["containers"][0]["args"][0]
+    (role,) = [d for d in docs if d["kind"] == "Role"]
+    granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"]
+               for r in rule["resources"] for v in rule["verbs"]}
+    assert {("kubeflow.org", "mpijobs", v) for v in ("list", "watch", "patch")} <= granted
+
+
+def test_the_launcher_hides_a_drained_worker_from_the_operators_discovery(
+    kube: Kube, mpi: MpiOperator, tmp_path: Path
+) -> None:
+    """Daemon annotation -> sidecar -> drain file -> our script over the operator's script."""
+    kube.server.seed(node("a"))
+    running(kube, mpi, mpi_job(replicas=3), on="a")
+    base = tmp_path / "discover_hosts.sh"
+    base.write_text(mpi.script("hvd"))
+    stop = threading.Event()
+    job = JobRef(NS, "hvd", MPI_JOBS)
+    sidecar = threading.Thread(target=run_sidecar, daemon=True, kwargs={
+        "api": kube.server.api_client(), "job": job, "drain_path": tmp_path / "drained-hosts",
+        "assigned_path": tmp_path / "assigned-hosts", "exit_with": None,
+        "watch_timeout": timedelta(seconds=30), "backoff_max": timedelta(seconds=0.2),
+        "stop": stop, "poll": 0.02})
+    sidecar.start()
+    try:
+        kube.server.patch("mpijobs", "hvd", {"metadata": {"annotations": {
+            DRAINED_ANNOTATION: '["hvd-worker-1"]'}}}, NS)
+        wait_for(lambda: (tmp_path / "drained-hosts").exists()
+                 and "hvd-worker-1" in (tmp_path / "drained-hosts").read_text(),
+                 what="the drain file")
+        env = {"PATH": os.environ["PATH"], "SPOT_BASE_SCRIPT": str(base),
+               "SPOT_DRAIN_FILE": str(tmp_path / "drained-hosts"),
+               "SPOT_CACHE_FILE": str(tmp_path / "last-hosts"),
+               "SPOT_ASSIGNED_FILE": str(tmp_path / "assigned-hosts"),
+               "SPOT_PROC_DIR": str(tmp_path / "no-proc")}
+        out = subprocess.run(["sh", str(script_path(OVERLAY_SCRIPT))], env=env,
+                             capture_output=True, text=True, timeout=10, check=True).stdout
+        assert out == "hvd-worker-0.hvd.ml.svc:1\nhvd-worker-2.hvd.ml.svc:1\n"
+        # what Horovod runs on, published by pod name (as the daemon names hosts)
+        (tmp_path / "assigned-hosts").write_text("hvd-worker-0.hvd.ml.svc\n")
+        wait_for(lambda: (kube.server.get("mpijobs", "hvd", NS)["metadata"]["annotations"]
+                          .get(ASSIGNED_ANNOTATION)) == '["hvd-worker-0"]',
+                 what="the assigned hosts published")
+    finally:
+        stop.set()
