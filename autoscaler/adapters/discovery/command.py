@@ -12,7 +12,8 @@ from kubernetes.config import ConfigException
 from pydantic import ValidationError
 
 from autoscaler.adapters.discovery.scripts import install_scripts
-from autoscaler.adapters.discovery.sidecar import ContainerRef, JobRef, api_client, run_sidecar
+from autoscaler.adapters.discovery.sidecar import ContainerRef, JobRef, run_sidecar
+from autoscaler.adapters.kube.client import api_client
 from autoscaler.adapters.kube.kinds import KINDS
 from autoscaler.config.discovery import DiscoverySettings
 from autoscaler.core.policy import parse_duration

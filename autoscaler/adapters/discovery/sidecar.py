@@ -19,7 +19,7 @@ from functools import partial
 from pathlib import Path
 
 import structlog
-from kubernetes import client, config
+from kubernetes import client
 
 from autoscaler.adapters.discovery.assigned import AssignedPublisher
 from autoscaler.adapters.discovery.drainfile import write_drain_file
@@ -28,20 +28,11 @@ from autoscaler.adapters.discovery.podexit import ContainerExit, ContainerRef
 from autoscaler.adapters.discovery.watch import Obj, ObjectWatch
 from autoscaler.signals import DRAINED_ANNOTATION, decode_drained
 
-__all__ = ["ContainerRef", "DrainSidecar", "JobRef", "api_client", "run_sidecar"]
+__all__ = ["ContainerRef", "DrainSidecar", "JobRef", "run_sidecar"]
 
 POLL_SECONDS = 1.0  # the assigned-hosts file changes at most once per discovery call (~1 s)
 
 log = structlog.get_logger("autoscaler.discovery.sidecar")
-
-
-def api_client(kubeconfig: str | None) -> client.ApiClient:
-    """In-cluster credentials (the launcher's service account) unless a kubeconfig is given."""
-    if kubeconfig:
-        return config.new_client_from_config(config_file=kubeconfig)
-    configuration = client.Configuration()
-    config.load_incluster_config(client_configuration=configuration)
-    return client.ApiClient(configuration)
 
 
 class DrainSidecar:
