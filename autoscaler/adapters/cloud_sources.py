@@ -25,6 +25,16 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+class Source(Protocol):
+    """A notice source or price feed: runs until `stop` is set (the daemon's supervisor restarts
+    it with a back-off if it raises)."""
+
+    def run(self, stop: threading.Event) -> None: ...
+
+
+NamedSource = tuple[str, Source]  # the name is the errors_total component label, e.g. "aws-sqs"
+
+
 class NodeIndex(Protocol):
     """Which Kubernetes node runs a cloud instance (the observer reads it from spec.providerID)."""
 

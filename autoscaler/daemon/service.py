@@ -16,6 +16,7 @@ from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from autoscaler.adapters.cloud_sources import NamedSource
 from autoscaler.config import Config
 from autoscaler.daemon.endpoints import Endpoints
 from autoscaler.daemon.instrument import GuardedActuator, MeasuredObserver, NoticeTracker
@@ -23,7 +24,7 @@ from autoscaler.daemon.leader import AlwaysLeader, LeaderElector, LeaderLock, Le
 from autoscaler.daemon.loop import ReconcileLoop, WakeSignal
 from autoscaler.daemon.metrics import Metrics
 from autoscaler.daemon.reload import ConfigReloader
-from autoscaler.daemon.supervise import NamedSource, Supervisor
+from autoscaler.daemon.supervise import Supervisor
 from autoscaler.fencing import Fence
 from autoscaler.reconcile import Actuator, Observer, Reconciler
 

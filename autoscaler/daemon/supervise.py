@@ -5,14 +5,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
-
-class Source(Protocol):
-    def run(self, stop: threading.Event) -> None: ...
-
-
-NamedSource = tuple[str, Source]  # the name is the errors_total component label, e.g. "aws-sqs"
+from autoscaler.adapters.cloud_sources import NamedSource, Source
 
 
 class Supervisor:

@@ -13,8 +13,7 @@ from autoscaler.adapters.alibaba.nodes import EcsNodes
 from autoscaler.adapters.alibaba.prices import ecs_spot_prices
 from autoscaler.adapters.alibaba.recycling import RecyclingPoller
 from autoscaler.adapters.alibaba.webhook import CloudMonitorWebhook
-from autoscaler.adapters.aws.setup import Runnable
-from autoscaler.adapters.cloud_sources import NodeIndex, SpotPriceFeed
+from autoscaler.adapters.cloud_sources import NamedSource, NodeIndex, SpotPriceFeed
 from autoscaler.config.cloud import AlibabaSettings
 from autoscaler.signals import NoticeBoard, PriceBook, Wake
 
@@ -27,7 +26,7 @@ def alibaba_sources(
     index: NodeIndex,
     instance_types: Callable[[], Iterable[str]],
     client: AcsClient | None = None,
-) -> list[tuple[str, Runnable]]:
+) -> list[NamedSource]:
     """(name, source) pairs; [] when `alibaba.enabled` is false. `client` is for tests."""
     if not settings.enabled:
         return []
@@ -35,7 +34,7 @@ def alibaba_sources(
     # One name table for all three: the CloudMonitor sources reuse the IPs the poller learns.
     nodes = EcsNodes(index, settings.region or "")
     poller = RecyclingPoller(client, board, wake, nodes, interval=settings.poll_interval)
-    out: list[tuple[str, Runnable]] = [("alibaba-ecs", poller)]
+    out: list[NamedSource] = [("alibaba-ecs", poller)]
     monitor = settings.cloudmonitor
     if monitor.enabled:
         out.append(("alibaba-cloudmonitor", CloudMonitorPoller(

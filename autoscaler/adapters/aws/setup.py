@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import Any
 
 from autoscaler.adapters.aws.clients import aws_clients
 from autoscaler.adapters.aws.nodes import Ec2Nodes
 from autoscaler.adapters.aws.prices import ec2_spot_prices
 from autoscaler.adapters.aws.queue import SOURCE, SqsNoticeSource
-from autoscaler.adapters.cloud_sources import NodeIndex, SpotPriceFeed
+from autoscaler.adapters.cloud_sources import NamedSource, NodeIndex, SpotPriceFeed
 from autoscaler.config.cloud import AwsSettings
 from autoscaler.signals import NoticeBoard, PriceBook, Wake
-
-
-class Runnable(Protocol):
-    def run(self, stop: threading.Event) -> None: ...
 
 
 def aws_sources(
@@ -27,12 +22,12 @@ def aws_sources(
     index: NodeIndex,
     instance_types: Callable[[], Iterable[str]],
     clients: tuple[Any, Any] | None = None,
-) -> list[tuple[str, Runnable]]:
+) -> list[NamedSource]:
     """(name, source) pairs; [] when `aws.enabled` is false. `clients` = (sqs, ec2) for tests."""
     if not settings.enabled:
         return []
     sqs, ec2 = clients or aws_clients(settings)
-    out: list[tuple[str, Runnable]] = []
+    out: list[NamedSource] = []
     if settings.queue_url:
         out.append((SOURCE, SqsNoticeSource(
             sqs, settings.queue_url, board, wake, Ec2Nodes(ec2, index),
