@@ -31,8 +31,6 @@ from autoscaler.signals import (
     encode_drained,
 )
 
-pytest_plugins = ["support.fixtures"]  # kube_api
-
 NS, JOB = "default", "bert"
 LIST_PATH = f"/apis/kai.alibabacloud.com/v1alpha1/namespaces/{NS}/trainingjobs"
 JOB_PATH = f"{LIST_PATH}/{JOB}"

@@ -11,7 +11,6 @@ import pytest
 from kube_fixtures import (
     NS,
     Kube,
-    kube_fixture,  # noqa: F401  (the `kube` fixture)
     node,
     now,
     pod,

@@ -15,8 +15,6 @@ from kubernetes.client.rest import ApiException
 from support.et_operator import KUBEXEC_ATTACH, SSH_ATTACH, EtOperator, OperatorPanic
 from support.kube_api import KubeApiServer
 
-pytest_plugins = ["support.fixtures"]  # kube_api, kube_client
-
 NS = "default"
 KAI = ("kai.alibabacloud.com", "v1alpha1")
 T0 = datetime(2025, 3, 1, 8, 0, 0, tzinfo=UTC)

@@ -16,8 +16,6 @@ from kubernetes import client, config, dynamic, watch
 from kubernetes.client.rest import ApiException
 from support.kube_api import KubeApiServer
 
-pytest_plugins = ["support.fixtures"]  # kube_api, kube_client
-
 KAI = ("kai.alibabacloud.com", "v1alpha1")
 NS = "default"
 

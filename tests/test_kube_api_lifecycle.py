@@ -13,8 +13,6 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from support.kube_api import KubeApiServer
 
-pytest_plugins = ["support.fixtures"]  # kube_api, kube_client
-
 NS = "default"
 KAI = ("kai.alibabacloud.com", "v1alpha1")
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 from kube_fixtures import (
     NS,
     Kube,
-    kube_fixture,  # noqa: F401  (the `kube` fixture)
     node,
     now,
     pod,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from kube_fixtures import (
     Kube,
-    kube_fixture,  # noqa: F401  (the `kube` fixture)
     node,
     now,
     training_job,

@@ -14,7 +14,6 @@ from kube_fixtures import (
     NS,
     Kube,
     ai_training_job,
-    kube_fixture,  # noqa: F401  (the `kube` fixture)
     scaler,
     training_job,
 )

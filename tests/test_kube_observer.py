@@ -14,7 +14,6 @@ from kube_fixtures import (
     Kube,
     ai_training_job,
     container,
-    kube_fixture,  # noqa: F401  (the `kube` fixture)
     node,
     now,
     pod,

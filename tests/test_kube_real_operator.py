@@ -15,7 +15,6 @@ from kube_fixtures import (
     NS,
     Kube,
     ai_training_job,
-    kube_fixture,  # noqa: F401  (the `kube` fixture)
     node,
     now,
     scaler,

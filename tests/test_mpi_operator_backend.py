@@ -18,7 +18,6 @@ from kube_fixtures import (
     NS,
     Kube,
     container,
-    kube_fixture,  # noqa: F401  (the `kube` fixture)
     node,
     now,
 )

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 from kubernetes.client import ApiClient
-from support.fixtures import kube_api, kube_client  # noqa: F401 - pytest fixtures
 from support.http import serving
 from support.kube_api import KubeApiServer
 
