@@ -8,7 +8,6 @@ victims in `scaleInpods`, so the operator removes those pods rather than any.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
 from typing import TYPE_CHECKING
 
 import structlog
@@ -21,8 +20,7 @@ from autoscaler.adapters.kube.kinds.base import (
     count,
     status_phase,
 )
-from autoscaler.adapters.kube.outcomes import already_done, refuse, summary
-from autoscaler.adapters.kube.pods import pod_alive
+from autoscaler.adapters.kube.kinds.replicas import ReplicasActuator
 from autoscaler.adapters.kube.resources import AI_TRAINING_JOBS, Obj, key_of
 from autoscaler.core.model import Decision, Scaler, ScalerKind, Worker
 
@@ -36,49 +34,25 @@ log = structlog.get_logger()
 WORKER_REPLICA = "trainer"
 
 
-class CceActuator:
-    def __init__(self, objects: ObjectApi, cache: KubeCache, recorder: EventRecorder) -> None:
-        self._objects = objects
-        self._cache = cache
-        self._recorder = recorder
+class CceActuator(ReplicasActuator):
+    """A scale-in also names its victims in `scaleInpods`: the operator removes those pods."""
 
-    def scale_out(self, job: Obj, decision: Decision, now: datetime) -> None:
-        self._patch(job, decision, (), now)
+    resource = AI_TRAINING_JOBS
+    replicas_name = "trainer replicas"
 
-    def scale_in(self, job: Obj, decision: Decision, now: datetime) -> None:
-        namespace = job["metadata"]["namespace"]
-        victims = tuple(p for p in decision.pods if pod_alive(self._cache, namespace, p))
-        if not victims:  # a pod already gone or going needs no scale-in (and names nobody)
-            refuse(decision, "no_live_victims", pods=list(decision.pods))
-            return
-        self._patch(job, decision, victims, now)
+    def phase(self, job: Obj) -> str:
+        return status_phase(job)  # Scaling: the previous change is still under way
 
-    def _patch(self, job: Obj, decision: Decision, victims: tuple[str, ...], now: datetime) -> None:
-        meta = job["metadata"]
+    def done(self, job: Obj, decision: Decision, victims: tuple[str, ...]) -> bool:
         current = _worker_spec(job)
         same_victims = not victims or current.scale_in_pods == victims
-        if current.replicas == decision.to_workers and same_victims:
-            already_done(decision, meta["name"])
-            return
-        if status_phase(job) != "Running":  # Scaling: the previous change is still under way
-            refuse(decision, "job_not_running", phase=status_phase(job))
-            return
+        return current.replicas == decision.to_workers and same_victims
+
+    def patch(self, job: Obj, decision: Decision, victims: tuple[str, ...]) -> Obj | None:
         # the operator never clears scaleInpods: a scale-out clears it, so old victims named
         # there cannot be taken for the next scale-in's
         trainer: Obj = {"replicas": decision.to_workers, "scaleInpods": list(victims) or None}
-        patch = {"spec": {"replicaSpecs": {WORKER_REPLICA: trainer}}}
-        namespace, name = meta["namespace"], meta["name"]
-        patched = self._objects.merge_patch(AI_TRAINING_JOBS, namespace, name, patch)
-        self._cache.assume(AI_TRAINING_JOBS, patched)
-        what = f"remove {', '.join(victims)}" if victims else f"add {decision.count} worker(s)"
-        reason = "ScaleInRequested" if victims else "ScaleOutRequested"
-        message = f"trainer replicas {decision.to_workers}: {what}, {summary(decision)}"
-        self._recorder.record(patched, reason, message, now)
-        log.info("replicas_patched", job=decision.job, replicas=decision.to_workers,
-                 pods=list(victims))
-
-    def cancel(self, job: Obj, decision: Decision, now: datetime) -> None:
-        refuse(decision, "nothing_to_cancel")  # no scaler objects: a patch is never queued
+        return {"spec": {"replicaSpecs": {WORKER_REPLICA: trainer}}}
 
 
 # --- reading AITrainingJobs and their trainers ---------------------------------------------------

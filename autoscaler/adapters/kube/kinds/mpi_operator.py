@@ -22,14 +22,15 @@ The MPIJob has no min/max: they come from annotations (`spot-autoscaler.io/min-w
 
 from __future__ import annotations
 
-from datetime import datetime
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import structlog
 
 from autoscaler.adapters.kube.kinds.base import JobContext, JobInputs, JobKind, ReplicaSpec, count
-from autoscaler.adapters.kube.outcomes import already_done, refuse, summary
-from autoscaler.adapters.kube.pods import name_index, pod_alive
+from autoscaler.adapters.kube.kinds.replicas import ReplicasActuator
+from autoscaler.adapters.kube.outcomes import refuse
+from autoscaler.adapters.kube.pods import name_index
 from autoscaler.adapters.kube.resources import Obj, Resource, annotations_of, key_of
 from autoscaler.core.model import Decision, Scaler, ScalerKind, Worker
 
@@ -51,65 +52,43 @@ _FINISHED = frozenset({"Succeeded", "Failed"})
 _STATES = ("Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
 
 
-class MpiJobActuator:
-    """A decision becomes a merge patch of the worker replicas, with the resourceVersion it was
-    decided on: a patch on a job that changed meanwhile gets 409 and the next pass decides again."""
+class MpiJobActuator(ReplicasActuator):
+    """The patch carries the resourceVersion it was decided on: a job that changed meanwhile
+    gets 409 and the next pass decides again."""
 
-    def __init__(self, objects: ObjectApi, cache: KubeCache, recorder: EventRecorder) -> None:
-        self._objects = objects
-        self._cache = cache
-        self._recorder = recorder
+    resource = MPI_JOBS
+    replicas_name = "Worker replicas"
 
-    def scale_out(self, job: Obj, decision: Decision, now: datetime) -> None:
-        self._patch(job, decision, (), now)
+    def phase(self, job: Obj) -> str:
+        return _phase(job)
 
-    def scale_in(self, job: Obj, decision: Decision, now: datetime) -> None:
-        namespace = job["metadata"]["namespace"]
-        victims = tuple(p for p in decision.pods if pod_alive(self._cache, namespace, p))
-        if not victims:
-            refuse(decision, "no_live_victims", pods=list(decision.pods))
-            return
+    def done(self, job: Obj, decision: Decision, victims: tuple[str, ...]) -> bool:
+        return _worker_spec(job).replicas == decision.to_workers
+
+    def removable(self, job: Obj, decision: Decision, victims: Sequence[str]) -> bool:
         if (job.get("spec") or {}).get("runLauncherAsWorker"):
             # the index label is then i + 1 (`workerReplicaIndexLabel`) but getOrCreateWorker
             # compares it with replicas: worker replicas-1 would go too (and come back at once)
             refuse(decision, "launcher_as_worker", pods=list(victims))
-            return
+            return False
         # the operator deletes indices >= replicas: the victims must be exactly those
         replicas = _worker_spec(job).replicas or 0
         top = {f"{job['metadata']['name']}-worker-{i}"
                for i in range(replicas - len(victims), replicas)}
         if set(victims) != top:
             refuse(decision, "not_highest_indices", pods=list(victims), replicas=replicas)
-            return
-        self._patch(job, decision, victims, now)
+            return False
+        return True
 
-    def cancel(self, job: Obj, decision: Decision, now: datetime) -> None:
-        refuse(decision, "nothing_to_cancel")  # no scaler objects: a patch is never queued
-
-    def _patch(self, job: Obj, decision: Decision, victims: tuple[str, ...], now: datetime) -> None:
-        meta = job["metadata"]
+    def patch(self, job: Obj, decision: Decision, victims: tuple[str, ...]) -> Obj | None:
         replicas = _worker_spec(job).replicas
-        if replicas == decision.to_workers:
-            already_done(decision, meta["name"])
-            return
-        if _phase(job) != "Running":
-            refuse(decision, "job_not_running", phase=_phase(job))
-            return
         if replicas != decision.from_workers:  # decided on a view the job has moved on from
             refuse(decision, "replicas_changed", replicas=replicas)
-            return
-        patch = {
-            "metadata": {"resourceVersion": meta.get("resourceVersion")},
+            return None
+        return {
+            "metadata": {"resourceVersion": job["metadata"].get("resourceVersion")},
             "spec": {"mpiReplicaSpecs": {WORKER: {"replicas": decision.to_workers}}},
         }
-        patched = self._objects.merge_patch(MPI_JOBS, meta["namespace"], meta["name"], patch)
-        self._cache.assume(MPI_JOBS, patched)
-        what = f"remove {', '.join(victims)}" if victims else f"add {decision.count} worker(s)"
-        reason = "ScaleInRequested" if victims else "ScaleOutRequested"
-        message = f"Worker replicas {decision.to_workers}: {what}, {summary(decision)}"
-        self._recorder.record(patched, reason, message, now)
-        log.info("replicas_patched", job=decision.job, replicas=decision.to_workers,
-                 pods=list(victims))
 
 
 # --- reading MPIJobs and their workers ------------------------------------------------------------
