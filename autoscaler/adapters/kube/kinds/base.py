@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 
-from autoscaler.adapters.kube.resources import Obj, Resource
+from autoscaler.adapters.kube.resources import Obj, Resource, key_of
 from autoscaler.core.model import Decision, Scaler, Worker
 
 if TYPE_CHECKING:  # the kinds are imported by the cache: only types from there
@@ -68,6 +68,19 @@ class JobInputs:
     workers: tuple[Worker, ...]
     scalers: ScalerState | None  # scaler objects' history (kinds that have scaler objects)
     scaler: Scaler | None  # the scale in flight, if any
+
+
+def scaled_by_replicas(
+    in_flight: Callable[[Obj, tuple[Worker, ...]], Scaler | None],
+) -> Callable[[Obj, JobContext], JobInputs]:
+    """The inputs of a kind without scaler objects: its workers, and the scale in flight that
+    its job object and workers show."""
+
+    def inputs(job: Obj, ctx: JobContext) -> JobInputs:
+        workers = ctx.workers(key_of(job))
+        return JobInputs(workers, None, in_flight(job, workers))
+
+    return inputs
 
 
 class KindActuator(Protocol):

@@ -8,28 +8,17 @@ victims in `scaleInpods`, so the operator removes those pods rather than any.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
-import structlog
 
 from autoscaler.adapters.kube.kinds.base import (
-    JobContext,
-    JobInputs,
     JobKind,
     ReplicaSpec,
     count,
+    scaled_by_replicas,
     status_phase,
 )
 from autoscaler.adapters.kube.kinds.replicas import ReplicasActuator
-from autoscaler.adapters.kube.resources import AI_TRAINING_JOBS, Obj, key_of
+from autoscaler.adapters.kube.resources import AI_TRAINING_JOBS, Obj
 from autoscaler.core.model import Decision, Scaler, ScalerKind, Worker
-
-if TYPE_CHECKING:
-    from autoscaler.adapters.kube.cache import KubeCache
-    from autoscaler.adapters.kube.events import EventRecorder
-    from autoscaler.adapters.kube.objects import ObjectApi
-
-log = structlog.get_logger()
 
 WORKER_REPLICA = "trainer"
 
@@ -91,15 +80,6 @@ def in_flight(job: Obj, workers: Sequence[Worker]) -> Scaler | None:
     return Scaler(ScalerKind.SCALE_IN, name, pods=victims)
 
 
-def _inputs(job: Obj, ctx: JobContext) -> JobInputs:
-    workers = ctx.workers(key_of(job))
-    return JobInputs(workers, None, in_flight(job, workers))
-
-
-def _actuator(objects: ObjectApi, cache: KubeCache, recorder: EventRecorder) -> CceActuator:
-    return CceActuator(objects, cache, recorder)
-
-
 KIND = JobKind(
     backend="cce",
     jobs=AI_TRAINING_JOBS,
@@ -109,8 +89,8 @@ KIND = JobKind(
     # CCE reports its own words (Succeed, not Succeeded) and ends a job also on Timeout,
     # Preemption and node failure
     finished=frozenset({"Succeed", "Succeeded", "Failed", "Timeout", "Preempted", "NodeFail"}),
-    inputs=_inputs,
-    actuator=_actuator,
+    inputs=scaled_by_replicas(in_flight),
+    actuator=CceActuator,
     keep=is_elastic,
     # patch: spec.replicaSpecs.trainer.replicas / scaleInpods, and the drained-hosts annotation
     rbac={AI_TRAINING_JOBS: frozenset({"get", "list", "watch", "patch"})},

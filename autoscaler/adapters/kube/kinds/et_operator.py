@@ -300,10 +300,6 @@ def _inputs(job: Obj, ctx: JobContext) -> JobInputs:
     return JobInputs(workers, state, ctx.newest(key, state.in_flight))
 
 
-def _actuator(objects: ObjectApi, cache: KubeCache, recorder: EventRecorder) -> EtOperatorActuator:
-    return EtOperatorActuator(objects, cache, recorder)
-
-
 _READ = frozenset({"get", "list", "watch"})
 KIND = JobKind(
     backend="et-operator",
@@ -315,7 +311,7 @@ KIND = JobKind(
     # api/v1/types.go JobSucceeded/JobFailed
     finished=frozenset({"Succeeded", "Failed"}),
     inputs=_inputs,
-    actuator=_actuator,
+    actuator=EtOperatorActuator,
     next_index=next_worker_index,
     reuses_names=True,  # a ScaleOut after a ScaleIn gets the freed indices back
     guard_labels=lambda name: {JOB_LABEL: name, ROLE_LABEL: "worker"},

@@ -23,23 +23,13 @@ The MPIJob has no min/max: they come from annotations (`spot-autoscaler.io/min-w
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-import structlog
-
-from autoscaler.adapters.kube.kinds.base import JobContext, JobInputs, JobKind, ReplicaSpec, count
+from autoscaler.adapters.kube.kinds.base import JobKind, ReplicaSpec, count, scaled_by_replicas
 from autoscaler.adapters.kube.kinds.replicas import ReplicasActuator
 from autoscaler.adapters.kube.outcomes import refuse
 from autoscaler.adapters.kube.pods import name_index
-from autoscaler.adapters.kube.resources import Obj, Resource, annotations_of, key_of
+from autoscaler.adapters.kube.resources import Obj, Resource, annotations_of
 from autoscaler.core.model import Decision, Scaler, ScalerKind, Worker
-
-if TYPE_CHECKING:
-    from autoscaler.adapters.kube.cache import KubeCache
-    from autoscaler.adapters.kube.events import EventRecorder
-    from autoscaler.adapters.kube.objects import ObjectApi
-
-log = structlog.get_logger()
 
 MPI_JOBS = Resource("MPIJob", "kubeflow.org", "v2beta1", "mpijobs", True)
 JOB_LABEL = "training.kubeflow.org/job-name"
@@ -133,15 +123,6 @@ def in_flight(job: Obj, workers: tuple[Worker, ...]) -> Scaler | None:
     return Scaler(ScalerKind.SCALE_IN, name, pods=going) if going else None
 
 
-def _inputs(job: Obj, ctx: JobContext) -> JobInputs:
-    workers = ctx.workers(key_of(job))
-    return JobInputs(workers, None, in_flight(job, workers))
-
-
-def _actuator(objects: ObjectApi, cache: KubeCache, recorder: EventRecorder) -> MpiJobActuator:
-    return MpiJobActuator(objects, cache, recorder)
-
-
 KIND = JobKind(
     backend="mpi-operator",
     jobs=MPI_JOBS,
@@ -149,8 +130,8 @@ KIND = JobKind(
     worker_spec=_worker_spec,
     phase=_phase,
     finished=_FINISHED,
-    inputs=_inputs,
-    actuator=_actuator,
+    inputs=scaled_by_replicas(in_flight),
+    actuator=MpiJobActuator,
     next_index=_next_index,
     reuses_names=True,
     # patch: spec.mpiReplicaSpecs.Worker.replicas, and the drained-hosts annotation
