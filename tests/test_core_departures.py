@@ -218,3 +218,29 @@ def test_hosts_that_joined_together_are_survivors_for_each_other() -> None:
     ds = run(snapshot([node("a"), node("b")], [j], [notice("a")]))
     assert only(ds, Action.DRAIN)[0].hosts == ("bert-worker-0",)
     assert Reason.LAST_HOST_KEPT not in only(ds, Action.DRAIN)[0].tags
+
+
+# --- operators that remove the highest indices (mpi-operator) -----------------------------------
+def test_a_doomed_worker_below_the_top_is_drained_but_never_scaled_in() -> None:
+    j = job(placement=["a", "b", "c"], removes_highest_first=True)
+    ds = run(snapshot([node("a"), node("b"), node("c")], [j], [notice("b")]))
+    assert only(ds, Action.DRAIN)[0].hosts == ("bert-worker-1",)
+    assert not only(ds, Action.SCALE_IN)  # lowering replicas would remove bert-worker-2
+
+
+def test_only_the_doomed_workers_at_the_top_are_scaled_in() -> None:
+    j = job(placement=["a", "b", "c", "c"], removes_highest_first=True)
+    ds = run(snapshot([node("a"), node("b"), node("c")], [j], [notice("a"), notice("c", nid="e2")]))
+    assert only(ds, Action.DRAIN)[0].pods == ("bert-worker-0", "bert-worker-2", "bert-worker-3")
+    [scale_in] = only(ds, Action.SCALE_IN)
+    assert scale_in.pods == ("bert-worker-2", "bert-worker-3") and scale_in.to_workers == 2
+
+
+def test_clamp_max_takes_the_highest_indices_when_the_operator_removes_those() -> None:
+    # the usual order shrinks by pending pods first (bert-worker-0 here): not for this operator
+    plain = job(hi=2, placement=["a", "b", "c"])
+    plain = replace(plain, workers=(replace(plain.workers[0], pending=True), *plain.workers[1:]))
+    nodes = [node("a", gpus=1), node("b", gpus=1), node("c", gpus=1)]
+    assert only(run(snapshot(nodes, [plain])), Action.SCALE_IN)[0].pods == ("bert-worker-0",)
+    top = replace(plain, removes_highest_first=True)
+    assert only(run(snapshot(nodes, [top])), Action.SCALE_IN)[0].pods == ("bert-worker-2",)

@@ -161,7 +161,8 @@ def test_a_doomed_worker_in_the_middle_is_drained_never_replaced_by_a_healthy_on
     mpi.step()
     kube.server.patch("nodes", "b", {"spec": {"taints": [NTH_ITN]}})
     rec = kube.reconciler()
-    rec.tick(now())
+    actions = {d.action for d in rec.tick(now())}
+    assert Action.DRAIN in actions and Action.SCALE_IN not in actions  # the core knows
     assert drained(kube) == {"hvd-worker-1"} and replicas(kube) == 3
 
     kube.server.delete("pods", "hvd-worker-1", NS)  # the reclaim

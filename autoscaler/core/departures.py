@@ -103,9 +103,7 @@ def plan_departures(
             )
         )
     out.blocks_scale_out = reason
-    # a pod already being deleted leaves by itself; naming it could leave a ScaleIn whose pods
-    # are all gone by the time et-operator reads it (see _cancel)
-    victims = tuple(w.pod for w in leaving if not w.terminating)
+    victims = _removable(job, leaving)
     if not victims:
         return out
     deferred = _scale_in_deferred(job, policy, victims, now)
@@ -144,6 +142,22 @@ def plan_departures(
     return out
 
 
+def _removable(job: Job, leaving: tuple[Worker, ...]) -> tuple[str, ...]:
+    """The leaving pods a scale-in removes. A pod already being deleted leaves by itself; naming
+    it could leave a ScaleIn whose pods are all gone by the time et-operator reads it (see
+    _cancel). A job whose operator removes the highest indices can lose only the leaving pods
+    at the top; the others are drained and die with their nodes."""
+    going = {w.pod for w in leaving if not w.terminating}
+    if not job.removes_highest_first:
+        return tuple(w.pod for w in leaving if w.pod in going)
+    top: list[str] = []
+    for w in sorted((w for w in job.workers if not w.terminating), key=lambda w: -w.index):
+        if w.pod not in going:
+            break
+        top.append(w.pod)
+    return tuple(reversed(top))
+
+
 def _leaving_with_reasons(
     job: Job, risk: NodeRisk, nodes: Mapping[str, GpuNode], lo: int, hi: int
 ) -> tuple[dict[str, Reason], bool]:
@@ -167,7 +181,11 @@ def _leaving_with_reasons(
     excess = len(job.workers) - len(why) - hi
     if excess > 0:
         rest = [w for w in job.workers if w.pod not in why]
-        for w in sorted(rest, key=lambda w: _clamp_victim_order(w, risk, nodes))[:excess]:
+        if job.removes_highest_first:  # the only ones its operator can remove
+            rest.sort(key=lambda w: -w.index)
+        else:
+            rest.sort(key=lambda w: _clamp_victim_order(w, risk, nodes))
+        for w in rest[:excess]:
             why[w.pod] = Reason.CLAMP_MAX
     return why, held_at_min
 

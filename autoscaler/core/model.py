@@ -142,6 +142,9 @@ class Job:
     # new workers may get the names of removed ones (et-operator and mpi-operator reuse indices):
     # a name Horovod saw fail stays blacklisted in the running job
     reuses_names: bool = False
+    # its operator removes the highest indices when replicas drop (mpi-operator): a scale-in
+    # cannot name a victim, so only doomed workers at the top can be scaled in
+    removes_highest_first: bool = False
     workers: tuple[Worker, ...] = ()
     running: bool = True  # phase allows scalers (et-operator runs them only while Running)
     scaler: Scaler | None = None  # the outstanding scaler, if any

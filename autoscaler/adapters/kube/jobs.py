@@ -81,4 +81,5 @@ def build_job(
         assigned_hosts=decode_assigned(annotations_of(job).get(ASSIGNED_ANNOTATION)),
         next_index=kind.next_index(job),
         reuses_names=kind.reuses_names,
+        removes_highest_first=kind.removes_highest_first,
     )

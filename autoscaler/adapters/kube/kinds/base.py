@@ -121,6 +121,7 @@ class JobKind:
     keep: Callable[[Obj], bool] = _every  # which objects of `jobs` are elastic jobs at all
     next_index: Callable[[Obj], int | None] = _no_index  # the index of the next worker made
     reuses_names: bool = False  # a new worker may get a removed one's name (Horovod blacklists)
+    removes_highest_first: bool = False  # lowering replicas removes the top indices, no victims
     # job name -> the labels of its worker pods, for a PodDisruptionBudget over them (guard.py);
     # None: evictions are not held for this kind
     guard_labels: Callable[[str], dict[str, str]] | None = None

@@ -134,6 +134,7 @@ KIND = JobKind(
     actuator=MpiJobActuator,
     next_index=_next_index,
     reuses_names=True,
+    removes_highest_first=True,
     # patch: spec.mpiReplicaSpecs.Worker.replicas, and the drained-hosts annotation
     rbac={MPI_JOBS: frozenset({"get", "list", "watch", "patch"})},
     docs="patches `spec.mpiReplicaSpecs.Worker.replicas`; a scale-in removes the highest indices",
