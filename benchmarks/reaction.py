@@ -42,7 +42,7 @@ import boto3  # noqa: E402
 from kubernetes import client, watch  # noqa: E402
 from moto.server import ThreadedMotoServer  # noqa: E402
 
-from autoscaler.signals import DRAINED_ANNOTATION, decode_drained  # noqa: E402
+from autoscaler.annotations import DRAINED_ANNOTATION, decode_drained  # noqa: E402
 from tests.support.kube_api import KubeApiServer  # noqa: E402
 
 REGION, NS, GROUP, VERSION = "us-east-1", "ml", "kai.alibabacloud.com", "v1alpha1"

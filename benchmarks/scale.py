@@ -296,8 +296,8 @@ def measure_kube(nodes: int, jobs: int, repeat: int, config: Any, out: dict[str,
 
     from autoscaler.adapters.kube import DryRunActuator, KubeCache, KubeObserver
     from autoscaler.adapters.kube.resources import NODES, PODS, TRAINING_JOBS
+    from autoscaler.boards import NoticeBoard, PriceBook
     from autoscaler.reconcile import Reconciler
-    from autoscaler.signals import NoticeBoard, PriceBook
 
     gc.collect()
     before = current_rss_mb()
@@ -349,9 +349,9 @@ def churn(cache: Any, every: int = 100) -> Callable[[], None]:
 # --- API requests in steady state -----------------------------------------------------------
 def measure_api(nodes: int, jobs: int, window: float, watch_timeout: float) -> dict[str, Any]:
     from autoscaler.adapters.kube import DryRunActuator, KubeCache, KubeObserver
+    from autoscaler.boards import NoticeBoard, PriceBook
     from autoscaler.config import Config
     from autoscaler.reconcile import Reconciler
-    from autoscaler.signals import NoticeBoard, PriceBook
     from tests.support.kube_api import KubeApiServer
 
     config = Config.model_validate({"kubernetes": {"watch_timeout": watch_timeout}})

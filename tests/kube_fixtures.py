@@ -15,11 +15,11 @@ from support.kube_api import KubeApiServer
 
 from autoscaler.adapters.kube import EventRecorder, KubeActuator, KubeCache, KubeObserver
 from autoscaler.adapters.kube.rejects import Rejections
+from autoscaler.boards import NoticeBoard, PriceBook
 from autoscaler.config import Config, Prices
 from autoscaler.config.kubernetes import KubernetesSettings
 from autoscaler.core.policy import Policy, ScaleOutRules
 from autoscaler.reconcile import Reconciler
-from autoscaler.signals import NoticeBoard, PriceBook
 
 Obj = dict[str, Any]
 NS = "ml"

@@ -42,9 +42,9 @@ from autoscaler.adapters.alibaba.recycling import RecyclingPoller
 from autoscaler.adapters.alibaba.setup import alibaba_sources
 from autoscaler.adapters.alibaba.webhook import CloudMonitorWebhook
 from autoscaler.adapters.cloud_sources import SpotPriceFeed
+from autoscaler.boards import NoticeBoard, PriceBook
 from autoscaler.config.cloud import AlibabaSettings
 from autoscaler.core import Action, CapacityType, GpuNode, NoticeKind, decide
-from autoscaler.signals import NoticeBoard, PriceBook
 
 REGION = "cn-hangzhou"
 KEY_ID, SECRET = "LTAI5tTestKeyId0000000000", "test-secret-do-not-log"
@@ -382,7 +382,7 @@ def test_the_default_chain_signs_with_env_keys_and_never_logs_them(ali: FakeAlib
         "from autoscaler.adapters.alibaba.recycling import RecyclingPoller;"
         "from autoscaler.adapters.alibaba.nodes import EcsNodes;"
         "from autoscaler.config.cloud import AlibabaSettings;"
-        "from autoscaler.signals import NoticeBoard;"
+        "from autoscaler.boards import NoticeBoard;"
         f"s = AlibabaSettings(enabled=True, region='{REGION}', ecs_endpoint='{ali.url}');"
         "idx = type('I', (), {'node_for_instance': lambda self, i: 'gpu-a'})();"
         "p = RecyclingPoller(make_client(s), NoticeBoard(), print, EcsNodes(idx, s.region));"

@@ -28,9 +28,9 @@ from autoscaler.adapters.aws.queue import SqsNoticeSource
 from autoscaler.adapters.aws.setup import aws_sources
 from autoscaler.adapters.cloud_sources import SpotPriceFeed
 from autoscaler.adapters.polling import Backoff, run_every
+from autoscaler.boards import NoticeBoard, PriceBook
 from autoscaler.config.cloud import AwsSettings
 from autoscaler.core import Action, CapacityType, GpuNode, NoticeKind, Reason, decide
-from autoscaler.signals import NoticeBoard, PriceBook
 
 REGION = "us-east-1"
 GPU_TYPE = "g5.xlarge"  # moto knows its offerings in us-east-1 (p3 it does not)

@@ -24,7 +24,7 @@ from support.waiting import seconds_until, wait_for
 
 from autoscaler.adapters.discovery.sidecar import ContainerRef, DrainSidecar, JobRef, run_sidecar
 from autoscaler.adapters.discovery.watch import ObjectWatch
-from autoscaler.signals import (
+from autoscaler.annotations import (
     ASSIGNED_ANNOTATION,
     DRAINED_ANNOTATION,
     decode_assigned,

@@ -21,8 +21,13 @@ from kube_fixtures import (
 )
 from support.waiting import wait_for
 
+from autoscaler.annotations import (
+    DRAINED_ANNOTATION,
+    NOTICE_ANNOTATION,
+    decode_drained,
+    decode_notice,
+)
 from autoscaler.core import Action, Decision, Notice, NoticeKind, Reason
-from autoscaler.signals import DRAINED_ANNOTATION, NOTICE_ANNOTATION, decode_drained, decode_notice
 
 NTH_ITN = {"key": "aws-node-termination-handler/spot-itn", "value": "evt-9", "effect": "NoSchedule"}
 

@@ -12,8 +12,8 @@ from kube_fixtures import (
 )
 from support.waiting import wait_for
 
+from autoscaler.annotations import NOTICE_ANNOTATION, decode_notice
 from autoscaler.core import Action, Notice, NoticeKind
-from autoscaler.signals import NOTICE_ANNOTATION, decode_notice
 
 NTH_ITN = {"key": "aws-node-termination-handler/spot-itn", "value": "evt-9", "effect": "NoSchedule"}
 

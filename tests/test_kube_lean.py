@@ -38,10 +38,11 @@ from autoscaler.adapters.kube.resources import (
     key_of,
 )
 from autoscaler.adapters.kube.wakes import signature
+from autoscaler.annotations import NOTICE_ANNOTATION, encode_notice
+from autoscaler.boards import NoticeBoard, PriceBook
 from autoscaler.config import Prices
 from autoscaler.config.kubernetes import KubernetesSettings
 from autoscaler.core import Notice, NoticeKind, Snapshot
-from autoscaler.signals import NOTICE_ANNOTATION, NoticeBoard, PriceBook, encode_notice
 
 SETTINGS = KubernetesSettings()
 NOW = datetime(2026, 3, 2, 12, tzinfo=UTC)

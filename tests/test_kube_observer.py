@@ -27,6 +27,12 @@ from support.waiting import wait_for
 from test_deploy_manifests import embedded_config_text
 
 from autoscaler.adapters.kube.nodes import node_facts
+from autoscaler.annotations import (
+    DRAINED_ANNOTATION,
+    NOTICE_ANNOTATION,
+    encode_drained,
+    encode_notice,
+)
 from autoscaler.config import Prices, parse_config
 from autoscaler.core import (
     Action,
@@ -39,7 +45,6 @@ from autoscaler.core import (
     decide,
 )
 from autoscaler.core import Job as CoreJob
-from autoscaler.signals import DRAINED_ANNOTATION, NOTICE_ANNOTATION, encode_drained, encode_notice
 
 
 def snap(k: Kube) -> Snapshot:

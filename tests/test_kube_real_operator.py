@@ -26,8 +26,8 @@ from kubernetes import client
 
 from autoscaler.adapters.kube.kinds.et_operator import scaler_name, with_unseen
 from autoscaler.adapters.kube.scalers import ScalerFacts
+from autoscaler.annotations import ASSIGNED_ANNOTATION
 from autoscaler.core import Action, Reason, ScalerKind, Worker
-from autoscaler.signals import ASSIGNED_ANNOTATION
 
 NTH_ITN = {"key": "aws-node-termination-handler/spot-itn", "value": "evt-9", "effect": "NoSchedule"}
 OURS = {"app.kubernetes.io/managed-by": "spot-autoscaler"}

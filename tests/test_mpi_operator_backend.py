@@ -29,12 +29,8 @@ from autoscaler.adapters.discovery.jobref import JobRef
 from autoscaler.adapters.discovery.scripts import OVERLAY_SCRIPT, script_path
 from autoscaler.adapters.discovery.sidecar import run_sidecar
 from autoscaler.adapters.kube.kinds.mpi_operator import MAX_ANNOTATION, MIN_ANNOTATION, MPI_JOBS
+from autoscaler.annotations import ASSIGNED_ANNOTATION, DRAINED_ANNOTATION, decode_drained
 from autoscaler.core import Action, Decision, Reason
-from autoscaler.signals import (
-    ASSIGNED_ANNOTATION,
-    DRAINED_ANNOTATION,
-    decode_drained,
-)
 
 Obj = dict[str, Any]
 NTH_ITN = {"key": "aws-node-termination-handler/spot-itn", "value": "e", "effect": "NoSchedule"}

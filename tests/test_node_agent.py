@@ -28,8 +28,8 @@ from autoscaler.adapters.nodeagent.metadata import (
     MetadataError,
     detect,
 )
+from autoscaler.annotations import NOTICE_ANNOTATION, decode_notice
 from autoscaler.core import NoticeKind
-from autoscaler.signals import NOTICE_ANNOTATION, decode_notice
 
 NODE = "ip-10-0-1-7.ec2.internal"
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,11 +11,11 @@ import pytest
 from structlog.testing import CapturingLogger, capture_logs
 
 from autoscaler.adapters.standalone import OwnedDiscoveryActuator, StandaloneObserver
+from autoscaler.boards import NoticeBoard
 from autoscaler.config import parse_config
 from autoscaler.config.discovery import StandaloneSettings
 from autoscaler.core import Action, Decision, Notice, NoticeKind, PolicySet, Reason
 from autoscaler.reconcile import Reconciler
-from autoscaler.signals import NoticeBoard
 
 POLICIES = """
 policies: [{name: e2e, scale_out: {min_idle: 0s, cooldown: 0s}, preemption: {join_grace: 0s}}]

@@ -18,11 +18,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from autoscaler.boards import NoticeBoard, PriceBook, Wake
 from autoscaler.config import Config
 from autoscaler.daemon.persist import PersistingBoard
 from autoscaler.daemon.service import Parts
 from autoscaler.fencing import Fence
-from autoscaler.signals import NoticeBoard, PriceBook, Wake
 
 OnError = Callable[[str], None]  # counts a survived failure by component
 _DRAIN_WORKERS = 4  # concurrent drain patches (one per job) in a pass

@@ -18,7 +18,7 @@ from autoscaler.adapters.alibaba.client import call
 from autoscaler.adapters.alibaba.interruptions import InterruptionReporter
 from autoscaler.adapters.cloud_sources import Clock, NodeIndex, utcnow
 from autoscaler.adapters.polling import run_every
-from autoscaler.signals import NoticeBoard, Wake
+from autoscaler.boards import NoticeBoard, Wake
 
 EVENT_NAME = "Instance:PreemptibleInstanceInterruption"
 _PAGE = 100

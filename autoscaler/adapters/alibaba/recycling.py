@@ -15,7 +15,7 @@ from autoscaler.adapters.alibaba.interruptions import InterruptionReporter
 from autoscaler.adapters.alibaba.nodes import EcsNodes
 from autoscaler.adapters.cloud_sources import Clock, utcnow
 from autoscaler.adapters.polling import run_every
-from autoscaler.signals import NoticeBoard, Wake
+from autoscaler.boards import NoticeBoard, Wake
 
 _PAGE = 100  # DescribeInstances' MaxResults ceiling
 _MAX_PAGES = 1000  # a token that never ends is a server bug, not a reason to loop forever

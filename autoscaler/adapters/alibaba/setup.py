@@ -14,8 +14,8 @@ from autoscaler.adapters.alibaba.prices import ecs_spot_prices
 from autoscaler.adapters.alibaba.recycling import RecyclingPoller
 from autoscaler.adapters.alibaba.webhook import CloudMonitorWebhook
 from autoscaler.adapters.cloud_sources import NamedSource, NodeIndex, SpotPriceFeed
+from autoscaler.boards import NoticeBoard, PriceBook, Wake
 from autoscaler.config.cloud import AlibabaSettings
-from autoscaler.signals import NoticeBoard, PriceBook, Wake
 
 
 def alibaba_sources(

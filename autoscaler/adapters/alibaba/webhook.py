@@ -18,7 +18,7 @@ from urllib.parse import parse_qs, urlsplit
 from autoscaler.adapters.alibaba.cloudmonitor import BadEvent, parse_event
 from autoscaler.adapters.alibaba.interruptions import InterruptionReporter
 from autoscaler.adapters.cloud_sources import Clock, NodeIndex, utcnow
-from autoscaler.signals import NoticeBoard, Wake
+from autoscaler.boards import NoticeBoard, Wake
 
 _MAX_BODY = 64 * 1024  # an event is a few hundred bytes
 

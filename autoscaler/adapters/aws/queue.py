@@ -18,8 +18,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 from autoscaler.adapters.aws.events import InstanceEvent, Unparsable, parse_message
 from autoscaler.adapters.cloud_sources import Clock, NodeIndex, post_notice, utcnow
 from autoscaler.adapters.polling import describe_error, run_every
+from autoscaler.boards import NoticeBoard, Wake
 from autoscaler.core.model import Notice, NoticeKind
-from autoscaler.signals import NoticeBoard, Wake
 
 SOURCE = "aws-sqs"
 # How long the newest event per (instance, kind) is remembered after we saw it, to spot

@@ -10,8 +10,8 @@ from autoscaler.adapters.aws.nodes import Ec2Nodes
 from autoscaler.adapters.aws.prices import ec2_spot_prices
 from autoscaler.adapters.aws.queue import SOURCE, SqsNoticeSource
 from autoscaler.adapters.cloud_sources import NamedSource, NodeIndex, SpotPriceFeed
+from autoscaler.boards import NoticeBoard, PriceBook, Wake
 from autoscaler.config.cloud import AwsSettings
-from autoscaler.signals import NoticeBoard, PriceBook, Wake
 
 
 def aws_sources(

@@ -18,7 +18,7 @@ from kubernetes.client.exceptions import ApiException
 
 from autoscaler.adapters.discovery.hostlines import valid_host
 from autoscaler.adapters.discovery.jobref import JobRef
-from autoscaler.signals import ASSIGNED_ANNOTATION, encode_assigned
+from autoscaler.annotations import ASSIGNED_ANNOTATION, encode_assigned
 
 MERGE_PATCH = "application/merge-patch+json"
 

@@ -26,7 +26,7 @@ from autoscaler.adapters.discovery.drainfile import write_drain_file
 from autoscaler.adapters.discovery.jobref import JobRef
 from autoscaler.adapters.discovery.podexit import ContainerExit, ContainerRef
 from autoscaler.adapters.discovery.watch import Obj, ObjectWatch
-from autoscaler.signals import DRAINED_ANNOTATION, decode_drained
+from autoscaler.annotations import DRAINED_ANNOTATION, decode_drained
 
 __all__ = ["ContainerRef", "DrainSidecar", "JobRef", "run_sidecar"]
 

@@ -8,16 +8,16 @@ from kubernetes.client.exceptions import ApiException
 
 from autoscaler.adapters.kube.objects import ObjectApi
 from autoscaler.adapters.kube.resources import Obj, Resource, annotations_of
-from autoscaler.core.model import Notice
-from autoscaler.signals import (
+from autoscaler.annotations import (
     DRAINED_ANNOTATION,
     NOTICE_ANNOTATION,
     decode_drained,
     decode_notice,
     encode_drained,
     encode_notice,
-    supersedes,
 )
+from autoscaler.core.model import Notice
+from autoscaler.core.notices import supersedes
 
 _CONFLICT_RETRIES = 3
 

@@ -32,9 +32,9 @@ from autoscaler.adapters.kube.resources import (
     labels_of,
 )
 from autoscaler.adapters.kube.wakes import signature
+from autoscaler.boards import Wake
 from autoscaler.config.kubernetes import KubernetesSettings
 from autoscaler.config.selectors import LabelMatcher, label_matcher
-from autoscaler.signals import Wake
 
 log = structlog.get_logger()
 

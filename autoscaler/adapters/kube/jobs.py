@@ -7,14 +7,14 @@ from collections.abc import Iterable
 from autoscaler.adapters.kube.kinds.base import JobInputs, JobKind, ReplicaSpec
 from autoscaler.adapters.kube.pods import PodFacts, gpu_requests
 from autoscaler.adapters.kube.resources import Obj, annotations_of, labels_of
-from autoscaler.config.kubernetes import KubernetesSettings
-from autoscaler.core.model import Job, Worker
-from autoscaler.signals import (
+from autoscaler.annotations import (
     ASSIGNED_ANNOTATION,
     DRAINED_ANNOTATION,
     decode_assigned,
     decode_drained,
 )
+from autoscaler.config.kubernetes import KubernetesSettings
+from autoscaler.core.model import Job, Worker
 
 # A job label that sets its priority (higher gets idle GPUs first); a policy may override it.
 PRIORITY_LABEL = "spot-autoscaler.io/priority"

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from autoscaler.adapters.kube.resources import NODES, PODS, Obj, Resource
-from autoscaler.signals import NOTICE_ANNOTATION
+from autoscaler.annotations import NOTICE_ANNOTATION
 
 
 @dataclass(frozen=True, slots=True)

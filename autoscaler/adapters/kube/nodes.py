@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 from autoscaler.adapters.kube.pods import quantity
 from autoscaler.adapters.kube.resources import Obj, annotations_of, key_of, labels_of, parse_time
+from autoscaler.annotations import NOTICE_ANNOTATION, decode_notice
 from autoscaler.config.kubernetes import KubernetesSettings
 from autoscaler.core.model import CapacityType, Notice, NoticeKind
-from autoscaler.signals import NOTICE_ANNOTATION, decode_notice
 
 ZONE_LABELS = ("topology.kubernetes.io/zone", "failure-domain.beta.kubernetes.io/zone")
 INSTANCE_TYPE_LABELS = ("node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type")

@@ -26,10 +26,10 @@ from autoscaler.adapters.kube.podindex import PodIndex
 from autoscaler.adapters.kube.rejects import Rejections
 from autoscaler.adapters.kube.resources import NODES, PODS, Obj, Resource, key_of
 from autoscaler.adapters.kube.scalers import ScalerFacts, by_job, scaler_facts
+from autoscaler.boards import NoticeBoard, PriceBook
 from autoscaler.config import Prices
 from autoscaler.config.kubernetes import KubernetesSettings
 from autoscaler.core.model import CapacityType, GpuNode, Job, Notice, Scaler, Snapshot
-from autoscaler.signals import NoticeBoard, PriceBook
 
 log = structlog.get_logger()
 T = TypeVar("T")

@@ -19,8 +19,8 @@ from autoscaler.adapters.kube.resources import (
     annotations_of,
     labels_of,
 )
+from autoscaler.annotations import DRAINED_ANNOTATION, NOTICE_ANNOTATION
 from autoscaler.config.kubernetes import KubernetesSettings
-from autoscaler.signals import DRAINED_ANNOTATION, NOTICE_ANNOTATION
 
 
 def _frozen(value: object) -> str:

@@ -11,7 +11,7 @@ from autoscaler.adapters.nodeagent.annotator import NodeAnnotator
 from autoscaler.adapters.nodeagent.metadata import Metadata
 from autoscaler.adapters.polling import run_every
 from autoscaler.core.model import Notice
-from autoscaler.signals import hardest
+from autoscaler.core.notices import hardest
 
 
 class NodeAgent:

@@ -17,8 +17,8 @@ from datetime import UTC, datetime, timedelta
 import structlog
 
 from autoscaler.adapters.discovery.hostlines import valid_host
+from autoscaler.boards import Wake
 from autoscaler.core.model import Notice, NoticeKind
-from autoscaler.signals import Wake
 from autoscaler.times import parse_utc
 
 SOURCE = "notice-dir"
