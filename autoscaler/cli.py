@@ -172,9 +172,9 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         return EXIT_BAD_CONFIG
     for warning in warnings:
         print(warning, file=sys.stderr)
-    names = ", ".join(p.name for p in config.policies)
+    names = ", ".join(p.name for p in config.policy_set.policies)
     noted = f", {len(warnings)} warning(s)" if warnings else ""
-    print(f"{args.file}: OK ({len(config.policies)} policies: {names}){noted}")
+    print(f"{args.file}: OK ({len(config.policy_set.policies)} policies: {names}){noted}")
     return EXIT_OK
 
 

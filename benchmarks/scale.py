@@ -314,7 +314,7 @@ def measure_kube(nodes: int, jobs: int, repeat: int, config: Any, out: dict[str,
     gc.collect()
     cache_mb = current_rss_mb() - before
     observer = KubeObserver(cache, config.kubernetes, config.prices, NoticeBoard(), PriceBook())
-    reconciler = Reconciler(observer, DryRunActuator(), config, structlog.get_logger())
+    reconciler = Reconciler(observer, DryRunActuator(), config.policy_set, structlog.get_logger())
     ticks = iter(NOW + timedelta(minutes=2 * k) for k in range(10**6))  # idle clocks settle
     cold = cpu_and_wall(lambda: observer.snapshot(NOW), 1)
     warm = cpu_and_wall(lambda: observer.snapshot(NOW), repeat)
@@ -368,7 +368,8 @@ def measure_api(nodes: int, jobs: int, window: float, watch_timeout: float) -> d
             api.clear_requests()
             observer = KubeObserver(cache, config.kubernetes, config.prices, NoticeBoard(),
                                     PriceBook())
-            reconciler = Reconciler(observer, DryRunActuator(), config, structlog.get_logger())
+            reconciler = Reconciler(observer, DryRunActuator(), config.policy_set,
+                                    structlog.get_logger())
             begin, ticks = time.perf_counter(), 0
             while time.perf_counter() - begin < window:
                 reconciler.tick(datetime.now(UTC))

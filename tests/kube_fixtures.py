@@ -238,7 +238,9 @@ class Kube:
 
         cache = cache or self.cache()
         actuator = DryRunActuator() if dry_run else self.actuator(cache)
-        return Reconciler(self.observer(cache), actuator, self.config, structlog.get_logger())
+        return Reconciler(
+            self.observer(cache), actuator, self.config.policy_set, structlog.get_logger()
+        )
 
     def objects(self, kind: str) -> list[Obj]:
         return self.server.objects(kind, NS)

@@ -80,6 +80,6 @@ def test_ring_events_agree_with_the_simulators_own_loss_count() -> None:
     config = Config.model_validate({"simulate": {"notice_miss_probability": 1.0}})
     counter = Count()
     cluster = sim_cluster(config, counter)
-    reconciler = Reconciler(cluster, cluster, config, CapturingLogger())
+    reconciler = Reconciler(cluster, cluster, config.policy_set, CapturingLogger())
     run = replay(config, synthetic_trace(seed=3, hours=4), 3, cluster, reconciler.tick)
     assert counter.abrupt == run.notices.workers_abrupt > 0

@@ -26,10 +26,10 @@ def problems(text: str) -> list[str]:
 
 def test_example_config_is_valid_and_typed() -> None:
     config = load_config(ROOT / "config" / "example.yaml")
-    research = config.policies[0]
+    research = config.policy_set.policies[0]
     assert research.scale_out.min_idle == timedelta(minutes=2)
     assert research.scale_out.quantum == Quantum(mode="power_of_two")
-    assert config.policies[1].scale_out.quantum == Quantum(mode="multiple_of", n=1)
+    assert config.policy_set.policies[1].scale_out.quantum == Quantum(mode="multiple_of", n=1)
     assert research.windows[0].duration == timedelta(hours=10)
     assert config.prices.for_node("p3.2xlarge", spot=False) == 3.06
 
@@ -95,7 +95,7 @@ policies:
 @pytest.mark.parametrize("path", sorted((ROOT / "config").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_config_is_valid(path: Path) -> None:
     config, warnings = check_config(path)
-    assert config.policies and warnings == []
+    assert config.policy_set.policies and warnings == []
 
 
 def test_check_config_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -185,7 +185,7 @@ def test_check_config_warns_when_a_failed_refill_outlasts_horovod(
 
 def test_defaults_leave_room_for_a_retry_within_horovods_timeout() -> None:
     config = parse_config("policies:\n  - name: default\n")
-    policy = config.policies[0]
+    policy = config.policy_set.policies[0]
     rules = policy.scale_out
     assert (rules.timeout, rules.backoff) == (timedelta(minutes=3), timedelta(minutes=2))
     assert policy.horovod.elastic_timeout == timedelta(seconds=600)

@@ -229,7 +229,7 @@ def test_the_example_job_is_managed_by_the_shipped_config() -> None:
     labels = job["metadata"]["labels"]
     key, _, value = config.kubernetes.label_selector.partition("=")
     assert labels[key] == value  # selected by kubernetes.label_selector
-    assert labels[POLICY_LABEL] in {p.name for p in config.policies}
+    assert labels[POLICY_LABEL] in {p.name for p in config.policy_set.policies}
     worker_spec = job["spec"]["etReplicaSpecs"]["worker"]
     assert 1 <= worker_spec["minReplicas"] <= worker_spec["replicas"] <= worker_spec["maxReplicas"]
 

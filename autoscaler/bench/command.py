@@ -45,7 +45,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     params = load_params(args.params) if args.params else BenchParams()
-    policies = load_config(args.config) if args.config else None
+    policies = load_config(args.config).policy_set if args.config else None
     trace = read_trace(args.trace)
     args.out.mkdir(parents=True, exist_ok=True)
     with atomic_write(args.out / "decisions.jsonl") as log:

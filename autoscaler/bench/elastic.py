@@ -49,7 +49,7 @@ def autoscaler(
     progress = world.progress()
     cluster = sim_cluster(config, RingProgress(progress))
     logger = file_logger(decisions_out) if decisions_out is not None else _Discard()
-    reconciler = Reconciler(cluster, cluster, config, logger)
+    reconciler = Reconciler(cluster, cluster, config.policy_set, logger)
     result = _replayed("autoscaler", world, config, cluster, reconciler.tick, progress)
     result.actuation_errors = reconciler.errors
     return result
@@ -70,9 +70,7 @@ def sim_config(world: World, notices: bool, policies: PolicySet | None = None) -
     o, inst = world.overheads, world.instance
     rules = PolicySet() if policies is None else policies
     return Config(
-        policies=rules.policies,
-        default_policy=rules.default_policy,
-        cluster_budget_per_hour=rules.cluster_budget_per_hour,
+        policy_set=rules,
         simulate=SimulationSettings(
             tick=o.tick,
             notice_lead_time=world.notices.lead_time,

@@ -64,7 +64,7 @@ def config_warnings(
     """What check-config warns about (the daemon runs such a config as it is)."""
     lines = lines or {}
     out = []
-    for i, policy in enumerate(config.policies):
+    for i, policy in enumerate(config.policy_set.policies):
         rules, elastic = policy.scale_out, policy.horovod.elastic_timeout
         if not rules.enabled:
             continue  # it never starts a ScaleOut
@@ -228,6 +228,8 @@ def _scalar(node: yaml.Node, unreadable: Any) -> Any:
 def _problem(err: Any, lines: dict[KeyPath, int], source: str) -> Problem:
     # pydantic adds tags for unions/validators (e.g. 'function-before[...]'): keep real keys only
     loc: KeyPath = tuple(p for p in err["loc"] if isinstance(p, int) or "[" not in str(p))
+    if loc[:1] == ("policy_set",):  # its keys stand at the top level of the file
+        loc = loc[1:]
     line = _line(lines, loc)
     message = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":

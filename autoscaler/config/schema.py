@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from autoscaler.config.cloud import AlibabaSettings, AwsSettings
 from autoscaler.config.daemon import DaemonSettings
@@ -17,9 +17,12 @@ from autoscaler.core.policy import Duration, PolicySet, Price, StrictModel, Work
 __all__ = ["Config", "Prices", "SimJob", "SimulationSettings", "SyntheticTrace"]
 
 
-class Config(PolicySet):
-    """Top level of the YAML file. Being a PolicySet, it is what `decide` takes as its policy."""
+class Config(StrictModel):
+    """Top level of the YAML file. It holds the PolicySet `decide` takes (`policy_set`), written
+    at the top level of the file (`policies`, `default_policy`, `cluster_budget_per_hour`), and
+    the sections the shell needs."""
 
+    policy_set: PolicySet = Field(default_factory=PolicySet)
     prices: Prices = Field(default_factory=Prices)
     simulate: SimulationSettings = Field(default_factory=lambda: SimulationSettings())
     daemon: DaemonSettings = Field(default_factory=DaemonSettings)
@@ -27,6 +30,16 @@ class Config(PolicySet):
     aws: AwsSettings = Field(default_factory=AwsSettings)
     alibaba: AlibabaSettings = Field(default_factory=AlibabaSettings)
     standalone: StandaloneSettings = Field(default_factory=StandaloneSettings)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _policy_keys(cls, data: object) -> object:
+        """The file's top-level policy keys go into `policy_set`."""
+        if not isinstance(data, dict) or not (PolicySet.model_fields.keys() & data.keys()):
+            return data
+        moved = {k: v for k, v in data.items() if k in PolicySet.model_fields}
+        rest = {k: v for k, v in data.items() if k not in PolicySet.model_fields}
+        return {**rest, "policy_set": moved}
 
 
 class SimJob(StrictModel):

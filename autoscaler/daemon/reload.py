@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from autoscaler.config import Config, ConfigError, load_config
-from autoscaler.core import PolicySet
 
-_LIVE = frozenset(PolicySet.model_fields) | {"prices"}
+_LIVE = frozenset({"policy_set", "prices"})
 _IGNORED = frozenset({"simulate"})  # the daemon does not read it
 
 
@@ -71,9 +70,8 @@ class ConfigReloader:
             )
         self.current = new
         if changed & _LIVE:
-            self._logger.info(
-                "config_reloaded", file=str(self.path), policies=[p.name for p in new.policies]
-            )
+            names = [p.name for p in new.policy_set.policies]
+            self._logger.info("config_reloaded", file=str(self.path), policies=names)
             self._apply(new)
             return True
         return False

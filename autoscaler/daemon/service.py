@@ -89,7 +89,7 @@ class Daemon:
         self.reconciler = Reconciler(
             MeasuredObserver(parts.observer, self.metrics, tracker),
             GuardedActuator(parts.actuator, self.leadership.is_leader, self.metrics, tracker),
-            config,
+            config.policy_set,
             decision_logger,
             drain_workers=parts.drain_workers,
         )
@@ -223,7 +223,7 @@ class Daemon:
 
     def _apply_config(self, config: Config) -> None:
         self.parts.reconfigure(config)
-        self.loop.set_policies(config)
+        self.loop.set_policies(config.policy_set)
 
     def stop(self) -> None:
         """Stop acting first, then give up the Lease, then stop watching and serving.

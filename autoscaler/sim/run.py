@@ -85,7 +85,7 @@ def sim_cluster(
     """The simulated cluster `config.simulate` describes; ScaleOut timeout from the policies."""
     settings = config.simulate
     if scale_out_timeout is None:
-        timeouts = [p.scale_out.timeout for p in config.policies]
+        timeouts = [p.scale_out.timeout for p in config.policy_set.policies]
         scale_out_timeout = max(timeouts, default=timedelta(minutes=5))
     return SimulatedCluster(
         settings.jobs,
@@ -110,7 +110,9 @@ def simulate(
         if decision.action is not Action.NOOP:
             decisions[(decision.action.value, decision.reason.value)] += 1
 
-    reconciler = Reconciler(cluster, cluster, config, file_logger(decisions_out), on_decision=count)
+    reconciler = Reconciler(
+        cluster, cluster, config.policy_set, file_logger(decisions_out), on_decision=count
+    )
     started = time.perf_counter()
     run = replay(config, trace, seed, cluster, reconciler.tick, progress)
     return _summary(
