@@ -69,7 +69,7 @@ class Standalone:
 
 @pytest.fixture
 def policies() -> PolicySet:
-    return parse_config(POLICIES)
+    return parse_config(POLICIES).policy_set
 
 
 @pytest.fixture
@@ -169,7 +169,7 @@ def test_the_file_guard_holds_without_the_core_keeping_a_host(tmp_path: Path) ->
     s = settings(tmp_path, "[{name: a}, {name: b}]", "{name: j, max_workers: 2}", join_grace="0s")
     reckless = parse_config(
         POLICIES.replace("join_grace: 0s}", "join_grace: 0s, keep_last_host: false}")
-    )
+    ).policy_set
     mode = Standalone(s, reckless)
     mode.tick()
     mode.notice("a")
