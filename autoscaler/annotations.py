@@ -43,7 +43,7 @@ def decode_notice(node: str, value: str) -> Notice | None:
         data = json.loads(value)
         return Notice(
             node=node,
-            kind=NoticeKind(data["kind"]),
+            kind=NoticeKind.parse(data["kind"]),
             source=str(data.get("source", "annotation")),
             id=str(data.get("id", "")),
             deadline=_time(data.get("deadline")),

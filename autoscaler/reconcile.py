@@ -14,7 +14,6 @@ from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
 from autoscaler.core import Action, Decision, Job, PolicySet, Snapshot, decide, track_idle
-from autoscaler.core.model import ALERTS
 from autoscaler.decisionlog import log_decision
 
 _APPLY_ORDER = {
@@ -83,7 +82,7 @@ class Reconciler:
             logged = self._worth_logging(decision)
             if logged:
                 log_decision(self.logger, decision, now=now, dry_run=self.actuator.dry_run)
-            if decision.action is not Action.NOOP or (logged and decision.reason in ALERTS):
+            if decision.action is not Action.NOOP or (logged and decision.reason.info.alert):
                 to_apply.append(decision)
             if self.on_decision is not None:
                 self.on_decision(decision)

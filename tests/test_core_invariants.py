@@ -147,3 +147,26 @@ def test_decisions_keep_the_invariants(snap: Snapshot, ps) -> None:
 @given(snap=clusters())
 def test_decide_is_deterministic(snap: Snapshot) -> None:
     assert decide(snap, policies(), NOW) == decide(snap, policies(), NOW)
+
+
+def test_every_reason_and_notice_kind_carries_its_rules_metadata() -> None:
+    """The orders the rules read from the members (they were side tables that a new member
+    could silently miss)."""
+    from autoscaler.core.model import NoticeKind, Reason, ReasonInfo
+
+    assert all(isinstance(r.info, ReasonInfo) for r in Reason)
+
+    def by(field: str) -> list[Reason]:
+        ranked = [r for r in Reason if getattr(r.info, field) is not None]
+        return sorted(ranked, key=lambda r: getattr(r.info, field))
+
+    assert by("urgency") == [Reason.PREEMPTION_NOTICE, Reason.MAINTENANCE, Reason.REBALANCE,
+                             Reason.CLAMP_MAX]
+    assert by("why_not") == [Reason.MIN_IDLE, Reason.PRICE_CAP, Reason.BUDGET, Reason.REBALANCE,
+                             Reason.QUANTUM]
+    assert [r for r in Reason if r.info.alert] == [Reason.SCALER_STUCK]
+    assert Reason.CLAMP_MAX.info.message == "at max workers" and Reason.STEADY == "steady"
+    hardness = {k: k.hardness for k in NoticeKind}
+    assert hardness == {NoticeKind.REBALANCE: 0, NoticeKind.MAINTENANCE: 1,
+                        NoticeKind.INTERRUPTION: 2, NoticeKind.STATE_CHANGE: 2}
+    assert NoticeKind.parse("maintenance") is NoticeKind.MAINTENANCE

@@ -21,7 +21,6 @@ from autoscaler.core.policy import Policy
 _Key = tuple[float, int, float]
 
 # When a job gets nothing, the most useful explanation first.
-_WHY_NOT_ORDER = (Reason.MIN_IDLE, Reason.PRICE_CAP, Reason.BUDGET, Reason.REBALANCE)
 
 
 @dataclass(slots=True)
@@ -236,10 +235,9 @@ def grant_of(claim: Claim, pool: CapacityPool, at_max: bool) -> Grant:
         tags.append(Reason.CLAMP_MAX)
     if count:
         return Grant(count, tuple(claim.granted_nodes), tuple(tags), None)
-    why = next((r for r in _WHY_NOT_ORDER if r in claim.blocked), None)
-    if why is None and Reason.QUANTUM in claim.blocked:
-        why = Reason.QUANTUM
-    return Grant(0, (), tuple(tags), why or Reason.NO_CAPACITY)
+    explained = [r for r in claim.blocked if r.info.why_not is not None]
+    why = min(explained, key=lambda r: r.info.why_not or 0, default=Reason.NO_CAPACITY)
+    return Grant(0, (), tuple(tags), why)
 
 
 def _could_take_more(pool: CapacityPool, claim: Claim) -> bool:

@@ -156,7 +156,7 @@ def _growth_decision(plan: _Plan, pool: CapacityPool, now: datetime) -> Decision
     below = (Reason.BELOW_MIN,) if staying < lo else ()
     if claim is None:
         reason = blocked or Reason.STEADY
-        message = _NOOP_MESSAGES.get(reason, "")
+        message = reason.info.message
         if reason is Reason.SCALER_STUCK and (block := scaler_block(job, policy, now)):
             message = block[1]
         return Decision.noop(job, reason, policy.name, tags=below, message=message)
@@ -170,7 +170,7 @@ def _growth_decision(plan: _Plan, pool: CapacityPool, now: datetime) -> Decision
             why_not,
             policy.name,
             tags=below + grant.tags,
-            message=_NOOP_MESSAGES.get(why_not, ""),
+            message=why_not.info.message,
         )
     message = f"{grant.count} worker(s) of {job.gpus_per_worker:g} GPU fit on idle capacity"
     tags = grant.tags
@@ -202,19 +202,3 @@ def _blacklisted_names(job: Job, count: int) -> tuple[str, ...]:
     if not job.reuses_names or not job.failed_hosts:
         return ()
     return tuple(name for name in job.next_pod_names(count) if name in job.failed_hosts)
-
-
-_NOOP_MESSAGES = {
-    Reason.CLAMP_MAX: "at max workers",
-    Reason.SCALER_IN_FLIGHT: "waiting for the outstanding scaler to finish",
-    Reason.JOB_NOT_RUNNING: "scalers run only while the job is Running",
-    Reason.SCALE_OUT_DISABLED: "scale-out is disabled by the policy or a window",
-    Reason.BACKOFF: "a recent ScaleOut failed: backing off",
-    Reason.COOLDOWN: "changed recently: cooling down",
-    Reason.MIN_IDLE: "idle capacity has not been idle long enough",
-    Reason.PRICE_CAP: "idle capacity is above the price cap",
-    Reason.BUDGET: "another worker would exceed the budget",
-    Reason.QUANTUM: "not enough capacity for the next allowed worker count",
-    Reason.REBALANCE: "idle capacity is on nodes at risk",
-    Reason.NO_CAPACITY: "no idle capacity fits a worker",
-}

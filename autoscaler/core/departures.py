@@ -23,9 +23,6 @@ from autoscaler.core.model import (
 from autoscaler.core.notices import NodeRisk
 from autoscaler.core.policy import Policy
 
-# Most urgent first: the drain/scale-in decision carries the most urgent reason among its victims.
-_URGENCY = (Reason.PREEMPTION_NOTICE, Reason.MAINTENANCE, Reason.REBALANCE, Reason.CLAMP_MAX)
-
 
 @dataclass(slots=True)
 class Departures:
@@ -50,7 +47,8 @@ def plan_departures(
     kept = None
     if why and policy.preemption.keep_last_host:
         kept = _last_host_to_keep(job, why, risk, now - policy.preemption.join_grace)
-    reason = min(why.values(), key=_URGENCY.index) if why else None
+    # the drain/scale-in decision carries the most urgent reason among its victims
+    reason = min(why.values(), key=_urgency) if why else None
     if kept is not None:
         del why[kept.pod]
         tags.append(Reason.LAST_HOST_KEPT)
@@ -140,6 +138,11 @@ def plan_departures(
         )
     )
     return out
+
+
+def _urgency(reason: Reason) -> int:
+    assert reason.info.urgency is not None, f"{reason} makes no worker leave"
+    return reason.info.urgency
 
 
 def _removable(job: Job, leaving: tuple[Worker, ...]) -> tuple[str, ...]:

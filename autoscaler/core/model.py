@@ -18,10 +18,29 @@ class CapacityType(StrEnum):
 
 
 class NoticeKind(StrEnum):
-    INTERRUPTION = "interruption"  # the node will be reclaimed: hard
-    REBALANCE = "rebalance"  # elevated risk: soft, policy decides
-    STATE_CHANGE = "state-change"  # stopping/terminated: already going, hard
-    MAINTENANCE = "maintenance"  # scheduled: hard once its deadline is near
+    """Each kind carries its hardness: a Node holds one persisted notice, and a harder one
+    replaces a softer one, never the reverse (core.notices.supersedes)."""
+
+    hardness: int
+
+    def __new__(cls, value: str, hardness: int) -> NoticeKind:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.hardness = hardness
+        return member
+
+    INTERRUPTION = "interruption", 2  # the node will be reclaimed: hard
+    REBALANCE = "rebalance", 0  # elevated risk: soft, policy decides
+    STATE_CHANGE = "state-change", 2  # stopping/terminated: already going, hard
+    MAINTENANCE = "maintenance", 1  # scheduled: hard once its deadline is near
+
+    @classmethod
+    def parse(cls, value: object) -> NoticeKind:
+        """The kind whose value this is (a ValueError otherwise)."""
+        for kind in cls:
+            if kind.value == value:
+                return kind
+        raise ValueError(f"{value!r} is not a notice kind")
 
 
 class Action(StrEnum):
@@ -34,36 +53,63 @@ class Action(StrEnum):
     NOOP = "noop"
 
 
+@dataclass(frozen=True, slots=True)
+class ReasonInfo:
+    """What the rules need to know of a reason code, kept with it: a member added without one
+    fails at import, so no side table can miss it."""
+
+    message: str = ""  # a noop's explanation in its log line
+    # departures: the decision for a job's leaving workers carries its most urgent reason
+    urgency: int | None = None
+    # capacity: when rules block a scale-out, the first in this order explains it
+    why_not: int | None = None
+    alert: bool = False  # a noop a person must hear of: a Warning Event once per episode
+
+
+_PLAIN = ReasonInfo()
+
+
 class Reason(StrEnum):
-    IDLE_CAPACITY = "idle_capacity"
-    PREEMPTION_NOTICE = "preemption_notice"
-    REBALANCE = "rebalance"
-    MAINTENANCE = "maintenance"
-    CLAMP_MAX = "clamp_max"
-    CLAMP_MIN = "clamp_min"
-    BELOW_MIN = "below_min"
-    LAST_HOST_KEPT = "last_host_kept"
-    COOLDOWN = "cooldown"
-    MIN_IDLE = "min_idle"
-    PRICE_CAP = "price_cap"
-    BUDGET = "budget"
-    QUANTUM = "quantum"
-    SCALER_IN_FLIGHT = "scaler_in_flight"
-    BACKOFF = "backoff"
-    NO_CAPACITY = "no_capacity"
-    JOB_NOT_RUNNING = "job_not_running"
-    SCALE_OUT_DISABLED = "scale_out_disabled"
-    NOTICE_WITHDRAWN = "notice_withdrawn"
-    HOST_GONE = "host_gone"
-    STEADY = "steady"
-    BLACKLIST_RISK = "blacklist_risk"
+    info: ReasonInfo
+
+    def __new__(cls, value: str, info: ReasonInfo) -> Reason:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.info = info
+        return member
+
+    IDLE_CAPACITY = "idle_capacity", _PLAIN
+    PREEMPTION_NOTICE = "preemption_notice", ReasonInfo(urgency=0)
+    REBALANCE = "rebalance", ReasonInfo("idle capacity is on nodes at risk", urgency=2, why_not=3)
+    MAINTENANCE = "maintenance", ReasonInfo(urgency=1)
+    CLAMP_MAX = "clamp_max", ReasonInfo("at max workers", urgency=3)
+    CLAMP_MIN = "clamp_min", _PLAIN
+    BELOW_MIN = "below_min", _PLAIN
+    LAST_HOST_KEPT = "last_host_kept", _PLAIN
+    COOLDOWN = "cooldown", ReasonInfo("changed recently: cooling down")
+    MIN_IDLE = "min_idle", ReasonInfo("idle capacity has not been idle long enough", why_not=0)
+    PRICE_CAP = "price_cap", ReasonInfo("idle capacity is above the price cap", why_not=1)
+    BUDGET = "budget", ReasonInfo("another worker would exceed the budget", why_not=2)
+    QUANTUM = "quantum", ReasonInfo(
+        "not enough capacity for the next allowed worker count", why_not=4
+    )
+    SCALER_IN_FLIGHT = "scaler_in_flight", ReasonInfo(
+        "waiting for the outstanding scaler to finish"
+    )
+    BACKOFF = "backoff", ReasonInfo("a recent ScaleOut failed: backing off")
+    NO_CAPACITY = "no_capacity", ReasonInfo("no idle capacity fits a worker")
+    JOB_NOT_RUNNING = "job_not_running", ReasonInfo("scalers run only while the job is Running")
+    SCALE_OUT_DISABLED = "scale_out_disabled", ReasonInfo(
+        "scale-out is disabled by the policy or a window"
+    )
+    NOTICE_WITHDRAWN = "notice_withdrawn", _PLAIN
+    HOST_GONE = "host_gone", _PLAIN
+    STEADY = "steady", _PLAIN
+    BLACKLIST_RISK = "blacklist_risk", _PLAIN
     # a ScaleIn of ours names only pods that are gone: et-operator would delete EVERY worker
-    VICTIMS_GONE = "victims_gone"
-    SCALER_STUCK = "scaler_stuck"  # a scaler older than the policy's scalers.max_age
-
-
-# Noops that need a person: applied once per episode (a Warning Event), not only logged.
-ALERTS = frozenset({Reason.SCALER_STUCK})
+    VICTIMS_GONE = "victims_gone", _PLAIN
+    # a scaler older than the policy's scalers.max_age
+    SCALER_STUCK = "scaler_stuck", ReasonInfo(alert=True)
 
 
 class ScalerKind(StrEnum):

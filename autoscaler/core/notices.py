@@ -53,17 +53,8 @@ def _hard_reason(notice: Notice, rules: PreemptionRules, now: datetime) -> Reaso
     return Reason.REBALANCE if rules.rebalance == "drain" else None
 
 
-# A Node holds one persisted notice: a harder one replaces a softer one, never the reverse.
-_HARDNESS = {
-    NoticeKind.REBALANCE: 0,
-    NoticeKind.MAINTENANCE: 1,
-    NoticeKind.INTERRUPTION: 2,
-    NoticeKind.STATE_CHANGE: 2,
-}
-
-
 def hardest(notices: list[Notice]) -> Notice | None:
-    return max(notices, key=lambda n: _HARDNESS[n.kind], default=None)
+    return max(notices, key=lambda n: n.kind.hardness, default=None)
 
 
 def supersedes(new: Notice, held: Notice | None) -> bool:
@@ -71,4 +62,4 @@ def supersedes(new: Notice, held: Notice | None) -> bool:
     if held is None:
         return True
     same = (held.source, held.id) == (new.source, new.id)
-    return not same and _HARDNESS[new.kind] >= _HARDNESS[held.kind]
+    return not same and new.kind.hardness >= held.kind.hardness

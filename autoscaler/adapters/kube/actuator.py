@@ -82,7 +82,7 @@ class KubeActuator:
             # e.g. TrainingJobs served but the ScaleIn CRD not installed: nothing could run it
             refuse(decision, "backend_not_served", backend=kind.backend)
             return
-        if decision.action is Action.NOOP:  # an alert (core.model.ALERTS): tell people
+        if decision.action is Action.NOOP:  # an alert (Reason.info.alert): tell people
             self._recorder.record(job, _event_reason(decision), decision.message, now, warning=True)
         elif decision.action is Action.CANCEL:
             backend.cancel(job, decision, now)
