@@ -97,16 +97,24 @@ class CapacityPool:
 
     def why_not(self, claim: Claim, node: GpuNode) -> Reason | None:
         """The first rule that keeps one more worker of `claim` off `node`, or None if it fits."""
-        rules = claim.policy
-        gpw = claim.job.gpus_per_worker
-        if self.left[node.name] < gpw:
+        return self._does_not_fit(claim, node) or self._not_worth_it(claim, node)
+
+    def _does_not_fit(self, claim: Claim, node: GpuNode) -> Reason | None:
+        """Room, notices, capacity type, GPU sharing."""
+        rules = claim.policy.scale_out
+        if self.left[node.name] < claim.job.gpus_per_worker:
             return Reason.NO_CAPACITY
         if node.name in self.noticed:
             return Reason.REBALANCE
-        if node.capacity_type not in rules.scale_out.capacity_types:
+        if node.capacity_type not in rules.capacity_types:
             return Reason.NO_CAPACITY
-        if node.shared_gpu and not rules.scale_out.shared_gpu:
+        if node.shared_gpu and not rules.shared_gpu:
             return Reason.NO_CAPACITY
+        return None
+
+    def _not_worth_it(self, claim: Claim, node: GpuNode) -> Reason | None:
+        """Price cap, settled idleness, the job's and the cluster's budgets."""
+        rules = claim.policy
         price = node.price_per_gpu_hour
         cap = rules.cost.max_price_per_gpu_hour
         if cap is not None and (price is None or price > cap):
@@ -114,7 +122,7 @@ class CapacityPool:
         idle_for = self.idle_for[node.name]
         if not claim.skip_min_idle and (idle_for is None or idle_for < rules.scale_out.min_idle):
             return Reason.MIN_IDLE
-        cost = gpw * (price or 0.0)
+        cost = claim.job.gpus_per_worker * (price or 0.0)
         budget = rules.cost.budget_per_hour
         if budget is not None and (price is None or claim.spend_per_hour + cost > budget + 1e-9):
             return Reason.BUDGET

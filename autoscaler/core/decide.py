@@ -39,14 +39,27 @@ class _Plan:
 
 def decide(snapshot: Snapshot, policies: PolicySet, now: datetime) -> list[Decision]:
     nodes = {n.name: n for n in snapshot.nodes}
-    risks: dict[PreemptionRules, NodeRisk] = {}
-    plans: list[_Plan] = []
-    held: list[
-        Claim
-    ] = []  # refills that must wait for the job's own scaler: room kept, no decision
-    cluster_spend = 0.0
-    effective: dict[str, Policy] = {}  # each policy's windows evaluated once per pass
+    plans, held, cluster_spend = _plan_jobs(snapshot, policies, nodes, now)
+    pool = _idle_capacity(snapshot, policies, cluster_spend, now)
+    _share(pool, plans, held, now)
+    decisions: list[Decision] = []
+    for plan in plans:
+        decisions.extend(plan.departures.decisions)
+        if plan.departures.blocks_scale_out is None:  # else departures say what happens now
+            decisions.append(_growth_decision(plan, pool, now))
+    return decisions
 
+
+def _plan_jobs(
+    snapshot: Snapshot, policies: PolicySet, nodes: Mapping[str, GpuNode], now: datetime
+) -> tuple[list[_Plan], list[Claim], float]:
+    """Each managed job's plan, by key; the claims held for refills that wait for the job's own
+    scaler (room kept, no decision); what the running workers cost per hour in all."""
+    risks: dict[PreemptionRules, NodeRisk] = {}
+    effective: dict[str, Policy] = {}  # each policy's windows evaluated once per pass
+    plans: list[_Plan] = []
+    held: list[Claim] = []
+    cluster_spend = 0.0
     for job in sorted(snapshot.jobs, key=lambda j: j.key):
         base = policies.for_job(job)
         if base is None:
@@ -54,28 +67,41 @@ def decide(snapshot: Snapshot, policies: PolicySet, now: datetime) -> list[Decis
         if base.name not in effective:
             effective[base.name] = base.at(now)
         policy = effective[base.name]
-        rules = policy.preemption
-        if rules not in risks:
-            risks[rules] = classify(snapshot.notices, rules, now)
-        lo, hi = policy.bounds(job)
-        departures = plan_departures(job, policy, risks[rules], nodes, (lo, hi), now)
-        plan = _Plan(job, policy, departures, hi - (departures.kept is not None))
-        # a doomed host kept for Horovod's sake counts towards max, not towards min: refill it
-        staying = [
-            w for w in job.workers if w not in departures.leaving and w is not departures.kept
-        ]
-        spend = _spend(job, staying, nodes)
-        cluster_spend += spend
-        plan.blocked = departures.blocks_scale_out or _growth_blocked(job, policy, now)
-        if plan.blocked is None and len(staying) < plan.ceiling:
-            plan.claim = Claim(job, policy, len(staying), plan.ceiling, spend)
-        elif plan.blocked is None:
-            plan.blocked = Reason.CLAMP_MAX
-        elif len(staying) < lo and plan.blocked not in _NOT_SOON and policy.scale_out.enabled:
-            # below min and waiting only for its own scaler: others must not take its refill
-            held.append(Claim(job, policy, len(staying), plan.ceiling, spend))
+        if policy.preemption not in risks:
+            risks[policy.preemption] = classify(snapshot.notices, policy.preemption, now)
+        plan, hold, spend = _plan_job(job, policy, risks[policy.preemption], nodes, now)
         plans.append(plan)
+        held.extend(hold)
+        cluster_spend += spend
+    return plans, held, cluster_spend
 
+
+def _plan_job(
+    job: Job, policy: Policy, risk: NodeRisk, nodes: Mapping[str, GpuNode], now: datetime
+) -> tuple[_Plan, list[Claim], float]:
+    """One job: who leaves, whether it may grow (a claim on idle GPUs), its spend per hour."""
+    lo, hi = policy.bounds(job)
+    departures = plan_departures(job, policy, risk, nodes, (lo, hi), now)
+    plan = _Plan(job, policy, departures, hi - (departures.kept is not None))
+    # a doomed host kept for Horovod's sake counts towards max, not towards min: refill it
+    staying = [w for w in job.workers if w not in departures.leaving and w is not departures.kept]
+    spend = _spend(job, staying, nodes)
+    plan.blocked = departures.blocks_scale_out or _growth_blocked(job, policy, now)
+    held: list[Claim] = []
+    if plan.blocked is None and len(staying) < plan.ceiling:
+        plan.claim = Claim(job, policy, len(staying), plan.ceiling, spend)
+    elif plan.blocked is None:
+        plan.blocked = Reason.CLAMP_MAX
+    elif len(staying) < lo and plan.blocked not in _NOT_SOON and policy.scale_out.enabled:
+        # below min and waiting only for its own scaler: others must not take its refill
+        held.append(Claim(job, policy, len(staying), plan.ceiling, spend))
+    return plan, held, spend
+
+
+def _idle_capacity(
+    snapshot: Snapshot, policies: PolicySet, cluster_spend: float, now: datetime
+) -> CapacityPool:
+    """The idle GPUs, less what pending (unbound) workers will take."""
     pool = CapacityPool(
         snapshot.nodes,
         noticed=frozenset(n.node for n in snapshot.notices),
@@ -88,8 +114,13 @@ def decide(snapshot: Snapshot, policies: PolicySet, now: datetime) -> list[Decis
         for w in job.workers:
             if w.node is None:
                 pool.hold_for_unbound(job.gpus_per_worker)
+    return pool
+
+
+def _share(pool: CapacityPool, plans: list[_Plan], held: list[Claim], now: datetime) -> None:
+    """Fill the claims from the pool: refills to min first (no cooldown, no settled idle
+    capacity needed), then growth to max for jobs not cooling down."""
     claims = [p.claim for p in plans if p.claim is not None]
-    # A job below min is refilled first, without waiting for cooldown or settled idle capacity.
     refills = [c for c in claims if c.current < c.policy.bounds(c.job)[0]] + held
     for c in refills:
         c.target, c.skip_min_idle = min(_refill_target(c), c.target), True
@@ -98,13 +129,6 @@ def decide(snapshot: Snapshot, policies: PolicySet, now: datetime) -> list[Decis
     for c in claims:
         c.target, c.skip_min_idle = ceilings[c.job.key], False
     fill(pool, [c for c in claims if not _cooling_down(c.job, c.policy, now)])
-
-    decisions: list[Decision] = []
-    for plan in plans:
-        decisions.extend(plan.departures.decisions)
-        if plan.departures.blocks_scale_out is None:  # else departures say what happens now
-            decisions.append(_growth_decision(plan, pool, now))
-    return decisions
 
 
 # Growth blocks that do not lift within a scaler's lifetime: no room is held for these.

@@ -33,6 +33,16 @@ class Departures:
     blocks_scale_out: Reason | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class _Leaving:
+    """Who leaves a job now and under which reason and tags its decisions go."""
+
+    workers: tuple[Worker, ...]
+    kept: Worker | None
+    reason: Reason | None  # the most urgent reason among them; None when nobody leaves
+    tags: tuple[Reason, ...]
+
+
 def plan_departures(
     job: Job,
     policy: Policy,
@@ -41,6 +51,34 @@ def plan_departures(
     bounds: tuple[int, int],
     now: datetime,
 ) -> Departures:
+    leaving = _who_leaves(job, policy, risk, nodes, bounds, now)
+    out = Departures(leaving=leaving.workers, kept=leaving.kept)
+    cancel = _cancel(job, policy)
+    if cancel is not None:
+        out.decisions.append(cancel)
+    out.decisions.extend(_undrains(job, policy, leaving.workers, nodes))
+    if leaving.kept is not None and not leaving.workers:
+        out.decisions.append(_kept_noop(job, policy, leaving))
+    if not leaving.workers or leaving.reason is None:
+        return out
+    drain = _drain(job, policy, leaving)
+    if drain is not None:
+        out.decisions.append(drain)
+    out.blocks_scale_out = leaving.reason
+    victims = _removable(job, leaving.workers)
+    if victims:
+        _scale_in_or_wait(job, policy, leaving, victims, now, out)
+    return out
+
+
+def _who_leaves(
+    job: Job,
+    policy: Policy,
+    risk: NodeRisk,
+    nodes: Mapping[str, GpuNode],
+    bounds: tuple[int, int],
+    now: datetime,
+) -> _Leaving:
     lo, hi = bounds
     why, held_at_min = _leaving_with_reasons(job, risk, nodes, lo, hi)
     tags: list[Reason] = [Reason.CLAMP_MIN] if held_at_min else []
@@ -53,91 +91,92 @@ def plan_departures(
         del why[kept.pod]
         tags.append(Reason.LAST_HOST_KEPT)
     leaving = tuple(w for w in job.workers if w.pod in why)
-    n = len(job.workers)
-    if n - len(leaving) - (kept is not None) < lo and (leaving or kept):
+    if len(job.workers) - len(leaving) - (kept is not None) < lo and (leaving or kept):
         tags.append(Reason.BELOW_MIN)
+    return _Leaving(leaving, kept, reason, tuple(tags))
 
-    out = Departures(leaving=leaving, kept=kept)
-    cancel = _cancel(job, policy)
-    if cancel is not None:
-        out.decisions.append(cancel)
-    out.decisions.extend(_undrains(job, policy, leaving, nodes))
-    if kept is not None and not leaving:
-        assert reason is not None
-        out.decisions.append(
-            Decision.noop(
-                job,
-                Reason.LAST_HOST_KEPT,
-                policy.name,
-                pods=(kept.pod,),
-                hosts=(kept.host,),
-                nodes=(kept.node,) if kept.node else (),
-                tags=(reason, *(t for t in tags if t is not Reason.LAST_HOST_KEPT)),
-                message="the only settled host stays in discovery until a replacement has synced",
-            )
-        )
-    if not leaving:
-        return out
-    assert reason is not None
-    hosts = tuple(dict.fromkeys(w.host for w in leaving))  # standalone: a host holds several
-    departing_nodes = tuple(sorted({w.node for w in leaving if w.node}))
-    draining = tuple(w for w in leaving if w.host not in job.drained_hosts)
-    to_drain = tuple(dict.fromkeys(w.host for w in draining))
-    if to_drain:
-        out.decisions.append(
-            Decision(
-                job=job.key,
-                action=Action.DRAIN,
-                reason=reason,
-                policy=policy.name,
-                from_workers=n,
-                to_workers=n - len(leaving),
-                count=len(draining),
-                pods=tuple(w.pod for w in draining),
-                hosts=to_drain,
-                nodes=departing_nodes,
-                tags=tuple(tags),
-                message=f"hide {len(to_drain)} host(s) from discovery before the pods go",
-            )
-        )
-    out.blocks_scale_out = reason
-    victims = _removable(job, leaving)
-    if not victims:
-        return out
+
+def _kept_noop(job: Job, policy: Policy, leaving: _Leaving) -> Decision:
+    kept, reason = leaving.kept, leaving.reason
+    assert kept is not None and reason is not None
+    return Decision.noop(
+        job,
+        Reason.LAST_HOST_KEPT,
+        policy.name,
+        pods=(kept.pod,),
+        hosts=(kept.host,),
+        nodes=(kept.node,) if kept.node else (),
+        tags=(reason, *(t for t in leaving.tags if t is not Reason.LAST_HOST_KEPT)),
+        message="the only settled host stays in discovery until a replacement has synced",
+    )
+
+
+def _nodes_of(workers: tuple[Worker, ...]) -> tuple[str, ...]:
+    return tuple(sorted({w.node for w in workers if w.node}))
+
+
+def _drain(job: Job, policy: Policy, leaving: _Leaving) -> Decision | None:
+    """Hide the leaving workers' hosts not hidden yet."""
+    assert leaving.reason is not None
+    draining = tuple(w for w in leaving.workers if w.host not in job.drained_hosts)
+    hosts = tuple(dict.fromkeys(w.host for w in draining))  # standalone: a host holds several
+    if not hosts:
+        return None
+    n = len(job.workers)
+    return Decision(
+        job=job.key,
+        action=Action.DRAIN,
+        reason=leaving.reason,
+        policy=policy.name,
+        from_workers=n,
+        to_workers=n - len(leaving.workers),
+        count=len(draining),
+        pods=tuple(w.pod for w in draining),
+        hosts=hosts,
+        nodes=_nodes_of(leaving.workers),
+        tags=leaving.tags,
+        message=f"hide {len(hosts)} host(s) from discovery before the pods go",
+    )
+
+
+def _scale_in_or_wait(
+    job: Job,
+    policy: Policy,
+    leaving: _Leaving,
+    victims: tuple[str, ...],
+    now: datetime,
+    out: Departures,
+) -> None:
+    """A ScaleIn naming exactly `victims`, or (a scaler in flight, a stuck one) why it waits."""
+    assert leaving.reason is not None
+    hosts = tuple(dict.fromkeys(w.host for w in leaving.workers))
+    nodes = _nodes_of(leaving.workers)
     deferred = _scale_in_deferred(job, policy, victims, now)
     if deferred is not None:
         out.blocks_scale_out = deferred[0]
         if deferred[1]:
-            out.decisions.append(
-                Decision.noop(
-                    job,
-                    deferred[0],
-                    policy.name,
-                    pods=victims,
-                    hosts=hosts,
-                    nodes=departing_nodes,
-                    tags=(reason, *tags),
-                    message=deferred[1],
-                )
-            )
-        return out
+            out.decisions.append(Decision.noop(
+                job, deferred[0], policy.name, pods=victims, hosts=hosts, nodes=nodes,
+                tags=(leaving.reason, *leaving.tags), message=deferred[1],
+            ))
+        return
+    n = len(job.workers)
     out.decisions.append(
         Decision(
             job=job.key,
             action=Action.SCALE_IN,
-            reason=reason,
+            reason=leaving.reason,
             policy=policy.name,
             from_workers=n,
             to_workers=n - len(victims),
             count=len(victims),
             pods=victims,
             hosts=hosts,
-            nodes=departing_nodes,
-            tags=tuple(tags),
+            nodes=nodes,
+            tags=leaving.tags,
             message=f"remove exactly {', '.join(victims)}",
         )
     )
-    return out
 
 
 def _urgency(reason: Reason) -> int:
@@ -216,16 +255,7 @@ def _last_host_to_keep(
     joined = [w.ready_since for w in candidates]
     if None not in joined:  # as old as the oldest doomed host is settled enough
         settled_by = max(settled_by, min(t for t in joined if t is not None))
-    survivors = [
-        w
-        for w in job.workers
-        if w.pod not in why
-        and not w.pending
-        and not w.terminating
-        and w.host not in job.drained_hosts
-        and _in_assignment(job, w, settled_by)
-    ]
-    if survivors:
+    if any(_settled_survivor(job, w, why, settled_by) for w in job.workers):
         return None
 
     def lives_longest(w: Worker) -> tuple:
@@ -233,6 +263,15 @@ def _last_host_to_keep(
         return (why[w.pod] is Reason.CLAMP_MAX, deadline is None, deadline, -w.index)
 
     return max(candidates, key=lives_longest)
+
+
+def _settled_survivor(
+    job: Job, w: Worker, why: dict[str, Reason], settled_by: datetime
+) -> bool:
+    """A worker that stays, runs, is shown to Horovod and is in its rank assignment."""
+    if w.pod in why or w.pending or w.terminating or w.host in job.drained_hosts:
+        return False
+    return _in_assignment(job, w, settled_by)
 
 
 def _in_assignment(job: Job, w: Worker, settled_by: datetime) -> bool:
