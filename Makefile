@@ -21,7 +21,7 @@ test: $(VENV)/.installed
 horovod: $(VENV)/.installed
 	scripts/build-horovod.sh $(BIN)/python
 
-lint: $(VENV)/.installed  # import contracts, ruff, mypy: also part of `make test`
+lint: $(VENV)/.installed  # import contracts, ruff check + format, mypy: also part of `make test`
 	$(BIN)/python -m pytest -q tests/test_layering.py tests/test_static_checks.py
 
 # The long fault suite (docs/reliability.md): 40 nodes, 4 jobs, 40 notices, 5-20% faults, ~3 min.

@@ -30,7 +30,6 @@ from autoscaler.sim.trace import TraceError, read_trace, synthetic_trace
 EXIT_OK, EXIT_FAILED, EXIT_BAD_CONFIG = 0, 1, 2
 
 
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)

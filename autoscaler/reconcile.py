@@ -93,7 +93,7 @@ class Reconciler:
         done: list[bool] = []
         if self._drain_pool is not None and len(drains) > 1:
             done += self._drain_pool.map(lambda d: self._apply(d, now), drains)
-            ordered = ordered[len(drains):]
+            ordered = ordered[len(drains) :]
         done += (self._apply(decision, now) for decision in ordered)
         self.errors += done.count(False)
         if isinstance(self.actuator, Keeper):

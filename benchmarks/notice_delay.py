@@ -47,8 +47,11 @@ def free_port() -> int:
 def start_moto() -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     binary = shutil.which("moto_server", path=os.path.dirname(sys.executable)) or "moto_server"
-    server = subprocess.Popen([binary, "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [binary, "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:
@@ -114,8 +117,13 @@ def main() -> None:
     parser.add_argument("--via", choices=["put_events", "send_message"], default="put_events")
     args = parser.parse_args()
     configure(level="warning")
-    os.environ.update({"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
-                       "AWS_DEFAULT_REGION": REGION})
+    os.environ.update(
+        {
+            "AWS_ACCESS_KEY_ID": "bench",
+            "AWS_SECRET_ACCESS_KEY": "bench",
+            "AWS_DEFAULT_REGION": REGION,
+        }
+    )
     server, url = start_moto()
     stop = threading.Event()
     try:
@@ -124,17 +132,26 @@ def main() -> None:
         events = boto3.client("events", region_name=REGION, endpoint_url=url)
         queue = sqs.create_queue(QueueName="spot-notices")["QueueUrl"]
         arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])["Attributes"]
-        events.put_rule(Name="spot-notices", EventPattern=json.dumps(
-            {"source": ["aws.ec2"], "detail-type": [ITN]}))
+        events.put_rule(
+            Name="spot-notices",
+            EventPattern=json.dumps({"source": ["aws.ec2"], "detail-type": [ITN]}),
+        )
         events.put_targets(Rule="spot-notices", Targets=[{"Id": "q", "Arn": arn["QueueArn"]}])
 
         instances = {f"i-{n:017x}": f"gpu-{n}" for n in range(args.n)}
         board = NoticeBoard()
         harness = Harness(board, list(instances.values()))
-        source = SqsNoticeSource(sqs, queue, board, harness.wake, Ec2Nodes(ec2, Index(instances)),
-                                 wait_time=settings.wait_time)
-        threads = [threading.Thread(target=t, args=(stop,), daemon=True)
-                   for t in (source.run, harness.run)]
+        source = SqsNoticeSource(
+            sqs,
+            queue,
+            board,
+            harness.wake,
+            Ec2Nodes(ec2, Index(instances)),
+            wait_time=settings.wait_time,
+        )
+        threads = [
+            threading.Thread(target=t, args=(stop,), daemon=True) for t in (source.run, harness.run)
+        ]
         for t in threads:
             t.start()
 
@@ -146,12 +163,22 @@ def main() -> None:
                 entry = {"Source": "aws.ec2", "DetailType": ITN, "Detail": detail}
                 events.put_events(Entries=[entry])
             else:
-                sqs.send_message(QueueUrl=queue, MessageBody=json.dumps({
-                    "version": "0", "id": f"bench-{instance}", "detail-type": ITN,
-                    "source": "aws.ec2", "account": "123456789012", "region": REGION,
-                    "time": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "resources": [],
-                    "detail": json.loads(detail),
-                }))
+                sqs.send_message(
+                    QueueUrl=queue,
+                    MessageBody=json.dumps(
+                        {
+                            "version": "0",
+                            "id": f"bench-{instance}",
+                            "detail-type": ITN,
+                            "source": "aws.ec2",
+                            "account": "123456789012",
+                            "region": REGION,
+                            "time": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                            "resources": [],
+                            "detail": json.loads(detail),
+                        }
+                    ),
+                )
             delays.append(harness.wait_drained(node, timeout=30) - sent)
         deadline = time.monotonic() + 10  # the last batch is deleted right after its decision
         while source.counts["deleted"] < len(instances) and time.monotonic() < deadline:
@@ -162,10 +189,14 @@ def main() -> None:
         server.wait(10)
 
     ms = sorted(d * 1000 for d in delays)
-    print(f"notice -> drain decision via {args.via}, moto in its own process, "
-          f"20 s long poll, over {len(ms)} notices:")
-    print(f"  median {statistics.median(ms):.1f} ms   p90 {ms[int(0.9 * (len(ms) - 1))]:.1f} ms"
-          f"   max {ms[-1]:.1f} ms   min {ms[0]:.1f} ms")
+    print(
+        f"notice -> drain decision via {args.via}, moto in its own process, "
+        f"20 s long poll, over {len(ms)} notices:"
+    )
+    print(
+        f"  median {statistics.median(ms):.1f} ms   p90 {ms[int(0.9 * (len(ms) - 1))]:.1f} ms"
+        f"   max {ms[-1]:.1f} ms   min {ms[0]:.1f} ms"
+    )
     print(f"  consumer counts: {dict(source.counts)}")
 
 

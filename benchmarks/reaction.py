@@ -93,14 +93,21 @@ class Cluster:
     def _node_and_pods(self, slot: int) -> list[Obj]:
         name = self.node_name(slot)
         node = {
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": {
-                "karpenter.sh/capacity-type": "spot",
-                "node.kubernetes.io/instance-type": "p3.16xlarge",
-                "topology.kubernetes.io/zone": f"{REGION}a"}},
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": name,
+                "labels": {
+                    "karpenter.sh/capacity-type": "spot",
+                    "node.kubernetes.io/instance-type": "p3.16xlarge",
+                    "topology.kubernetes.io/zone": f"{REGION}a",
+                },
+            },
             "spec": {"providerID": f"aws:///{REGION}a/{self.instance(slot)}"},
-            "status": {"allocatable": {"nvidia.com/gpu": str(2 * PER_JOB_ON_NODE)},
-                       "conditions": [{"type": "Ready", "status": "True"}]},
+            "status": {
+                "allocatable": {"nvidia.com/gpu": str(2 * PER_JOB_ON_NODE)},
+                "conditions": [{"type": "Ready", "status": "True"}],
+            },
         }
         pods, out = [], [node]
         for job in (slot, (slot - 1) % self.n):
@@ -114,30 +121,69 @@ class Cluster:
         return out
 
     def _job(self, k: int) -> Obj:
-        template = {"spec": {"containers": [{"name": "main", "image": "trainer",
-                                             "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+        template = {
+            "spec": {
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "trainer",
+                        "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                    }
+                ]
+            }
+        }
         workers = 2 * PER_JOB_ON_NODE
         return {
-            "apiVersion": ET_API, "kind": "TrainingJob",
+            "apiVersion": ET_API,
+            "kind": "TrainingJob",
             "metadata": {"name": f"job-{k:05d}", "namespace": NS},
-            "spec": {"etReplicaSpecs": {"launcher": {"replicas": 1}, "worker": {
-                "replicas": workers, "minReplicas": 1, "maxReplicas": workers,
-                "template": template}}},
+            "spec": {
+                "etReplicaSpecs": {
+                    "launcher": {"replicas": 1},
+                    "worker": {
+                        "replicas": workers,
+                        "minReplicas": 1,
+                        "maxReplicas": workers,
+                        "template": template,
+                    },
+                }
+            },
             "status": {"phase": "Running", "currentScaler": ""},
         }
 
 
 def _worker(job: str, pod: str, index: int, node: str) -> Obj:
     return {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": pod, "namespace": NS, "labels": {
-            "training-job-name": job, "training-job-role": "worker",
-            "replica-index": str(index)},
-            "ownerReferences": [{"apiVersion": ET_API, "kind": "TrainingJob", "name": job,
-                                 "uid": "u", "controller": True}]},
-        "spec": {"nodeName": node, "containers": [
-            {"name": "main", "image": "trainer",
-             "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod,
+            "namespace": NS,
+            "labels": {
+                "training-job-name": job,
+                "training-job-role": "worker",
+                "replica-index": str(index),
+            },
+            "ownerReferences": [
+                {
+                    "apiVersion": ET_API,
+                    "kind": "TrainingJob",
+                    "name": job,
+                    "uid": "u",
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": {
+            "nodeName": node,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "trainer",
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                }
+            ],
+        },
         "status": {"phase": "Running"},
     }
 
@@ -152,8 +198,9 @@ class Observed:
         self.scale_ins: list[Obj] = []  # for the operator stand-in
 
     def saw_job(self, obj: Obj) -> None:
-        hosts = decode_drained((obj.get("metadata", {}).get("annotations") or {})
-                               .get(DRAINED_ANNOTATION))
+        hosts = decode_drained(
+            (obj.get("metadata", {}).get("annotations") or {}).get(DRAINED_ANNOTATION)
+        )
         now = time.monotonic()
         with self.lock:
             for host in hosts:
@@ -185,8 +232,15 @@ def watch_kind(
     while not stop.is_set():
         w = watch.Watch()
         try:
-            for event in w.stream(custom.list_namespaced_custom_object, GROUP, VERSION, NS, plural,
-                                  resource_version=rv or None, timeout_seconds=5):
+            for event in w.stream(
+                custom.list_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                NS,
+                plural,
+                resource_version=rv or None,
+                timeout_seconds=5,
+            ):
                 obj = event["object"]
                 if event["type"] == "ERROR":  # 410 Gone: watch again from now
                     rv = ""
@@ -212,19 +266,39 @@ def operator_stand_in(api: KubeApiServer, seen: Observed, stop: threading.Event)
                 if api.get("pods", pod, NS) is not None:
                     api.delete("pods", pod, NS)
             stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-            api.patch("scaleins", meta["name"], {"status": {"conditions": [
-                {"type": "Created", "status": "True", "lastTransitionTime": stamp},
-                {"type": "ScaleSucceeded", "status": "True", "lastTransitionTime": stamp}]}}, NS)
+            api.patch(
+                "scaleins",
+                meta["name"],
+                {
+                    "status": {
+                        "conditions": [
+                            {"type": "Created", "status": "True", "lastTransitionTime": stamp},
+                            {
+                                "type": "ScaleSucceeded",
+                                "status": "True",
+                                "lastTransitionTime": stamp,
+                            },
+                        ]
+                    }
+                },
+                NS,
+            )
 
 
 def interruption(instance: str) -> str:
-    return json.dumps({
-        "version": "0", "id": str(uuid.uuid4()),
-        "detail-type": "EC2 Spot Instance Interruption Warning", "source": "aws.ec2",
-        "account": "123456789012", "time": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "region": REGION, "resources": [f"arn:aws:ec2:{REGION}a:instance/{instance}"],
-        "detail": {"instance-id": instance, "instance-action": "terminate"},
-    })
+    return json.dumps(
+        {
+            "version": "0",
+            "id": str(uuid.uuid4()),
+            "detail-type": "EC2 Spot Instance Interruption Warning",
+            "source": "aws.ec2",
+            "account": "123456789012",
+            "time": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "region": REGION,
+            "resources": [f"arn:aws:ec2:{REGION}a:instance/{instance}"],
+            "detail": {"instance-id": instance, "instance-action": "terminate"},
+        }
+    )
 
 
 def run_size(nodes: int, notices: int, round_size: int, spacing: float) -> dict[str, Any]:
@@ -232,9 +306,15 @@ def run_size(nodes: int, notices: int, round_size: int, spacing: float) -> dict[
     moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     moto.start()
     host, port = moto.get_host_and_port()
-    env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-           "AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_DEFAULT_REGION": REGION,
-           "POD_NAME": "reaction-bench", "POD_NAMESPACE": "default"}
+    env = {
+        **os.environ,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+        "AWS_DEFAULT_REGION": REGION,
+        "POD_NAME": "reaction-bench",
+        "POD_NAMESPACE": "default",
+    }
     os.environ.update({k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")})
     sqs = boto3.client("sqs", region_name=REGION, endpoint_url=env["AWS_ENDPOINT_URL"])
     queue = sqs.create_queue(QueueName=f"notices-{uuid.uuid4().hex[:8]}")["QueueUrl"]
@@ -242,8 +322,14 @@ def run_size(nodes: int, notices: int, round_size: int, spacing: float) -> dict[
     seen = Observed()
     # a long event history: watches resume instead of relisting (no 410 Gone mid-run)
     with KubeApiServer(history_limit=500_000) as api, tempfile.TemporaryDirectory() as tmp:
-        api.seed({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS},
-                  "status": {"phase": "Active"}})
+        api.seed(
+            {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"name": NS},
+                "status": {"phase": "Active"},
+            }
+        )
         cluster = Cluster(api, nodes)
         cluster.seed()
         kubeconfig = api.kubeconfig(str(Path(tmp) / "kubeconfig"))
@@ -254,14 +340,20 @@ def run_size(nodes: int, notices: int, round_size: int, spacing: float) -> dict[
             threading.Thread(target=watch_kind, args=(api.api_client(), p, f, stop), daemon=True)
             for p, f in (("trainingjobs", seen.saw_job), ("scaleins", seen.saw_scale_in))
         ]
-        threads.append(threading.Thread(target=operator_stand_in, args=(api, seen, stop),
-                                        daemon=True))
+        threads.append(
+            threading.Thread(target=operator_stand_in, args=(api, seen, stop), daemon=True)
+        )
         for t in threads:
             t.start()
         cli = Path(sys.executable).with_name("spot-autoscaler")
-        daemon = subprocess.Popen([str(cli), "run", "--config", str(config), "--kubeconfig",
-                                   kubeconfig], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.PIPE, text=True)
+        daemon = subprocess.Popen(
+            [str(cli), "run", "--config", str(config), "--kubeconfig", kubeconfig],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             ready = _wait_for_daemon(api)
             samples = _rounds(cluster, sqs, queue, seen, notices, round_size, spacing, daemon)
@@ -273,27 +365,40 @@ def run_size(nodes: int, notices: int, round_size: int, spacing: float) -> dict[
             moto.stop()
     drain = [s["drain"] for s in samples]
     scale_in = [s["scale_in"] for s in samples]
-    return {"nodes": nodes, "pods": nodes * 2 * PER_JOB_ON_NODE, "notices": len(samples),
-            "daemon_ready_s": round(ready, 1), "drain_s": _stats(drain),
-            "scale_in_s": _stats(scale_in), "daemon_errors": _errors(err),
-            # the daemon's own view: one pass, and a notice received -> its drain/ScaleIn applied
-            "pass_mean_s": _mean(metrics, "spot_autoscaler_reconcile_duration_seconds"),
-            "daemon_reaction_mean_s": _mean(metrics, "spot_autoscaler_reaction_latency_seconds")}
+    return {
+        "nodes": nodes,
+        "pods": nodes * 2 * PER_JOB_ON_NODE,
+        "notices": len(samples),
+        "daemon_ready_s": round(ready, 1),
+        "drain_s": _stats(drain),
+        "scale_in_s": _stats(scale_in),
+        "daemon_errors": _errors(err),
+        # the daemon's own view: one pass, and a notice received -> its drain/ScaleIn applied
+        "pass_mean_s": _mean(metrics, "spot_autoscaler_reconcile_duration_seconds"),
+        "daemon_reaction_mean_s": _mean(metrics, "spot_autoscaler_reaction_latency_seconds"),
+    }
 
 
 def _wait_for_daemon(api: KubeApiServer, timeout: float = 300.0) -> float:
     """Until the daemon holds the Lease and has listed everything (its watches are open)."""
     started = time.monotonic()
     api.wait_until(lambda: api.count(watch=True, path_contains="/pods") > 0, timeout=timeout)
-    api.wait_until(lambda: api.get("leases", "spot-autoscaler", "default") is not None,
-                   timeout=timeout)
+    api.wait_until(
+        lambda: api.get("leases", "spot-autoscaler", "default") is not None, timeout=timeout
+    )
     time.sleep(2.0)  # the first pass after sync
     return time.monotonic() - started
 
 
 def _rounds(
-    cluster: Cluster, sqs: Any, queue: str, seen: Observed, notices: int, round_size: int,
-    spacing: float, daemon: subprocess.Popen[str],
+    cluster: Cluster,
+    sqs: Any,
+    queue: str,
+    seen: Observed,
+    notices: int,
+    round_size: int,
+    spacing: float,
+    daemon: subprocess.Popen[str],
 ) -> list[dict[str, float]]:
     # nodes 0, 2, 4, ... touch disjoint pairs of jobs: one round never has two scalers per job
     slots = list(range(0, cluster.n - 1, 2))
@@ -309,13 +414,17 @@ def _rounds(
             time.sleep(spacing)
         pods = {slot: [p for _, p in cluster.pods_on[slot]] for slot in batch}
         if not seen.wait_for_pods([p for ps in pods.values() for p in ps], timeout=60):
-            raise RuntimeError(f"round {cursor // round_size}: no reaction within 60 s "
-                               f"(daemon exit code {daemon.poll()})")
+            raise RuntimeError(
+                f"round {cursor // round_size}: no reaction within 60 s "
+                f"(daemon exit code {daemon.poll()})"
+            )
         for slot in batch:
-            samples.append({
-                "drain": max(seen.drained[p] for p in pods[slot]) - sent[slot],
-                "scale_in": max(seen.scaled_in[p] for p in pods[slot]) - sent[slot],
-            })
+            samples.append(
+                {
+                    "drain": max(seen.drained[p] for p in pods[slot]) - sent[slot],
+                    "scale_in": max(seen.scaled_in[p] for p in pods[slot]) - sent[slot],
+                }
+            )
         time.sleep(1.0)  # the stand-in deletes the pods and marks the ScaleIns done
         for slot in batch:
             cluster.replace(slot)
@@ -347,8 +456,11 @@ def _mean(metrics: dict[str, float], histogram: str) -> float | None:
 def _stats(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
     p99 = ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))]
-    return {"median": round(statistics.median(ordered), 3), "p99": round(p99, 3),
-            "max": round(ordered[-1], 3)}
+    return {
+        "median": round(statistics.median(ordered), 3),
+        "p99": round(p99, 3),
+        "max": round(ordered[-1], 3),
+    }
 
 
 def _errors(stderr: str) -> int:
@@ -367,14 +479,17 @@ def main() -> int:
     for size in map(int, args.sizes.split(",")):
         r = run_size(size, args.notices, args.round, args.spacing)
         results.append(r)
-        print(f"{r['nodes']:,} nodes / {r['pods']:,} pods, {r['notices']} notices "
-              f"(daemon ready in {r['daemon_ready_s']} s, {r['daemon_errors']} error lines):\n"
-              f"  notice -> drain:   median {r['drain_s']['median']} s, "
-              f"p99 {r['drain_s']['p99']} s, max {r['drain_s']['max']} s\n"
-              f"  notice -> ScaleIn: median {r['scale_in_s']['median']} s, "
-              f"p99 {r['scale_in_s']['p99']} s, max {r['scale_in_s']['max']} s\n"
-              f"  daemon: mean pass {r['pass_mean_s']} s, mean notice received -> applied "
-              f"{r['daemon_reaction_mean_s']} s", flush=True)
+        print(
+            f"{r['nodes']:,} nodes / {r['pods']:,} pods, {r['notices']} notices "
+            f"(daemon ready in {r['daemon_ready_s']} s, {r['daemon_errors']} error lines):\n"
+            f"  notice -> drain:   median {r['drain_s']['median']} s, "
+            f"p99 {r['drain_s']['p99']} s, max {r['drain_s']['max']} s\n"
+            f"  notice -> ScaleIn: median {r['scale_in_s']['median']} s, "
+            f"p99 {r['scale_in_s']['p99']} s, max {r['scale_in_s']['max']} s\n"
+            f"  daemon: mean pass {r['pass_mean_s']} s, mean notice received -> applied "
+            f"{r['daemon_reaction_mean_s']} s",
+            flush=True,
+        )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0

@@ -85,18 +85,33 @@ def layout(nodes: int, jobs: int) -> tuple[list[NodeRow], list[list[tuple[str, i
 def core_snapshot(nodes: int, jobs: int) -> Snapshot:
     node_rows, placed = layout(nodes, jobs)
     gpu_nodes = tuple(
-        GpuNode(name, GPUS, busy, CapacityType.SPOT if spot else CapacityType.ON_DEMAND,
-                7.34 if spot else 24.48, schedulable=not noticed)
+        GpuNode(
+            name,
+            GPUS,
+            busy,
+            CapacityType.SPOT if spot else CapacityType.ON_DEMAND,
+            7.34 if spot else 24.48,
+            schedulable=not noticed,
+        )
         for name, busy, spot, noticed in node_rows
     )
     notices = tuple(
         Notice(name, NoticeKind.INTERRUPTION, "k8s-taint", f"{NTH_TAINT}={name}")
-        for name, _, _, noticed in node_rows if noticed
+        for name, _, _, noticed in node_rows
+        if noticed
     )
     job_objs = tuple(
-        Job("ml", f"job-{j:04d}", 1, len(ws) + HEADROOM, 1.0,
-            workers=tuple(Worker(f"job-{j:04d}-worker-{i}", node, f"job-{j:04d}-worker-{i}", i)
-                          for node, i in ws))
+        Job(
+            "ml",
+            f"job-{j:04d}",
+            1,
+            len(ws) + HEADROOM,
+            1.0,
+            workers=tuple(
+                Worker(f"job-{j:04d}-worker-{i}", node, f"job-{j:04d}-worker-{i}", i)
+                for node, i in ws
+            ),
+        )
         for j, ws in enumerate(placed)
     )
     idle = {n.name: NOW - timedelta(hours=1) for n in gpu_nodes}
@@ -105,107 +120,260 @@ def core_snapshot(nodes: int, jobs: int) -> Snapshot:
 
 def _managed_fields(manager: str) -> list[Obj]:
     fields = {f"f:{k}": {} for k in ("labels", "ownerReferences", "spec", "status", "conditions")}
-    return [{"manager": manager, "operation": "Update", "apiVersion": "v1",
-             "time": "2026-03-02T11:00:00Z", "fieldsType": "FieldsV1", "fieldsV1": fields}]
+    return [
+        {
+            "manager": manager,
+            "operation": "Update",
+            "apiVersion": "v1",
+            "time": "2026-03-02T11:00:00Z",
+            "fieldsType": "FieldsV1",
+            "fieldsV1": fields,
+        }
+    ]
 
 
 def raw_node(name: str, spot: bool, noticed: bool) -> Obj:
-    taints = [{"key": NTH_TAINT, "value": f"evt-{name}", "effect": "NoSchedule",
-               "timeAdded": "2026-03-02T11:59:00Z"}] if noticed else []
-    labels = {"karpenter.sh/capacity-type": "spot" if spot else "on-demand",
-              "node.kubernetes.io/instance-type": "p3.16xlarge", "kubernetes.io/os": "linux",
-              "topology.kubernetes.io/zone": "us-east-1a", "kubernetes.io/hostname": name}
-    conditions = [{"type": t, "status": "False", "reason": f"Kubelet{t}",
-                   "lastHeartbeatTime": "2026-03-02T11:59:30Z",
-                   "lastTransitionTime": "2026-03-02T10:00:00Z"}
-                  for t in ("MemoryPressure", "DiskPressure", "PIDPressure")]
-    conditions.append({"type": "Ready", "status": "True", "reason": "KubeletReady",
-                       "lastHeartbeatTime": "2026-03-02T11:59:30Z",
-                       "lastTransitionTime": "2026-03-02T10:00:00Z"})
+    taints = (
+        [
+            {
+                "key": NTH_TAINT,
+                "value": f"evt-{name}",
+                "effect": "NoSchedule",
+                "timeAdded": "2026-03-02T11:59:00Z",
+            }
+        ]
+        if noticed
+        else []
+    )
+    labels = {
+        "karpenter.sh/capacity-type": "spot" if spot else "on-demand",
+        "node.kubernetes.io/instance-type": "p3.16xlarge",
+        "kubernetes.io/os": "linux",
+        "topology.kubernetes.io/zone": "us-east-1a",
+        "kubernetes.io/hostname": name,
+    }
+    conditions = [
+        {
+            "type": t,
+            "status": "False",
+            "reason": f"Kubelet{t}",
+            "lastHeartbeatTime": "2026-03-02T11:59:30Z",
+            "lastTransitionTime": "2026-03-02T10:00:00Z",
+        }
+        for t in ("MemoryPressure", "DiskPressure", "PIDPressure")
+    ]
+    conditions.append(
+        {
+            "type": "Ready",
+            "status": "True",
+            "reason": "KubeletReady",
+            "lastHeartbeatTime": "2026-03-02T11:59:30Z",
+            "lastTransitionTime": "2026-03-02T10:00:00Z",
+        }
+    )
     return {
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": name, "uid": f"uid-{name}", "resourceVersion": "1", "labels": labels,
-                     "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
-                     "managedFields": _managed_fields("kubelet")},
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "uid": f"uid-{name}",
+            "resourceVersion": "1",
+            "labels": labels,
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
+            "managedFields": _managed_fields("kubelet"),
+        },
         "spec": {"providerID": f"aws:///us-east-1a/i-{name}", "taints": taints},
-        "status": {"allocatable": {"cpu": "63", "memory": "480Gi", "nvidia.com/gpu": str(GPUS),
-                                   "pods": "110"},
-                   "capacity": {"cpu": "64", "memory": "488Gi", "nvidia.com/gpu": str(GPUS),
-                                "pods": "110"},
-                   "conditions": conditions,
-                   "addresses": [{"type": "InternalIP", "address": "10.0.0.1"},
-                                 {"type": "Hostname", "address": name}],
-                   "nodeInfo": {"kubeletVersion": "v1.30.0", "containerRuntimeVersion":
-                                "containerd://1.7.11", "osImage": "Amazon Linux 2"}},
+        "status": {
+            "allocatable": {
+                "cpu": "63",
+                "memory": "480Gi",
+                "nvidia.com/gpu": str(GPUS),
+                "pods": "110",
+            },
+            "capacity": {
+                "cpu": "64",
+                "memory": "488Gi",
+                "nvidia.com/gpu": str(GPUS),
+                "pods": "110",
+            },
+            "conditions": conditions,
+            "addresses": [
+                {"type": "InternalIP", "address": "10.0.0.1"},
+                {"type": "Hostname", "address": name},
+            ],
+            "nodeInfo": {
+                "kubeletVersion": "v1.30.0",
+                "containerRuntimeVersion": "containerd://1.7.11",
+                "osImage": "Amazon Linux 2",
+            },
+        },
     }
 
 
 def raw_pod(name: str, node: str, gpus: int, job: str | None, index: int) -> Obj:
     labels = {"app": job or "node-exporter"}
-    owners = [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "node-exporter",
-               "uid": "uid-ds", "controller": True}]
+    owners = [
+        {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "name": "node-exporter",
+            "uid": "uid-ds",
+            "controller": True,
+        }
+    ]
     if job is not None:
-        labels = {"group-name": "kai.alibabacloud.com", "training-job-name": job,
-                  "training-job-role": "worker", "replica-index": str(index)}
-        owners = [{"apiVersion": ET_API, "kind": "TrainingJob", "name": job,
-                   "uid": f"uid-{job}", "controller": True, "blockOwnerDeletion": True}]
-    resources = {"limits": {"nvidia.com/gpu": str(gpus), "cpu": "7", "memory": "60Gi"},
-                 "requests": {"nvidia.com/gpu": str(gpus), "cpu": "7", "memory": "60Gi"}}
+        labels = {
+            "group-name": "kai.alibabacloud.com",
+            "training-job-name": job,
+            "training-job-role": "worker",
+            "replica-index": str(index),
+        }
+        owners = [
+            {
+                "apiVersion": ET_API,
+                "kind": "TrainingJob",
+                "name": job,
+                "uid": f"uid-{job}",
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    resources = {
+        "limits": {"nvidia.com/gpu": str(gpus), "cpu": "7", "memory": "60Gi"},
+        "requests": {"nvidia.com/gpu": str(gpus), "cpu": "7", "memory": "60Gi"},
+    }
     container = {
-        "name": "main", "image": "registry.example.com/train/horovod:0.28.1-torch2",
-        "command": ["/bin/sh", "-c"], "args": ["sleep infinity"],
+        "name": "main",
+        "image": "registry.example.com/train/horovod:0.28.1-torch2",
+        "command": ["/bin/sh", "-c"],
+        "args": ["sleep infinity"],
         "env": [{"name": f"ENV_{i}", "value": f"value-{i}"} for i in range(8)],
         "resources": resources if gpus else {"requests": {"cpu": "50m", "memory": "64Mi"}},
-        "volumeMounts": [{"name": "kube-api-access", "readOnly": True,
-                          "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"},
-                         {"name": "edl", "mountPath": "/etc/edl"}],
-        "imagePullPolicy": "IfNotPresent", "terminationMessagePath": "/dev/termination-log",
+        "volumeMounts": [
+            {
+                "name": "kube-api-access",
+                "readOnly": True,
+                "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+            },
+            {"name": "edl", "mountPath": "/etc/edl"},
+        ],
+        "imagePullPolicy": "IfNotPresent",
+        "terminationMessagePath": "/dev/termination-log",
         "terminationMessagePolicy": "File",
     }
     return {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "ml" if job else "kube-system",
-                     "uid": f"uid-{name}",
-                     "resourceVersion": "1", "creationTimestamp": "2026-03-02T10:00:00Z",
-                     "labels": labels, "ownerReferences": owners,
-                     "managedFields": _managed_fields("kubelet")},
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "ml" if job else "kube-system",
+            "uid": f"uid-{name}",
+            "resourceVersion": "1",
+            "creationTimestamp": "2026-03-02T10:00:00Z",
+            "labels": labels,
+            "ownerReferences": owners,
+            "managedFields": _managed_fields("kubelet"),
+        },
         "spec": {
-            "nodeName": node, "containers": [container], "restartPolicy": "Always",
-            "schedulerName": "default-scheduler", "serviceAccountName": "default",
-            "dnsPolicy": "ClusterFirst", "priority": 0, "enableServiceLinks": True,
-            "tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists",
-                             "effect": "NoExecute", "tolerationSeconds": 300},
-                            {"key": "node.kubernetes.io/unreachable", "operator": "Exists",
-                             "effect": "NoExecute", "tolerationSeconds": 300}],
-            "volumes": [{"name": "kube-api-access", "projected": {"defaultMode": 420, "sources": [
-                {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
-                {"configMap": {"name": "kube-root-ca.crt",
-                               "items": [{"key": "ca.crt", "path": "ca.crt"}]}}]}},
-                        {"name": "edl", "emptyDir": {}}],
+            "nodeName": node,
+            "containers": [container],
+            "restartPolicy": "Always",
+            "schedulerName": "default-scheduler",
+            "serviceAccountName": "default",
+            "dnsPolicy": "ClusterFirst",
+            "priority": 0,
+            "enableServiceLinks": True,
+            "tolerations": [
+                {
+                    "key": "node.kubernetes.io/not-ready",
+                    "operator": "Exists",
+                    "effect": "NoExecute",
+                    "tolerationSeconds": 300,
+                },
+                {
+                    "key": "node.kubernetes.io/unreachable",
+                    "operator": "Exists",
+                    "effect": "NoExecute",
+                    "tolerationSeconds": 300,
+                },
+            ],
+            "volumes": [
+                {
+                    "name": "kube-api-access",
+                    "projected": {
+                        "defaultMode": 420,
+                        "sources": [
+                            {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                            {
+                                "configMap": {
+                                    "name": "kube-root-ca.crt",
+                                    "items": [{"key": "ca.crt", "path": "ca.crt"}],
+                                }
+                            },
+                        ],
+                    },
+                },
+                {"name": "edl", "emptyDir": {}},
+            ],
         },
         "status": {
-            "phase": "Running", "hostIP": "10.0.0.1", "podIP": "10.1.0.1", "qosClass": "Guaranteed",
+            "phase": "Running",
+            "hostIP": "10.0.0.1",
+            "podIP": "10.1.0.1",
+            "qosClass": "Guaranteed",
             "startTime": "2026-03-02T10:00:00Z",
-            "conditions": [{"type": t, "status": "True", "lastProbeTime": None,
-                            "lastTransitionTime": "2026-03-02T10:00:05Z"}
-                           for t in ("Initialized", "Ready", "ContainersReady", "PodScheduled")],
-            "containerStatuses": [{"name": "main", "ready": True, "restartCount": 0,
-                                   "image": container["image"], "imageID": "sha256:" + "0" * 64,
-                                   "containerID": "containerd://" + "1" * 64, "started": True,
-                                   "state": {"running": {"startedAt": "2026-03-02T10:00:04Z"}}}],
+            "conditions": [
+                {
+                    "type": t,
+                    "status": "True",
+                    "lastProbeTime": None,
+                    "lastTransitionTime": "2026-03-02T10:00:05Z",
+                }
+                for t in ("Initialized", "Ready", "ContainersReady", "PodScheduled")
+            ],
+            "containerStatuses": [
+                {
+                    "name": "main",
+                    "ready": True,
+                    "restartCount": 0,
+                    "image": container["image"],
+                    "imageID": "sha256:" + "0" * 64,
+                    "containerID": "containerd://" + "1" * 64,
+                    "started": True,
+                    "state": {"running": {"startedAt": "2026-03-02T10:00:04Z"}},
+                }
+            ],
         },
     }
 
 
 def raw_job(name: str, workers: int) -> Obj:
-    template = {"spec": {"containers": [{"name": "main", "image": "trainer", "resources": {
-        "limits": {"nvidia.com/gpu": "1"}}}]}}
+    template = {
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "trainer",
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                }
+            ]
+        }
+    }
     return {
-        "apiVersion": ET_API, "kind": "TrainingJob",
+        "apiVersion": ET_API,
+        "kind": "TrainingJob",
         "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}", "resourceVersion": "1"},
-        "spec": {"etReplicaSpecs": {"launcher": {"replicas": 1}, "worker": {
-            "replicas": workers, "minReplicas": 1, "maxReplicas": workers + HEADROOM,
-            "template": template}}},
+        "spec": {
+            "etReplicaSpecs": {
+                "launcher": {"replicas": 1},
+                "worker": {
+                    "replicas": workers,
+                    "minReplicas": 1,
+                    "maxReplicas": workers + HEADROOM,
+                    "template": template,
+                },
+            }
+        },
         "status": {"phase": "Running", "currentScaler": ""},
     }
 
@@ -243,8 +411,10 @@ def cpu_and_wall(
         fn()
         cpu.append(time.process_time() - c)
         wall.append(time.perf_counter() - w)
-    return {"cpu_ms": round(statistics.median(cpu) * 1000, 1),
-            "wall_ms": round(statistics.median(wall) * 1000, 1)}
+    return {
+        "cpu_ms": round(statistics.median(cpu) * 1000, 1),
+        "wall_ms": round(statistics.median(wall) * 1000, 1),
+    }
 
 
 def traced_peak_mb(fn: Callable[[], object]) -> float:
@@ -273,13 +443,19 @@ def measure(nodes: int, jobs: int, repeat: int, kube: bool) -> dict[str, Any]:
     from autoscaler.config import Config
 
     config = Config()
-    out: dict[str, Any] = {"nodes": nodes, "jobs": jobs, "pods": nodes * PODS_PER_NODE,
-                           "rss_baseline_mb": round(current_rss_mb(), 1)}
+    out: dict[str, Any] = {
+        "nodes": nodes,
+        "jobs": jobs,
+        "pods": nodes * PODS_PER_NODE,
+        "rss_baseline_mb": round(current_rss_mb(), 1),
+    }
     snapshot = core_snapshot(nodes, jobs)
     decisions = decide(snapshot, config, NOW)
     out["workers"] = sum(len(j.workers) for j in snapshot.jobs)
-    out["decisions"] = {a: sum(1 for d in decisions if d.action.value == a)
-                        for a in ("scale_out", "scale_in", "drain", "noop")}
+    out["decisions"] = {
+        a: sum(1 for d in decisions if d.action.value == a)
+        for a in ("scale_out", "scale_in", "drain", "noop")
+    }
     out["decide"] = cpu_and_wall(lambda: decide(snapshot, config, NOW), repeat)
     reconciler = measure_kube(nodes, jobs, repeat, config, out) if kube else None
     out["rss_peak_mb"] = rss_mb()
@@ -366,10 +542,12 @@ def measure_api(nodes: int, jobs: int, window: float, watch_timeout: float) -> d
             synced = time.perf_counter() - started
             initial = api.count()
             api.clear_requests()
-            observer = KubeObserver(cache, config.kubernetes, config.prices, NoticeBoard(),
-                                    PriceBook())
-            reconciler = Reconciler(observer, DryRunActuator(), config.policy_set,
-                                    structlog.get_logger())
+            observer = KubeObserver(
+                cache, config.kubernetes, config.prices, NoticeBoard(), PriceBook()
+            )
+            reconciler = Reconciler(
+                observer, DryRunActuator(), config.policy_set, structlog.get_logger()
+            )
             begin, ticks = time.perf_counter(), 0
             while time.perf_counter() - begin < window:
                 reconciler.tick(datetime.now(UTC))
@@ -380,33 +558,46 @@ def measure_api(nodes: int, jobs: int, window: float, watch_timeout: float) -> d
         finally:
             cache.stop()
     return {
-        "nodes": nodes, "pods": nodes * PODS_PER_NODE, "initial_sync_s": round(synced, 1),
-        "initial_requests": initial, "window_s": round(elapsed, 1), "ticks": ticks,
+        "nodes": nodes,
+        "pods": nodes * PODS_PER_NODE,
+        "initial_sync_s": round(synced, 1),
+        "initial_requests": initial,
+        "window_s": round(elapsed, 1),
+        "ticks": ticks,
         "watch_timeout_s": watch_timeout,
-        "requests": len(steady), "watch_requests": sum(1 for r in steady if r.watch),
+        "requests": len(steady),
+        "watch_requests": sum(1 for r in steady if r.watch),
         "requests_per_min": round(len(steady) * 60 / elapsed, 1),
     }
 
 
 # --- driver ---------------------------------------------------------------------------------
 def run_child(args: list[str]) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True,
-                          check=False)
+    proc = subprocess.run(
+        [sys.executable, __file__, *args], capture_output=True, text=True, check=False
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"{args}: {proc.stderr.strip()[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    lines = ["| nodes | jobs | pods | decide ms | snapshot cold ms | snapshot warm ms | tick ms "
-             "| tick, 1% changed ms | cache RSS MB | peak RSS MB | tick alloc peak MB |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| nodes | jobs | pods | decide ms | snapshot cold ms | snapshot warm ms | tick ms "
+        "| tick, 1% changed ms | cache RSS MB | peak RSS MB | tick alloc peak MB |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in results:
         k = r.get("kube") or {}
-        cells = [k.get("snapshot_cold", {}).get("cpu_ms"), k.get("snapshot_warm", {}).get("cpu_ms"),
-                 k.get("tick", {}).get("cpu_ms"), k.get("tick_churn", {}).get("cpu_ms"),
-                 k.get("cache_rss_mb"), r["rss_peak_mb"],
-                 k.get("tick", {}).get("alloc_peak_mb")]
+        cells = [
+            k.get("snapshot_cold", {}).get("cpu_ms"),
+            k.get("snapshot_warm", {}).get("cpu_ms"),
+            k.get("tick", {}).get("cpu_ms"),
+            k.get("tick_churn", {}).get("cpu_ms"),
+            k.get("cache_rss_mb"),
+            r["rss_peak_mb"],
+            k.get("tick", {}).get("alloc_peak_mb"),
+        ]
         head = f"| {r['nodes']:,} | {r['jobs']:,} | {r['pods']:,} | {r['decide']['cpu_ms']} | "
         lines.append(head + " | ".join(_or_dash(c) for c in cells) + " |")
     return "\n".join(lines)
@@ -432,8 +623,9 @@ def growth(results: list[dict[str, Any]]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default=",".join(f"{n}:{j}" for n, j in SIZES),
-                        help="comma-separated nodes:jobs")
+    parser.add_argument(
+        "--sizes", default=",".join(f"{n}:{j}" for n, j in SIZES), help="comma-separated nodes:jobs"
+    )
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--no-kube", action="store_true", help="measure decide only")
     parser.add_argument("--api", action="store_true", help="also count API requests (emulator)")
@@ -465,14 +657,18 @@ def main() -> int:
     print()
     print(growth(results))
     if args.api:
-        report["api"] = [run_child(["--one-api", s, "--api-window", str(args.api_window)])
-                         for s in args.api_sizes.split(",")]
+        report["api"] = [
+            run_child(["--one-api", s, "--api-window", str(args.api_window)])
+            for s in args.api_sizes.split(",")
+        ]
         for a in report["api"]:
-            print(f"\nAPI, {a['nodes']:,} nodes / {a['pods']:,} pods: initial sync "
-                  f"{a['initial_sync_s']} s in {a['initial_requests']} requests; steady state "
-                  f"{a['requests_per_min']} requests/min over {a['window_s']} s with "
-                  f"{a['ticks']} ticks (watch timeout {a['watch_timeout_s']} s: "
-                  f"{a['watch_requests']} re-watches)")
+            print(
+                f"\nAPI, {a['nodes']:,} nodes / {a['pods']:,} pods: initial sync "
+                f"{a['initial_sync_s']} s in {a['initial_requests']} requests; steady state "
+                f"{a['requests_per_min']} requests/min over {a['window_s']} s with "
+                f"{a['ticks']} ticks (watch timeout {a['watch_timeout_s']} s: "
+                f"{a['watch_requests']} re-watches)"
+            )
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0

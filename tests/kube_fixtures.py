@@ -28,7 +28,6 @@ CCE_API = "kongming.cce.baiudbce.com/v1"
 GPU = "nvidia.com/gpu"
 
 
-
 def now() -> datetime:
     return datetime.now(UTC)
 
@@ -51,20 +50,34 @@ def node(
     allocatable: dict[str, Any] | None = None,
     provider_id: str = "",
 ) -> Obj:
-    base_labels = {"karpenter.sh/capacity-type": "spot",
-                   "node.kubernetes.io/instance-type": "p3.16xlarge",
-                   "topology.kubernetes.io/zone": "us-east-1a"}
+    base_labels = {
+        "karpenter.sh/capacity-type": "spot",
+        "node.kubernetes.io/instance-type": "p3.16xlarge",
+        "topology.kubernetes.io/zone": "us-east-1a",
+    }
     return {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {"name": name, "labels": {**base_labels, **(labels or {})},
-                     "annotations": annotations or {}},
-        "spec": {"unschedulable": unschedulable, "taints": taints or [],
-                 **({"providerID": provider_id} if provider_id else {})},
+        "metadata": {
+            "name": name,
+            "labels": {**base_labels, **(labels or {})},
+            "annotations": annotations or {},
+        },
+        "spec": {
+            "unschedulable": unschedulable,
+            "taints": taints or [],
+            **({"providerID": provider_id} if provider_id else {}),
+        },
         "status": {
             "allocatable": {"cpu": "64", GPU: str(gpus), **(allocatable or {})},
-            "conditions": [{"type": "Ready", "status": "True" if ready else "False",
-                            "lastHeartbeatTime": stamp()}, *(conditions or [])],
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True" if ready else "False",
+                    "lastHeartbeatTime": stamp(),
+                },
+                *(conditions or []),
+            ],
         },
     }
 
@@ -101,19 +114,46 @@ def pod(
     meta: Obj = {"name": name, "namespace": namespace, "labels": labels or {}}
     if owner:
         meta["ownerReferences"] = [owner]
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec,
-            "status": {"phase": phase}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": spec,
+        "status": {"phase": phase},
+    }
 
 
-def worker(job: str, index: int, node_name: str | None, phase: str = "Running", gpus: float = 1,
-           namespace: str = NS) -> Obj:
+def worker(
+    job: str,
+    index: int,
+    node_name: str | None,
+    phase: str = "Running",
+    gpus: float = 1,
+    namespace: str = NS,
+) -> Obj:
     """An et-operator worker pod, labelled the way the operator labels them."""
-    labels = {"group-name": "kai.alibabacloud.com", "training-job-name": job,
-              "training-job-role": "worker", "replica-index": str(index)}
-    owner = {"apiVersion": ET_API, "kind": "TrainingJob", "name": job, "uid": "u",
-             "controller": True}
-    return pod(f"{job}-worker-{index}", node_name, gpus, phase=phase, namespace=namespace,
-               labels=labels, owner=owner)
+    labels = {
+        "group-name": "kai.alibabacloud.com",
+        "training-job-name": job,
+        "training-job-role": "worker",
+        "replica-index": str(index),
+    }
+    owner = {
+        "apiVersion": ET_API,
+        "kind": "TrainingJob",
+        "name": job,
+        "uid": "u",
+        "controller": True,
+    }
+    return pod(
+        f"{job}-worker-{index}",
+        node_name,
+        gpus,
+        phase=phase,
+        namespace=namespace,
+        labels=labels,
+        owner=owner,
+    )
 
 
 def training_job(
@@ -140,17 +180,28 @@ def training_job(
     if slots is not None:
         spec["slotsPerWorker"] = slots
     return {
-        "apiVersion": ET_API, "kind": "TrainingJob",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels or {},
-                     "annotations": annotations or {}},
+        "apiVersion": ET_API,
+        "kind": "TrainingJob",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": labels or {},
+            "annotations": annotations or {},
+        },
         "spec": spec,
         "status": {"phase": phase, "currentScaler": current_scaler},
     }
 
 
 def scaler(
-    kind: str, name: str, job: str, *, outcome: str | None = None, at: datetime | None = None,
-    pods: list[str] | None = None, namespace: str = NS,
+    kind: str,
+    name: str,
+    job: str,
+    *,
+    outcome: str | None = None,
+    at: datetime | None = None,
+    pods: list[str] | None = None,
+    namespace: str = NS,
 ) -> Obj:
     """A ScaleOut/ScaleIn; `outcome` ScaleSucceeded/ScaleFailed finishes it at `at`."""
     conditions = [{"type": "Created", "status": "True", "lastTransitionTime": stamp(at)}]
@@ -164,28 +215,52 @@ def scaler(
     meta: Obj = {"name": name, "namespace": namespace}
     if at is not None:
         meta["creationTimestamp"] = stamp(at)
-    return {"apiVersion": ET_API, "kind": kind, "metadata": meta, "spec": spec,
-            "status": {"conditions": conditions}}
+    return {
+        "apiVersion": ET_API,
+        "kind": kind,
+        "metadata": meta,
+        "spec": spec,
+        "status": {"conditions": conditions},
+    }
 
 
 def ai_training_job(
-    name: str, *, replicas: int = 2, min_workers: int = 1, max_workers: int = 4,
-    phase: str = "Running", fault_tolerant: bool = True, namespace: str = NS,
+    name: str,
+    *,
+    replicas: int = 2,
+    min_workers: int = 1,
+    max_workers: int = 4,
+    phase: str = "Running",
+    fault_tolerant: bool = True,
+    namespace: str = NS,
 ) -> Obj:
-    trainer = {"replicas": replicas, "minReplicas": min_workers, "maxReplicas": max_workers,
-               "template": {"spec": {"containers": [container(1)]}}}
+    trainer = {
+        "replicas": replicas,
+        "minReplicas": min_workers,
+        "maxReplicas": max_workers,
+        "template": {"spec": {"containers": [container(1)]}},
+    }
     return {
-        "apiVersion": CCE_API, "kind": "AITrainingJob",
+        "apiVersion": CCE_API,
+        "kind": "AITrainingJob",
         "metadata": {"name": name, "namespace": namespace},
-        "spec": {"faultTolerant": fault_tolerant, "frameworkType": "horovod",
-                 "replicaSpecs": {"launcher": {"replicas": 1}, "trainer": trainer}},
+        "spec": {
+            "faultTolerant": fault_tolerant,
+            "frameworkType": "horovod",
+            "replicaSpecs": {"launcher": {"replicas": 1}, "trainer": trainer},
+        },
         "status": {"phase": phase},
     }
 
 
 def trainer(job: str, index: int, node_name: str | None, namespace: str = NS) -> Obj:
-    owner = {"apiVersion": CCE_API, "kind": "AITrainingJob", "name": job, "uid": "u",
-             "controller": True}
+    owner = {
+        "apiVersion": CCE_API,
+        "kind": "AITrainingJob",
+        "name": job,
+        "uid": "u",
+        "controller": True,
+    }
     return pod(f"{job}-trainer-{index}", node_name, 1, namespace=namespace, owner=owner)
 
 
@@ -223,8 +298,9 @@ class Kube:
         return cache
 
     def observer(self, cache: KubeCache) -> KubeObserver:
-        return KubeObserver(cache, self.settings, self.config.prices, self.board, self.price_book,
-                            self.rejections)
+        return KubeObserver(
+            cache, self.settings, self.config.prices, self.board, self.price_book, self.rejections
+        )
 
     def actuator(self, cache: KubeCache) -> KubeActuator:
         api = self.server.api_client()
@@ -248,8 +324,11 @@ class Kube:
     def events(self, reason: str | None = None) -> list[Obj]:
         for recorder in self.recorders:  # Events are sent by a thread of their own
             assert recorder.flush(5), "Events not sent within 5 s"
-        return [e for e in self.server.objects("events")
-                if e["metadata"]["namespace"] in (NS, "default") and reason in (None, e["reason"])]
+        return [
+            e
+            for e in self.server.objects("events")
+            if e["metadata"]["namespace"] in (NS, "default") and reason in (None, e["reason"])
+        ]
 
     def close(self) -> None:
         for cache in self.caches:
@@ -259,9 +338,12 @@ class Kube:
 
 
 def make_config(**kubernetes: Any) -> Config:
-    return Config(policies=[FAST], default_policy="default",
-                  prices=Prices(spot={"p3.16xlarge": 7.34}, on_demand={"p3.16xlarge": 24.48}),
-                  kubernetes=KubernetesSettings(**{"watch_timeout": 5, **kubernetes}))
+    return Config(
+        policies=[FAST],
+        default_policy="default",
+        prices=Prices(spot={"p3.16xlarge": 7.34}, on_demand={"p3.16xlarge": 24.48}),
+        kubernetes=KubernetesSettings(**{"watch_timeout": 5, **kubernetes}),
+    )
 
 
 @pytest.fixture(name="kube")

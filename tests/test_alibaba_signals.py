@@ -65,8 +65,13 @@ def rpc_signature(method: str, params: dict[str, str], secret: str) -> str:
 
 def instance(iid: str, ip: str, spot: str = "SpotAsPriceGo", locks: tuple[str, ...] = ()) -> dict:
     return {
-        "InstanceId": iid, "InstanceType": GPU_TYPE, "ZoneId": "cn-hangzhou-i", "Status": "Running",
-        "SpotStrategy": spot, "GPUAmount": 1, "InstanceChargeType": "PostPaid",
+        "InstanceId": iid,
+        "InstanceType": GPU_TYPE,
+        "ZoneId": "cn-hangzhou-i",
+        "Status": "Running",
+        "SpotStrategy": spot,
+        "GPUAmount": 1,
+        "InstanceChargeType": "PostPaid",
         "VpcAttributes": {"PrivateIpAddress": {"IpAddress": [ip]}, "VpcId": "vpc-1"},
         "OperationLocks": {"LockReason": [{"LockReason": r} for r in locks]},
     }
@@ -74,9 +79,15 @@ def instance(iid: str, ip: str, spot: str = "SpotAsPriceGo", locks: tuple[str, .
 
 def cms_event(iid: str, at: datetime, content: str = "", name: str = EVENT_NAME) -> dict:
     return {
-        "Product": "ECS", "Name": name, "Level": "WARN", "Status": "Normal", "RegionId": REGION,
-        "ResourceId": f"acs:ecs:{REGION}:1234567890:instance/{iid}", "InstanceName": iid,
-        "GroupId": "0", "Time": int(at.timestamp() * 1000),
+        "Product": "ECS",
+        "Name": name,
+        "Level": "WARN",
+        "Status": "Normal",
+        "RegionId": REGION,
+        "ResourceId": f"acs:ecs:{REGION}:1234567890:instance/{iid}",
+        "InstanceName": iid,
+        "GroupId": "0",
+        "Time": int(at.timestamp() * 1000),
         "Content": content or json.dumps({"instanceId": iid, "action": "delete"}),
     }
 
@@ -115,7 +126,7 @@ class FakeAlibaba:
     def DescribeInstances(self, q: dict[str, str]) -> dict:  # noqa: N802 - the API's name
         size = min(int(q.get("MaxResults", 10)), 100)
         start = int(q.get("NextToken") or 0)
-        page = self.instances[start:start + size]
+        page = self.instances[start : start + size]
         more = start + size < len(self.instances)
         return {"Instances": {"Instance": page}, "NextToken": str(start + size) if more else ""}
 
@@ -123,17 +134,24 @@ class FakeAlibaba:
         lo, hi = int(q["StartTime"]), int(q["EndTime"])
         hits = [e for e in self.events if e["Name"] == q.get("Name") and lo <= e["Time"] <= hi]
         size, number = int(q.get("PageSize", 10)), int(q.get("PageNumber", 1))
-        page = hits[(number - 1) * size:number * size]
-        return {"Code": "200", "Success": "true", "Message": "success",
-                "SystemEvents": {"SystemEvent": page}}
+        page = hits[(number - 1) * size : number * size]
+        return {
+            "Code": "200",
+            "Success": "true",
+            "Message": "success",
+            "SystemEvents": {"SystemEvent": page},
+        }
 
     def DescribeSpotPriceHistory(self, q: dict[str, str]) -> dict:  # noqa: N802
         assert q["NetworkType"] == "vpc"
         offset = int(q.get("Offset") or 0)
         history = self.prices.get(q["InstanceType"], [])
-        page = history[offset:offset + self.price_page]
-        return {"Currency": "CNY", "NextOffset": offset + len(page),
-                "SpotPrices": {"SpotPriceType": page}}
+        page = history[offset : offset + self.price_page]
+        return {
+            "Currency": "CNY",
+            "NextOffset": offset + len(page),
+            "SpotPrices": {"SpotPriceType": page},
+        }
 
     def actions(self, name: str) -> int:
         return sum(1 for c in self.calls if c.get("Action") == name)
@@ -161,8 +179,6 @@ def ali() -> Iterator[FakeAlibaba]:
         yield fake
 
 
-
-
 @dataclass
 class Daemonish:
     """The daemon's side: the board, the price book and a wake callback that records why."""
@@ -180,13 +196,15 @@ class Daemonish:
 
 
 def settings(fake: FakeAlibaba, **kw: Any) -> AlibabaSettings:
-    return AlibabaSettings(enabled=True, region=REGION, ecs_endpoint=fake.url,
-                           cms_endpoint=fake.url, **kw)
+    return AlibabaSettings(
+        enabled=True, region=REGION, ecs_endpoint=fake.url, cms_endpoint=fake.url, **kw
+    )
 
 
 def client(fake: FakeAlibaba, provider: Any = None) -> Any:
-    provider = provider or StaticAKCredentialsProvider(access_key_id=KEY_ID,
-                                                       access_key_secret=SECRET)
+    provider = provider or StaticAKCredentialsProvider(
+        access_key_id=KEY_ID, access_key_secret=SECRET
+    )
     return make_client(settings(fake), provider)
 
 
@@ -254,8 +272,9 @@ def test_cloudmonitor_events_are_polled_and_dedup_with_the_lock(ali: FakeAlibaba
 
 
 def post(url: str, body: bytes) -> int:
-    request = urllib.request.Request(url, data=body, method="POST",
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url, data=body, method="POST", headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=5) as reply:
             return reply.status
@@ -264,19 +283,27 @@ def post(url: str, body: bytes) -> int:
 
 
 def callback_body(iid: str) -> bytes:
-    return json.dumps({
-        "product": "ECS", "resourceId": f"acs:ecs:{REGION}:1234567890:instance/{iid}",
-        "level": "WARN", "instanceName": iid, "regionId": REGION, "groupId": "0",
-        "name": EVENT_NAME, "status": "Normal",
-        "content": {"instanceId": iid, "action": "delete"},
-    }).encode()
+    return json.dumps(
+        {
+            "product": "ECS",
+            "resourceId": f"acs:ecs:{REGION}:1234567890:instance/{iid}",
+            "level": "WARN",
+            "instanceName": iid,
+            "regionId": REGION,
+            "groupId": "0",
+            "name": EVENT_NAME,
+            "status": "Normal",
+            "content": {"instanceId": iid, "action": "delete"},
+        }
+    ).encode()
 
 
 @pytest.fixture
 def webhook() -> Iterator[tuple[CloudMonitorWebhook, Daemonish, str]]:
     d = Daemonish()
-    hook = CloudMonitorWebhook(d.board, d.wake, Index({"i-bp1": "gpu-a"}), host="127.0.0.1", port=0,
-                               token="s3cret")
+    hook = CloudMonitorWebhook(
+        d.board, d.wake, Index({"i-bp1": "gpu-a"}), host="127.0.0.1", port=0, token="s3cret"
+    )
     hook.start()
     yield hook, d, f"http://127.0.0.1:{hook.port}"
     hook.stop()
@@ -312,8 +339,15 @@ def test_the_webhook_runs_until_stopped() -> None:
 
 def test_spot_prices_are_paged_newest_per_zone_and_feed_the_price_cap(ali: FakeAlibaba) -> None:
     ali.prices[GPU_TYPE] = [
-        {"ZoneId": z, "InstanceType": GPU_TYPE, "NetworkType": "vpc", "IoOptimized": "optimized",
-         "SpotPrice": p, "OriginPrice": 10.9, "Timestamp": t}
+        {
+            "ZoneId": z,
+            "InstanceType": GPU_TYPE,
+            "NetworkType": "vpc",
+            "IoOptimized": "optimized",
+            "SpotPrice": p,
+            "OriginPrice": 10.9,
+            "Timestamp": t,
+        }
         for z, p, t in [
             ("cn-hangzhou-i", 2.1, "2026-03-02T10:00:00Z"),
             ("cn-hangzhou-j", 1.5, "2026-03-02T10:00:00Z"),
@@ -323,8 +357,13 @@ def test_spot_prices_are_paged_newest_per_zone_and_feed_the_price_cap(ali: FakeA
         ]
     ]
     d = Daemonish()
-    feed = SpotPriceFeed("alibaba-prices", ecs_spot_prices(client(ali)), d.book, lambda: [GPU_TYPE],
-                         timedelta(minutes=5))
+    feed = SpotPriceFeed(
+        "alibaba-prices",
+        ecs_spot_prices(client(ali)),
+        d.book,
+        lambda: [GPU_TYPE],
+        timedelta(minutes=5),
+    )
     assert feed.refresh(datetime.now(UTC))
     assert ali.actions("DescribeSpotPriceHistory") == 4  # 5 entries, 2 a page, then an empty one
     assert d.book.spot_price(GPU_TYPE, "cn-hangzhou-i") == 2.4
@@ -332,12 +371,22 @@ def test_spot_prices_are_paged_newest_per_zone_and_feed_the_price_cap(ali: FakeA
     assert d.book.spot_price(GPU_TYPE) == 0.9  # the type's cheapest zone
 
     def gpu(name: str, zone: str) -> GpuNode:
-        return GpuNode(name, 1, 0, CapacityType.SPOT, d.book.spot_price(GPU_TYPE, zone), zone=zone,
-                       instance_type=GPU_TYPE)
+        return GpuNode(
+            name,
+            1,
+            0,
+            CapacityType.SPOT,
+            d.book.spot_price(GPU_TYPE, zone),
+            zone=zone,
+            instance_type=GPU_TYPE,
+        )
 
     bert = job("bert", lo=1, hi=3, placement=["gpu-busy"])
-    world = [node("gpu-busy", 1, 1), gpu("gpu-dear", "cn-hangzhou-i"),
-             gpu("gpu-cheap", "cn-hangzhou-j")]
+    world = [
+        node("gpu-busy", 1, 1),
+        gpu("gpu-dear", "cn-hangzhou-i"),
+        gpu("gpu-cheap", "cn-hangzhou-j"),
+    ]
     out = d.decide(world, [bert], cost={"max_price_per_gpu_hour": 2.0})
     [grow] = only(out, Action.SCALE_OUT)
     assert grow.nodes == ("gpu-cheap",) and grow.count == 1  # 2.4/GPU-h is above the cap
@@ -355,8 +404,9 @@ def test_api_errors_propagate_from_a_poll_and_the_loop_recovers(ali: FakeAlibaba
         poller.poll_once()
     ali.fail = ["Throttling.User"]
     woken, stop = threading.Event(), threading.Event()
-    poller = RecyclingPoller(client(ali), d.board, lambda why: woken.set(), nodes,
-                             interval=timedelta(seconds=0.05))
+    poller = RecyclingPoller(
+        client(ali), d.board, lambda why: woken.set(), nodes, interval=timedelta(seconds=0.05)
+    )
     thread = threading.Thread(target=poller.run, args=(stop,))
     thread.start()
     try:
@@ -368,8 +418,9 @@ def test_api_errors_propagate_from_a_poll_and_the_loop_recovers(ali: FakeAlibaba
 
 def test_temporary_credentials_send_their_security_token(ali: FakeAlibaba) -> None:
     ali.secrets["STS.tmp-id"] = "tmp-secret"
-    sts = StaticSTSCredentialsProvider(access_key_id="STS.tmp-id", access_key_secret="tmp-secret",
-                                       security_token="tok-123")
+    sts = StaticSTSCredentialsProvider(
+        access_key_id="STS.tmp-id", access_key_secret="tmp-secret", security_token="tok-123"
+    )
     d = Daemonish()
     RecyclingPoller(client(ali, sts), d.board, d.wake, EcsNodes(Index(), REGION)).poll_once()
     assert ali.calls[-1]["SecurityToken"] == "tok-123"
@@ -390,11 +441,20 @@ def test_the_default_chain_signs_with_env_keys_and_never_logs_them(ali: FakeAlib
     )
     ali.instances = [instance("i-bp1", "10.0.0.1", locks=("Recycling",))]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ALIBABA_CLOUD_", "ALIYUN_"))}
-    env |= {"ALIBABA_CLOUD_ACCESS_KEY_ID": KEY_ID, "ALIBABA_CLOUD_ACCESS_KEY_SECRET": SECRET,
-            "ALIBABA_CLOUD_ECS_METADATA_DISABLED": "true",
-            "ALIBABA_CLOUD_CLI_PROFILE_DISABLED": "true"}
-    done = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
+    env |= {
+        "ALIBABA_CLOUD_ACCESS_KEY_ID": KEY_ID,
+        "ALIBABA_CLOUD_ACCESS_KEY_SECRET": SECRET,
+        "ALIBABA_CLOUD_ECS_METADATA_DISABLED": "true",
+        "ALIBABA_CLOUD_CLI_PROFILE_DISABLED": "true",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert "recycling 1" in done.stdout and "notice_posted" in done.stderr
     assert SECRET not in done.stdout + done.stderr
@@ -402,7 +462,8 @@ def test_the_default_chain_signs_with_env_keys_and_never_logs_them(ali: FakeAlib
 
 
 def test_config_decides_which_sources_run(
-    ali: FakeAlibaba, monkeypatch: pytest.MonkeyPatch,
+    ali: FakeAlibaba,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     d = Daemonish()
     args = (d.board, d.book, d.wake, Index(), lambda: [GPU_TYPE])

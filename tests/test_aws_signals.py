@@ -46,8 +46,6 @@ EVENT_PATTERN = {
 }
 
 
-
-
 @dataclass
 class Aws:
     url: str

@@ -17,9 +17,21 @@ from autoscaler.sim.trace import TraceEvent, synthetic_trace
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
 P3 = TRACES / "bamboo-p3-trace.csv"
 POLICIES = ["on_demand_static", "spot_static_restart", "reactive_elastic", "autoscaler", "oracle"]
-METRICS = {"cost_usd", "work_done", "cost_per_work", "completion_hours", "cost_to_target_usd",
-           "rolled_back_work", "resets", "graceful_removals", "abrupt_failures", "restarts",
-           "mean_workers", "actuation_errors", "vs_oracle"}
+METRICS = {
+    "cost_usd",
+    "work_done",
+    "cost_per_work",
+    "completion_hours",
+    "cost_to_target_usd",
+    "rolled_back_work",
+    "resets",
+    "graceful_removals",
+    "abrupt_failures",
+    "restarts",
+    "mean_workers",
+    "actuation_errors",
+    "vs_oracle",
+}
 
 
 def _trace() -> list[TraceEvent]:
@@ -92,8 +104,11 @@ def test_bench_cli_writes_json_table_and_plot(tmp_path: Path) -> None:
     assert result["policies"]["oracle"]["vs_oracle"]["cost_per_work"] == 1.0
     assert result["instance"]["name"] == "p3.2xlarge" and result["spot_nodes"]["max"] == 32
     assert set(result["targets"]) == {
-        "cost_per_work_vs_oracle", "completion_vs_oracle", "cheaper_than_on_demand_static",
-        "better_than_reactive_elastic", "better_than_spot_static_restart",
+        "cost_per_work_vs_oracle",
+        "completion_vs_oracle",
+        "cheaper_than_on_demand_static",
+        "better_than_reactive_elastic",
+        "better_than_spot_static_restart",
     }
     assert all(isinstance(t["met"], bool) for t in result["targets"].values())
     assert "| autoscaler |" in (tmp_path / "bench.md").read_text()

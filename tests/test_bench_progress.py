@@ -15,8 +15,11 @@ from autoscaler.sim.run import replay, sim_cluster
 from autoscaler.sim.trace import synthetic_trace
 
 # linear scaling keeps the arithmetic readable: n workers do n units per hour
-LINEAR = Workload(scaling_efficiency=1.0, commit_interval=timedelta(seconds=100),
-                  checkpoint_interval=timedelta(seconds=1000))
+LINEAR = Workload(
+    scaling_efficiency=1.0,
+    commit_interval=timedelta(seconds=100),
+    checkpoint_interval=timedelta(seconds=1000),
+)
 HOUR = 3600.0
 
 

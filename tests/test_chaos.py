@@ -93,11 +93,30 @@ class Plan:
     seed: int = 1
 
 
-SHORT = Plan(nodes=8, jobs=2, notices=8, faults=(0.10,), spacing=1.2, deadline=8.0,
-             min_workers=2, max_workers=10, replicas=6, disruptions=("pause",))
-LONG_PLAN = Plan(nodes=40, jobs=4, notices=40, faults=(0.05, 0.10, 0.20), spacing=3.0,
-                 deadline=10.0, min_workers=4, max_workers=30, replicas=16,
-                 disruptions=("kill", "pause", "kill", "pause"))
+SHORT = Plan(
+    nodes=8,
+    jobs=2,
+    notices=8,
+    faults=(0.10,),
+    spacing=1.2,
+    deadline=8.0,
+    min_workers=2,
+    max_workers=10,
+    replicas=6,
+    disruptions=("pause",),
+)
+LONG_PLAN = Plan(
+    nodes=40,
+    jobs=4,
+    notices=40,
+    faults=(0.05, 0.10, 0.20),
+    spacing=3.0,
+    deadline=10.0,
+    min_workers=4,
+    max_workers=30,
+    replicas=16,
+    disruptions=("kill", "pause", "kill", "pause"),
+)
 
 
 class ScheduledEtOperator(EtOperator):
@@ -111,9 +130,18 @@ class ScheduledEtOperator(EtOperator):
             target = self._fit()
             if target is None:
                 return
-            self.server.patch("Pod", meta["name"], {"spec": {"nodeName": target}, "status": {
-                "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}},
-                self.namespace)
+            self.server.patch(
+                "Pod",
+                meta["name"],
+                {
+                    "spec": {"nodeName": target},
+                    "status": {
+                        "phase": "Running",
+                        "conditions": [{"type": "Ready", "status": "True"}],
+                    },
+                },
+                self.namespace,
+            )
 
     def _fit(self) -> str | None:
         used: dict[str, int] = {}
@@ -121,8 +149,11 @@ class ScheduledEtOperator(EtOperator):
             where = (pod.get("spec") or {}).get("nodeName")
             if where and not pod["metadata"].get("deletionTimestamp"):
                 used[where] = used.get(where, 0) + 1
-        free = [(GPUS_PER_NODE - used.get(n["metadata"]["name"], 0), n["metadata"]["name"])
-                for n in self.server.objects("Node") if not (n.get("spec") or {}).get("taints")]
+        free = [
+            (GPUS_PER_NODE - used.get(n["metadata"]["name"], 0), n["metadata"]["name"])
+            for n in self.server.objects("Node")
+            if not (n.get("spec") or {}).get("taints")
+        ]
         best = max(free, default=(0, ""))
         return best[1] if best[0] > 0 else None
 
@@ -147,8 +178,9 @@ class Outcome:
         """Not open during a leader's loss: from the kill or pause until a second after the other
         replica took the Lease nobody acts, by design (docs/reliability.md)."""
         done = notice.t + (notice.latency or 0.0)
-        return not any(done >= t.at and notice.t <= t.at + (t.seconds or 30.0) + 1.0
-                       for t in self.takeovers)
+        return not any(
+            done >= t.at and notice.t <= t.at + (t.seconds or 30.0) + 1.0 for t in self.takeovers
+        )
 
     @property
     def hangs(self) -> int:
@@ -158,31 +190,44 @@ class Outcome:
         r = self.report
         fates = r.fates()
         return {
-            "plan": {k: getattr(self.plan, k) for k in ("nodes", "jobs", "notices", "faults",
-                                                        "deadline", "seed")},
-            "seconds": round(self.seconds, 1), "requests": self.requests,
-            "faults_injected": self.faults, "faults_total": sum(self.faults.values()),
+            "plan": {
+                k: getattr(self.plan, k)
+                for k in ("nodes", "jobs", "notices", "faults", "deadline", "seed")
+            },
+            "seconds": round(self.seconds, 1),
+            "requests": self.requests,
+            "faults_injected": self.faults,
+            "faults_total": sum(self.faults.values()),
             "notices": len(r.notices),
             "workers_noticed": sum(len(n.pods) for n in r.notices),
             "graceful": fates.get("removed_by_name", 0) + fates.get("drained_at_reclaim", 0),
             "fates": fates,
-            "drain_p50_s": _round(r.median()), "drain_p99_s": _round(r.percentile(0.99)),
+            "drain_p50_s": _round(r.median()),
+            "drain_p99_s": _round(r.percentile(0.99)),
             "drain_max_s": _round(r.percentile(1.0)),
-            "drain_p99_steady_s": _round(percentile(
-                [n.latency for n in r.notices if n.latency is not None and self.steady(n)], 0.99)),
+            "drain_p99_steady_s": _round(
+                percentile(
+                    [n.latency for n in r.notices if n.latency is not None and self.steady(n)], 0.99
+                )
+            ),
             "takeovers": [{"what": t.what, "s": _round(t.seconds)} for t in self.takeovers],
             "slowest_drains": [  # to find them in the daemon's log (CHAOS_KEEP)
                 {"node": n.node, "s": _round(n.latency), "at": _utc(n.wall)}
-                for n in sorted(r.notices, key=lambda n: -(n.latency or 0))[:3] if n.latency],
-            "notices_not_fully_drained": sum(1 for n in r.notices if n.timed and
-                                             n.latency is None),
+                for n in sorted(r.notices, key=lambda n: -(n.latency or 0))[:3]
+                if n.latency
+            ],
+            "notices_not_fully_drained": sum(1 for n in r.notices if n.timed and n.latency is None),
             "workers_kept_as_last_host": sum(len(n.kept) for n in r.notices),
             "violations": r.by_kind(),
             "violation_details": [f"{v.kind}: {v.detail}" for v in r.violations][:20],
             "stale_drained_hosts": r.stale_drained,
-            "crashes": self.crashes, "exit_codes": self.exit_codes, "hangs": self.hangs,
-            "passes": self.passes, "longest_pass_gap_s": round(self.longest_gap, 1),
-            "daemon_error_lines": self.error_lines, "tracebacks": self.tracebacks,
+            "crashes": self.crashes,
+            "exit_codes": self.exit_codes,
+            "hangs": self.hangs,
+            "passes": self.passes,
+            "longest_pass_gap_s": round(self.longest_gap, 1),
+            "daemon_error_lines": self.error_lines,
+            "tracebacks": self.tracebacks,
             "operator_errors": self.operator_errors,
         }
 
@@ -219,16 +264,31 @@ class Replicas:
         self._serial += 1
         port = self.ports[identity] = _free_port()
         config = self.tmp / f"{identity}.yaml"
-        config.write_text(CONFIG.format(ns=NS, port=port, lease=int(LEASE_SECONDS),
-                                        level=os.environ.get("CHAOS_LOG_LEVEL", "info")))
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "POD_NAME": identity,
-               "POD_NAMESPACE": "default"}
+        config.write_text(
+            CONFIG.format(
+                ns=NS,
+                port=port,
+                lease=int(LEASE_SECONDS),
+                level=os.environ.get("CHAOS_LOG_LEVEL", "info"),
+            )
+        )
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "POD_NAME": identity,
+            "POD_NAMESPACE": "default",
+        }
         stdout = (self.tmp / f"{identity}-decisions.jsonl").open("w")
         stderr = (self.tmp / f"{identity}-daemon.log").open("w")
         self._files += [stdout, stderr]
         self.procs[identity] = subprocess.Popen(
             [str(CLI), "run", "--config", str(config), "--kubeconfig", str(self.kubeconfig)],
-            cwd=ROOT, env=env, stdout=stdout, stderr=stderr, text=True)
+            cwd=ROOT,
+            env=env,
+            stdout=stdout,
+            stderr=stderr,
+            text=True,
+        )
         return identity
 
     def signal(self, identity: str, sig: signal.Signals) -> None:
@@ -242,8 +302,11 @@ class Replicas:
 
     def crashes(self) -> dict[str, int | None]:
         """Replicas that exited without being killed: identity -> exit code."""
-        return {i: p.returncode for i, p in self.procs.items()
-                if p.poll() is not None and i not in self.killed}
+        return {
+            i: p.returncode
+            for i, p in self.procs.items()
+            if p.poll() is not None and i not in self.killed
+        }
 
     def stop(self) -> dict[str, int | None]:
         """SIGTERM every live replica (SIGCONT first: a paused one cannot handle it); exit codes."""
@@ -325,14 +388,20 @@ class Takeover:
     seconds: float | None  # until another replica held the Lease (None: none did)
 
 
-def _disrupt(plan: Plan, server: RecordingServer, replicas: Replicas, stop: threading.Event,
-             takeovers: list[Takeover]) -> None:
+def _disrupt(
+    plan: Plan,
+    server: RecordingServer,
+    replicas: Replicas,
+    stop: threading.Event,
+    takeovers: list[Takeover],
+) -> None:
     """Kill or pause the leader at even intervals over the notices' timeline."""
     span = plan.notices * plan.spacing + plan.deadline
     t0 = time.monotonic()
     for k, what in enumerate(plan.disruptions):
-        if stop.wait(max(0.0, t0 + span * (k + 1) / (len(plan.disruptions) + 1)
-                         - time.monotonic())):
+        if stop.wait(
+            max(0.0, t0 + span * (k + 1) / (len(plan.disruptions) + 1) - time.monotonic())
+        ):
             return
         leader = lease_holder(server)
         if leader not in replicas.procs or replicas.procs[leader].poll() is not None:
@@ -358,15 +427,29 @@ def run_chaos(plan: Plan, tmp: Path) -> Outcome:
     world = threading.Lock()  # the operator's step and the reclaim do not interleave
     started = time.monotonic()
     with RecordingServer() as server:
-        server.seed({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS},
-                     "status": {"phase": "Active"}})
+        server.seed(
+            {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"name": NS},
+                "status": {"phase": "Active"},
+            }
+        )
         generation = [0] * plan.nodes
         server.seed(*(node(f"node-{i}-g0", GPUS_PER_NODE) for i in range(plan.nodes)))
         # new jobs (no status): the stand-in makes their workers and launcher, as et-operator
-        server.seed(*(training_job(f"job-{j}", min_workers=plan.min_workers,
-                                   max_workers=plan.max_workers, replicas=plan.replicas,
-                                   phase="")
-                      for j in range(plan.jobs)))
+        server.seed(
+            *(
+                training_job(
+                    f"job-{j}",
+                    min_workers=plan.min_workers,
+                    max_workers=plan.max_workers,
+                    replicas=plan.replicas,
+                    phase="",
+                )
+                for j in range(plan.jobs)
+            )
+        )
         operator = ScheduledEtOperator(server, NS)
         for _ in range(3):  # the workers created and running before the daemon starts
             operator.step()
@@ -391,8 +474,9 @@ def run_chaos(plan: Plan, tmp: Path) -> Outcome:
             replicas.start()
         passes = Passes(replicas)
         takeovers: list[Takeover] = []
-        disrupter = threading.Thread(target=_disrupt, daemon=True,
-                                     args=(plan, server, replicas, stop, takeovers))
+        disrupter = threading.Thread(
+            target=_disrupt, daemon=True, args=(plan, server, replicas, stop, takeovers)
+        )
         crashes: dict[str, int | None] = {}
         end = None
         try:
@@ -424,17 +508,31 @@ def run_chaos(plan: Plan, tmp: Path) -> Outcome:
             storms.stop()
         report = check(server, settle=plan.settle, end=end)
     log = "".join(p.read_text() for p in replicas.logs("daemon.log"))
-    return Outcome(plan, report, dict(proxy.counts) | dict(storms.counts), proxy.requests,
-                   len(crashes),
-                   crashes or {i: c for i, c in codes.items() if c and i not in replicas.killed},
-                   passes.count, passes.longest_gap,
-                   sum('"level": "error"' in line for line in log.splitlines()),
-                   log.count("Traceback"), operator_errors[0], time.monotonic() - started,
-                   takeovers)
+    return Outcome(
+        plan,
+        report,
+        dict(proxy.counts) | dict(storms.counts),
+        proxy.requests,
+        len(crashes),
+        crashes or {i: c for i, c in codes.items() if c and i not in replicas.killed},
+        passes.count,
+        passes.longest_gap,
+        sum('"level": "error"' in line for line in log.splitlines()),
+        log.count("Traceback"),
+        operator_errors[0],
+        time.monotonic() - started,
+        takeovers,
+    )
 
 
-def _timeline(plan: Plan, rng: random.Random, server: RecordingServer, world: threading.Lock,
-              generation: list[int], proxy: FaultProxy) -> None:
+def _timeline(
+    plan: Plan,
+    rng: random.Random,
+    server: RecordingServer,
+    world: threading.Lock,
+    generation: list[int],
+    proxy: FaultProxy,
+) -> None:
     """Notices every `spacing` s; each reclaimed at its deadline or withdrawn (false alarm)."""
     t0 = time.monotonic()
     todo: list[tuple[float, int, Callable[[], None]]] = []
@@ -450,16 +548,28 @@ def _timeline(plan: Plan, rng: random.Random, server: RecordingServer, world: th
     def notice(k: int) -> None:
         with world:
             free = [i for i in range(plan.nodes) if i not in doomed]
-            busy = [i for i in free if any((p.get("spec") or {}).get("nodeName") ==
-                                           f"node-{i}-g{generation[i]}"
-                                           for p in server.objects("Pod", NS))]
+            busy = [
+                i
+                for i in free
+                if any(
+                    (p.get("spec") or {}).get("nodeName") == f"node-{i}-g{generation[i]}"
+                    for p in server.objects("Pod", NS)
+                )
+            ]
             if not free:
                 return
             slot = rng.choice(busy or free)
             doomed.add(slot)
             name = f"node-{slot}-g{generation[slot]}"
-            server.patch("Node", name, {"spec": {"taints": [
-                {"key": NTH_ITN, "value": f"evt-{k}", "effect": "NoSchedule"}]}})
+            server.patch(
+                "Node",
+                name,
+                {
+                    "spec": {
+                        "taints": [{"key": NTH_ITN, "value": f"evt-{k}", "effect": "NoSchedule"}]
+                    }
+                },
+            )
         if rng.random() < plan.false_alarms:
             at(time.monotonic() + plan.deadline / 2, lambda: withdraw(slot, name))
         else:
@@ -521,10 +631,16 @@ def test_the_daemon_survives_faults_and_keeps_its_invariants(tmp_path: Path) -> 
 
 # --- the tools themselves: each invariant fires, each proxy fault does what it says ------------
 def _scale_in(name: str, job: str, pods: list[str]) -> dict[str, Any]:
-    return {"apiVersion": "kai.alibabacloud.com/v1alpha1", "kind": "ScaleIn",
-            "metadata": {"name": name, "namespace": NS,
-                         "labels": {"app.kubernetes.io/managed-by": "spot-autoscaler"}},
-            "spec": {"selector": {"name": job}, "toDelete": {"podNames": pods}}}
+    return {
+        "apiVersion": "kai.alibabacloud.com/v1alpha1",
+        "kind": "ScaleIn",
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "labels": {"app.kubernetes.io/managed-by": "spot-autoscaler"},
+        },
+        "spec": {"selector": {"name": job}, "toDelete": {"podNames": pods}},
+    }
 
 
 def test_every_invariant_fires_on_a_stream_that_breaks_it() -> None:
@@ -532,8 +648,12 @@ def test_every_invariant_fires_on_a_stream_that_breaks_it() -> None:
 
     server = RecordingServer()
     taint = {"spec": {"taints": [{"key": NTH_ITN, "value": "e", "effect": "NoSchedule"}]}}
-    server.seed(node("a"), node("b"), training_job("j", min_workers=2, max_workers=3),
-                *(worker("j", i, "a") for i in range(3)))
+    server.seed(
+        node("a"),
+        node("b"),
+        training_job("j", min_workers=2, max_workers=3),
+        *(worker("j", i, "a") for i in range(3)),
+    )
     server.seed(worker("j", 3, "b"))  # 4 > max 3
     server.seed(_scale_in("in-1", "j", ["j-worker-0"]), _scale_in("in-2", "j", ["j-worker-0"]))
     server.delete("Pod", "j-worker-3", NS)  # by "the operator", on a healthy node
@@ -542,23 +662,38 @@ def test_every_invariant_fires_on_a_stream_that_breaks_it() -> None:
     server.patch("Node", "a", taint)
     server.reclaim_pod("j-worker-0", NS)  # never drained
     server.seed(worker("j", 4, "b"))
-    server.patch("TrainingJob", "j", {"metadata": {"annotations": {
-        "spot-autoscaler.io/drained-hosts": '["j-worker-4"]'}}}, NS)
+    server.patch(
+        "TrainingJob",
+        "j",
+        {"metadata": {"annotations": {"spot-autoscaler.io/drained-hosts": '["j-worker-4"]'}}},
+        NS,
+    )
     server.patch("Node", "b", taint)
     server.patch("Node", "b", {"spec": {"taints": []}})  # healthy again, j-worker-4 still drained
     report = check(server, settle=1.0, end=time.monotonic() + 2.0)
-    assert report.by_kind() == {"over_max": 1, "two_scalers": 1, "pod_in_two_scaleins": 1,
-                                "under_min": 1, "undrained_at_reclaim": 1,
-                                "drained_after_healthy": 1}
+    assert report.by_kind() == {
+        "over_max": 1,
+        "two_scalers": 1,
+        "pod_in_two_scaleins": 1,
+        "under_min": 1,
+        "undrained_at_reclaim": 1,
+        "drained_after_healthy": 1,
+    }
     assert [n.node for n in report.notices] == ["a", "b"]
     assert report.fates() == {"killed_undrained": 1, "survived": 1}
 
 
 def test_a_write_by_a_replica_the_lease_does_not_name_is_a_violation() -> None:
     with RecordingServer() as server:
-        server.seed(node("a"), {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                                "metadata": {"name": "spot-autoscaler", "namespace": "default"},
-                                "spec": {"holderIdentity": "r-1", "leaseDurationSeconds": 6}})
+        server.seed(
+            node("a"),
+            {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": "spot-autoscaler", "namespace": "default"},
+                "spec": {"holderIdentity": "r-1", "leaseDurationSeconds": 6},
+            },
+        )
         for identity in ("r-1", "r-2"):
             api = server.api_client()
             api.user_agent = f"spot-autoscaler/{identity}"
@@ -566,18 +701,33 @@ def test_a_write_by_a_replica_the_lease_does_not_name_is_a_violation() -> None:
             api.close()
         report = check(server, settle=1.0)
     assert [(v.kind, v.detail) for v in report.violations] == [
-        ("write_by_non_leader", "PATCH /api/v1/nodes/a by r-2 while r-1 held the Lease")]
+        ("write_by_non_leader", "PATCH /api/v1/nodes/a by r-2 while r-1 held the Lease")
+    ]
 
 
 def test_a_graceful_notice_breaks_nothing_and_is_measured() -> None:
     from kube_fixtures import worker
 
     server = RecordingServer()
-    server.seed(node("a"), node("b"), training_job("j", min_workers=1, max_workers=4),
-                worker("j", 0, "a"), worker("j", 1, "a"), worker("j", 2, "b"))
+    server.seed(
+        node("a"),
+        node("b"),
+        training_job("j", min_workers=1, max_workers=4),
+        worker("j", 0, "a"),
+        worker("j", 1, "a"),
+        worker("j", 2, "b"),
+    )
     server.patch("Node", "a", {"spec": {"taints": [{"key": NTH_ITN, "effect": "NoSchedule"}]}})
-    server.patch("TrainingJob", "j", {"metadata": {"annotations": {
-        "spot-autoscaler.io/drained-hosts": '["j-worker-0", "j-worker-1"]'}}}, NS)
+    server.patch(
+        "TrainingJob",
+        "j",
+        {
+            "metadata": {
+                "annotations": {"spot-autoscaler.io/drained-hosts": '["j-worker-0", "j-worker-1"]'}
+            }
+        },
+        NS,
+    )
     server.seed(_scale_in("in-1", "j", ["j-worker-0"]))
     server.delete("Pod", "j-worker-0", NS)  # the operator, by name
     server.reclaim_pod("j-worker-1", NS)  # drained in time
@@ -602,11 +752,15 @@ def test_the_proxy_answers_errors_and_loses_replies_after_the_write() -> None:
         assert codes <= {500, 503, 429} and len(codes) > 1
         assert server.count(path_contains="/nodes") == 0  # never forwarded
         proxy.rates = FaultRates(lost_reply=1.0)
-        body = json.dumps({"apiVersion": "v1", "kind": "ConfigMap",
-                           "metadata": {"name": "cm"}}).encode()
-        request = urllib.request.Request(f"{proxy.url}/api/v1/namespaces/default/configmaps",
-                                         data=body, method="POST",
-                                         headers={"Content-Type": "application/json"})
+        body = json.dumps(
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm"}}
+        ).encode()
+        request = urllib.request.Request(
+            f"{proxy.url}/api/v1/namespaces/default/configmaps",
+            data=body,
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
         with pytest.raises((OSError, ConnectionError)):
             urllib.request.urlopen(request, timeout=5)
         assert server.get("ConfigMap", "cm", "default") is not None  # the write happened

@@ -206,7 +206,9 @@ def test_the_example_documents_every_policy_and_price_key() -> None:
     removed = {"default_spot", "default_on_demand"}  # rejected, naming their replacements
     shorthand = {"mode", "n"}  # quantum is written `power_of_two` / `{multiple_of: N}`
     missing = [
-        k for model in (PolicySet, Policy, Prices) for k in keys(model)
+        k
+        for model in (PolicySet, Policy, Prices)
+        for k in keys(model)
         if k not in removed | shorthand and not re.search(rf"\b{k}:", text)
     ]
     assert missing == []

@@ -15,10 +15,17 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "config" / "example.yaml"
 # 400 files in `make test`; `make chaos` runs 10,000 (CONFIG_FUZZ_FILES)
 PER_SEED = int(os.environ.get("CONFIG_FUZZ_FILES", "400")) // 4
 ODDITIES = [
-    b"a: &x [*x]\n", b"? [a, b]\n: 1\n", b"x: !!python/object:os.system y\n",
-    b"policies: " + b"[" * 3000 + b"]" * 3000 + b"\n", b"\xff\xfe\x00",
-    b"cooldown: 99999999999999999999d\n", b"policies: {name: [1, 2]}\n", b"- - - -\n",
-    b"limits: {min_workers: 1e400}\n", b"default_policy: .nan\n", b"prices: !!binary aGk=\n",
+    b"a: &x [*x]\n",
+    b"? [a, b]\n: 1\n",
+    b"x: !!python/object:os.system y\n",
+    b"policies: " + b"[" * 3000 + b"]" * 3000 + b"\n",
+    b"\xff\xfe\x00",
+    b"cooldown: 99999999999999999999d\n",
+    b"policies: {name: [1, 2]}\n",
+    b"- - - -\n",
+    b"limits: {min_workers: 1e400}\n",
+    b"default_policy: .nan\n",
+    b"prices: !!binary aGk=\n",
 ]
 
 
@@ -56,15 +63,20 @@ def test_mutated_configs_give_problems_never_tracebacks(tmp_path: Path, seed: in
     assert bad > 10  # not vacuous: many mutants are broken
 
 
-@pytest.mark.parametrize(("content", "says"), [
-    (b"\xff\xfe\x00bad", ":1: <top>: not UTF-8 text (byte 0xff)"),
-    (b"a: &x [*x]\n", ":1: a[0]: an alias that contains itself"),
-    (b"? [a, b]\n: 1\n", ":1: <top>: a key must be a plain value"),
-    (b"policies: !!python/object:os.system x\n", "policies: bad YAML: could not determine"),
-    (b"policies:\n  - name: d\n    scale_out: {cooldown: 99999999999999999999d}\n",
-     ":3: policies[0].scale_out.cooldown: duration out of range"),
-    (b"a: " + b"[" * 5000 + b"]" * 5000 + b"\n", ": <top>: nested too deeply"),
-])
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b"\xff\xfe\x00bad", ":1: <top>: not UTF-8 text (byte 0xff)"),
+        (b"a: &x [*x]\n", ":1: a[0]: an alias that contains itself"),
+        (b"? [a, b]\n: 1\n", ":1: <top>: a key must be a plain value"),
+        (b"policies: !!python/object:os.system x\n", "policies: bad YAML: could not determine"),
+        (
+            b"policies:\n  - name: d\n    scale_out: {cooldown: 99999999999999999999d}\n",
+            ":3: policies[0].scale_out.cooldown: duration out of range",
+        ),
+        (b"a: " + b"[" * 5000 + b"]" * 5000 + b"\n", ": <top>: nested too deeply"),
+    ],
+)
 def test_each_kind_of_broken_file_gets_one_clear_line(
     tmp_path: Path, content: bytes, says: str
 ) -> None:

@@ -236,10 +236,13 @@ def test_scale_out_warns_when_the_operator_would_reuse_a_blacklisted_name() -> N
     out = only(run(snapshot([node("a", gpus=2)], [j])), Action.SCALE_OUT)[0]
     assert Reason.BLACKLIST_RISK in out.tags and "--blacklist-cooldown-range" in out.message
     fresh = job(hi=8, placement=["x", "x"], failed_hosts=failed)  # names never reused: no risk
-    assert Reason.BLACKLIST_RISK not in only(
-        run(snapshot([node("a", gpus=2)], [fresh])), Action.SCALE_OUT)[0].tags
-    clean = job(hi=8, placement=["x", "x"], failed_hosts=frozenset({"bert-worker-9"}),
-                reuses_names=True)
+    assert (
+        Reason.BLACKLIST_RISK
+        not in only(run(snapshot([node("a", gpus=2)], [fresh])), Action.SCALE_OUT)[0].tags
+    )
+    clean = job(
+        hi=8, placement=["x", "x"], failed_hosts=frozenset({"bert-worker-9"}), reuses_names=True
+    )
     assert (
         Reason.BLACKLIST_RISK
         not in only(run(snapshot([node("a", gpus=2)], [clean])), Action.SCALE_OUT)[0].tags
@@ -307,8 +310,10 @@ def test_an_unpriced_on_demand_node_ranks_after_an_unpriced_spot_node() -> None:
     ds = run(snapshot(nodes, [job(lo=0, hi=1)]))
     assert only(ds, Action.SCALE_OUT)[0].nodes == ("spot",)
     # a known on-demand price is a configured price: it competes on price as before
-    nodes = [node("od", gpus=8, used=7, price=0.8, capacity=CapacityType.ON_DEMAND),
-             node("spot", gpus=8, price=8.0)]
+    nodes = [
+        node("od", gpus=8, used=7, price=0.8, capacity=CapacityType.ON_DEMAND),
+        node("spot", gpus=8, price=8.0),
+    ]
     assert only(run(snapshot(nodes, [job(lo=0, hi=1)])), Action.SCALE_OUT)[0].nodes == ("od",)
 
 

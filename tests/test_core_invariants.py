@@ -160,13 +160,26 @@ def test_every_reason_and_notice_kind_carries_its_rules_metadata() -> None:
         ranked = [r for r in Reason if getattr(r.info, field) is not None]
         return sorted(ranked, key=lambda r: getattr(r.info, field))
 
-    assert by("urgency") == [Reason.PREEMPTION_NOTICE, Reason.MAINTENANCE, Reason.REBALANCE,
-                             Reason.CLAMP_MAX]
-    assert by("why_not") == [Reason.MIN_IDLE, Reason.PRICE_CAP, Reason.BUDGET, Reason.REBALANCE,
-                             Reason.QUANTUM]
+    assert by("urgency") == [
+        Reason.PREEMPTION_NOTICE,
+        Reason.MAINTENANCE,
+        Reason.REBALANCE,
+        Reason.CLAMP_MAX,
+    ]
+    assert by("why_not") == [
+        Reason.MIN_IDLE,
+        Reason.PRICE_CAP,
+        Reason.BUDGET,
+        Reason.REBALANCE,
+        Reason.QUANTUM,
+    ]
     assert [r for r in Reason if r.info.alert] == [Reason.SCALER_STUCK]
     assert Reason.CLAMP_MAX.info.message == "at max workers" and Reason.STEADY == "steady"
     hardness = {k: k.hardness for k in NoticeKind}
-    assert hardness == {NoticeKind.REBALANCE: 0, NoticeKind.MAINTENANCE: 1,
-                        NoticeKind.INTERRUPTION: 2, NoticeKind.STATE_CHANGE: 2}
+    assert hardness == {
+        NoticeKind.REBALANCE: 0,
+        NoticeKind.MAINTENANCE: 1,
+        NoticeKind.INTERRUPTION: 2,
+        NoticeKind.STATE_CHANGE: 2,
+    }
     assert NoticeKind.parse("maintenance") is NoticeKind.MAINTENANCE

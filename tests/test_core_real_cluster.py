@@ -98,9 +98,10 @@ def test_a_scaler_older_than_max_age_is_reported_stuck() -> None:
     assert stuck.reason is Reason.SCALER_STUCK and "bert-in-1" in stuck.message
     assert "docs/kubernetes.md#stuck-scalers" in stuck.message
     ps = policies(scalers={"max_age": "30m"})
-    assert only(run(snapshot([node("a"), node("b")], [j]), ps), Action.NOOP)[
-        0
-    ].reason is Reason.SCALER_IN_FLIGHT
+    assert (
+        only(run(snapshot([node("a"), node("b")], [j]), ps), Action.NOOP)[0].reason
+        is Reason.SCALER_IN_FLIGHT
+    )
 
 
 def test_a_stuck_scaler_also_shows_when_a_notice_waits_behind_it() -> None:

@@ -20,7 +20,8 @@ FAST_DISCOVERY = KUBE_CONFIG.replace(
     "kubernetes: {discovery_interval: 0.2s}",
 )
 CCE_JOB = {
-    "apiVersion": "kongming.cce.baiudbce.com/v1", "kind": "AITrainingJob",
+    "apiVersion": "kongming.cce.baiudbce.com/v1",
+    "kind": "AITrainingJob",
     "metadata": {"name": "ernie", "namespace": "default"},
     "spec": {"faultTolerant": True, "replicaSpecs": {"trainer": {"replicas": 1}}},
     "status": {"phase": "Running"},
@@ -33,8 +34,9 @@ def test_once_acts_on_a_cluster_without_the_cce_crd(tmp_path: Path) -> None:
         api.unserve("AITrainingJob")
         api.seed(node(0), node(1), worker(0), JOB)
         api.kubeconfig(str(tmp_path / "kubeconfig"))
-        (tmp_path / "config.yaml").write_text(KUBE_CONFIG.replace("sync_timeout: 10s",
-                                                                  "sync_timeout: 3s"))
+        (tmp_path / "config.yaml").write_text(
+            KUBE_CONFIG.replace("sync_timeout: 10s", "sync_timeout: 3s")
+        )
         proc = run_cli(tmp_path, "--once")
         _, err = proc.communicate(timeout=30)
         assert proc.returncode == 0, err
@@ -56,8 +58,11 @@ def test_readyz_and_metrics_say_which_backends_live_and_a_later_crd_is_picked_up
         thread = threading.Thread(target=daemon.run_until, args=(stop,), daemon=True)
         thread.start()
         try:
-            wait_for(lambda: daemon.endpoints is not None and daemon.parts.synced(), timeout=10,
-                     what="ready without the CRDs")
+            wait_for(
+                lambda: daemon.endpoints is not None and daemon.parts.synced(),
+                timeout=10,
+                what="ready without the CRDs",
+            )
             assert daemon.endpoints is not None
             port = daemon.endpoints.port
             code, body = http_get(port, "/readyz")
@@ -68,8 +73,11 @@ def test_readyz_and_metrics_say_which_backends_live_and_a_later_crd_is_picked_up
             api.serve("ScaleIn")
             api.serve("AITrainingJob")
             api.seed(CCE_JOB)
-            wait_for(lambda: "cce=live et-operator=live" in http_get(port, "/readyz")[1],
-                     timeout=10, what="both backends live after their CRDs are installed")
+            wait_for(
+                lambda: "cce=live et-operator=live" in http_get(port, "/readyz")[1],
+                timeout=10,
+                what="both backends live after their CRDs are installed",
+            )
 
             def jobs() -> set[str]:
                 return {j.key for j in daemon.parts.observer.snapshot(datetime.now(UTC)).jobs}

@@ -61,9 +61,7 @@ class Sent:
 
     def write_by(self, identity: str) -> bool:
         return (
-            self.method in WRITES
-            and not self.lease
-            and self.agent == f"spot-autoscaler/{identity}"
+            self.method in WRITES and not self.lease and self.agent == f"spot-autoscaler/{identity}"
         )
 
 
@@ -115,8 +113,12 @@ class Replica:
         self._out = self.log.open("w")
         self.proc = subprocess.Popen(
             [
-                str(CLI), "run", "--config", str(tmp_path / "config.yaml"),
-                "--kubeconfig", str(tmp_path / "kubeconfig"),
+                str(CLI),
+                "run",
+                "--config",
+                str(tmp_path / "config.yaml"),
+                "--kubeconfig",
+                str(tmp_path / "kubeconfig"),
             ],
             cwd=ROOT,
             env={**os.environ, "POD_NAME": identity},
@@ -127,9 +129,7 @@ class Replica:
 
     def events(self) -> list[dict[str, Any]]:
         return [
-            json.loads(line)
-            for line in self.log.read_text().splitlines()
-            if line.startswith("{")
+            json.loads(line) for line in self.log.read_text().splitlines() if line.startswith("{")
         ]
 
     def stop(self) -> None:
@@ -167,7 +167,8 @@ def test_a_paused_and_resumed_leader_writes_nothing_once_the_other_holds_the_lea
     try:
         leader_id = wait_for(
             lambda: lease_holder(api) if lease_holder(api) in replicas else None,
-            timeout=15, what="a leader",
+            timeout=15,
+            what="a leader",
         )
         leader = replicas[leader_id]
         standby = next(r for r in replicas.values() if r is not leader)
@@ -178,40 +179,70 @@ def test_a_paused_and_resumed_leader_writes_nothing_once_the_other_holds_the_lea
         # The leader's next pass patches the job (its drain): hold that request, then answer
         # it 503, so that the leader, once resumed, would send it again.
         api.hold(
-            lambda s: s.agent == leader.agent and s.method == "PATCH"
-            and s.path.endswith("/trainingjobs/bert"),
+            lambda s: (
+                s.agent == leader.agent
+                and s.method == "PATCH"
+                and s.path.endswith("/trainingjobs/bert")
+            ),
             answer=503,
         )
-        api.patch("nodes", "node-0", {"spec": {"taints": [
-            {"key": INTERRUPTION_TAINT, "value": "itn-1", "effect": "NoSchedule"}
-        ]}})
+        api.patch(
+            "nodes",
+            "node-0",
+            {
+                "spec": {
+                    "taints": [
+                        {"key": INTERRUPTION_TAINT, "value": "itn-1", "effect": "NoSchedule"}
+                    ]
+                }
+            },
+        )
         assert api.holding.wait(10), "the leader never started its drain"
         leader.proc.send_signal(signal.SIGSTOP)  # paused mid-decision, its lease still valid
         paused = time.monotonic()
         api.release.set()  # the answer waits in its socket until the process runs again
 
-        wait_for(lambda: lease_holder(api) == standby.identity, timeout=10,
-                 what="the standby to take the Lease")
+        wait_for(
+            lambda: lease_holder(api) == standby.identity,
+            timeout=10,
+            what="the standby to take the Lease",
+        )
         took_over = time.monotonic()
         TAKEOVERS.append(took_over - paused)
         # the new leader drains the host (the node would die before the old leader woke up)
-        wait_for(lambda: any(s.write_by(standby.identity) and "/trainingjobs/bert" in s.path
-                             and s.method == "PATCH" for s in api.sent),
-                 timeout=10, what="the new leader's drain patch")
+        wait_for(
+            lambda: any(
+                s.write_by(standby.identity)
+                and "/trainingjobs/bert" in s.path
+                and s.method == "PATCH"
+                for s in api.sent
+            ),
+            timeout=10,
+            what="the new leader's drain patch",
+        )
 
         leader.proc.send_signal(signal.SIGCONT)
         resumed = time.monotonic()
         # its held pass goes on: the drain's retry must be refused before it is sent
         wait_for(
-            lambda: any(s.write_by(leader.identity) and s.at > resumed for s in api.sent)
-            or any("NotLeader" in json.dumps(e) for e in leader.events()),
-            timeout=10, what="the resumed replica to try its write",
+            lambda: (
+                any(s.write_by(leader.identity) and s.at > resumed for s in api.sent)
+                or any("NotLeader" in json.dumps(e) for e in leader.events())
+            ),
+            timeout=10,
+            what="the resumed replica to try its write",
         )
         # and it re-reads the Lease (a step) and steps down
-        wait_for(lambda: any(s.agent == leader.agent and s.lease and s.at > resumed
-                             for s in api.sent), timeout=10, what="the resumed replica's step")
-        wait_for(lambda: any(e.get("event") == "leader_lost" for e in leader.events()),
-                 timeout=10, what="the resumed replica to step down")
+        wait_for(
+            lambda: any(s.agent == leader.agent and s.lease and s.at > resumed for s in api.sent),
+            timeout=10,
+            what="the resumed replica's step",
+        )
+        wait_for(
+            lambda: any(e.get("event") == "leader_lost" for e in leader.events()),
+            timeout=10,
+            what="the resumed replica to step down",
+        )
         assert lease_holder(api) == standby.identity  # held by the other all along
 
         stale = [s for s in api.sent if s.write_by(leader.identity) and s.at > paused]
@@ -223,8 +254,10 @@ def test_a_paused_and_resumed_leader_writes_nothing_once_the_other_holds_the_lea
     # the standby may take over once the Lease expired by its clock: a lease duration after the
     # last renewal it saw, itself up to a retry period before the pause, plus its own retry
     assert LEASE_DURATION - 2 * RETRY_PERIOD <= TAKEOVERS[-1] <= LEASE_DURATION + 1.0
-    print(f"takeover after pause: {TAKEOVERS[-1]:.3f}s "
-          f"(median so far {statistics.median(TAKEOVERS):.3f}s)")
+    print(
+        f"takeover after pause: {TAKEOVERS[-1]:.3f}s "
+        f"(median so far {statistics.median(TAKEOVERS):.3f}s)"
+    )
 
 
 # --- the fence itself, on a fake clock ---------------------------------------------------------
@@ -252,11 +285,13 @@ def test_the_fence_closes_when_the_last_renewal_is_older_than_the_renew_deadline
 ) -> None:
     now = [100.0]
     settings = LeaderElectionSettings(
-        lease_duration=timedelta(seconds=15), renew_deadline=timedelta(seconds=10),
+        lease_duration=timedelta(seconds=15),
+        renew_deadline=timedelta(seconds=10),
         retry_period=timedelta(seconds=2),
     )
-    elector = LeaderElector(FakeLock(), settings, Quiet(), lambda _: None, lambda: None,
-                            clock=lambda: now[0])
+    elector = LeaderElector(
+        FakeLock(), settings, Quiet(), lambda _: None, lambda: None, clock=lambda: now[0]
+    )
     fence = Fence(write_timeout=5.0)
     with pytest.raises(NotLeader):  # closed until bound
         fence.check("anything")

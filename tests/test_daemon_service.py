@@ -139,14 +139,19 @@ def test_reload_applies_new_policies_and_keeps_the_old_on_a_broken_file(tmp_path
     path.write_text(CONFIG)
     world = World()
     told: list[tuple[str, str]] = []
-    parts = Parts(observer=world, actuator=Recorder(world),
-                  announce=lambda reason, message: told.append((reason, message)))
+    parts = Parts(
+        observer=world,
+        actuator=Recorder(world),
+        announce=lambda reason, message: told.append((reason, message)),
+    )
     d, log = daemon(config(), parts, WakeSignal(), config_path=path)
     d.start()
     try:
         port = d.endpoints.port  # type: ignore[union-attr]
-        assert metric(http_get(port, "/metrics")[1],
-                      "spot_autoscaler_config_last_reload_successful") == 1
+        assert (
+            metric(http_get(port, "/metrics")[1], "spot_autoscaler_config_last_reload_successful")
+            == 1
+        )
         path.write_text(CONFIG + "bogus_section: 1\npolicies: [\n")
         wait_for(lambda: "config_rejected" in events(log), what="the broken file to be rejected")
         rejected = next(c for c in log.calls if c.args and c.args[0] == "config_rejected")
@@ -169,8 +174,10 @@ def test_reload_applies_new_policies_and_keeps_the_old_on_a_broken_file(tmp_path
         wait_for(lambda: len(d.reconciler.policies.policies) == 2, what="the new policies")
         assert d.reconciler.policies.policies[0].scale_out.cooldown.total_seconds() == 420
         assert "config_reloaded" in events(log)
-        assert metric(http_get(port, "/metrics")[1],
-                      "spot_autoscaler_config_last_reload_successful") == 1
+        assert (
+            metric(http_get(port, "/metrics")[1], "spot_autoscaler_config_last_reload_successful")
+            == 1
+        )
 
         path.write_text(changed + "kubernetes: {namespaces: [ml]}\n")
         wait_for(lambda: "config_change_needs_restart" in events(log), what="a restart-only change")

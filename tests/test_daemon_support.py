@@ -50,7 +50,6 @@ def config(**daemon: Any) -> Config:
     return cfg.model_copy(update={"daemon": cfg.daemon.model_copy(update=daemon)})
 
 
-
 class World:
     """A SimulatedCluster made safe for the daemon's thread and the test's thread at once."""
 

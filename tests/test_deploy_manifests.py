@@ -251,7 +251,7 @@ def test_the_dockerfile_builds_a_non_root_daemon_image() -> None:
 
 def test_the_docs_table_lists_every_job_kind() -> None:
     docs = (ROOT / "docs" / "kubernetes.md").read_text()
-    table = docs[docs.index("## Job kinds"):docs.index("## Backends")]
+    table = docs[docs.index("## Job kinds") : docs.index("## Backends")]
     rows = [line for line in table.splitlines() if line.startswith("| `")]
     assert len(rows) == len(KINDS)
     for kind, row in zip(KINDS, rows, strict=True):

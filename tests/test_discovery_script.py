@@ -287,9 +287,10 @@ def test_settle_and_join_come_from_the_environment(edl: Overlay) -> None:
     edl.discover()
     edl.set(lines("w-0:1", "w-3:1"), drained=["w-0"])
     env = {**edl.env(), "SPOT_JOIN_SECONDS": "5", "SPOT_SETTLE_SECONDS": "x"}  # x: the default
-    run = lambda: subprocess.run(  # noqa: E731
-        ["sh", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=10
-    ).stdout
+
+    def run() -> str:
+        return discover_with(env)
+
     assert run() == lines("w-0:1", "w-3:1")
     edl.clock(1005)
     assert run() == lines("w-3:1")
@@ -333,8 +334,9 @@ def test_the_pipeline_reads_a_real_process_table(edl: Overlay, tmp_path: Path) -
     remote = f"cd /w > /dev/null 2>&1 ; env HOROVOD_HOSTNAME={tag}-a HOROVOD_RANK=0 python t.py"
     procs = [
         subprocess.Popen([*sleeper, remote], stdin=subprocess.PIPE),
-        subprocess.Popen(sleeper, stdin=subprocess.PIPE,
-                         env={**os.environ, "HOROVOD_HOSTNAME": f"{tag}-bb"}),
+        subprocess.Popen(
+            sleeper, stdin=subprocess.PIPE, env={**os.environ, "HOROVOD_HOSTNAME": f"{tag}-bb"}
+        ),
     ]
     try:
         env = {**edl.env(), "SPOT_PROC_DIR": "/proc"}
@@ -355,7 +357,9 @@ def test_output_is_cached_only_when_it_changes(edl: Overlay) -> None:
     after = edl.cache.stat()
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
     assert sorted(p.name for p in edl.dir.iterdir() if p.name.startswith("last-hosts")) == [
-        "last-hosts", "last-hosts.times", "last-hosts.view",
+        "last-hosts",
+        "last-hosts.times",
+        "last-hosts.view",
     ]  # no temporary file left
 
 
@@ -411,8 +415,17 @@ def rewriter(edl: Overlay, request: pytest.FixtureRequest) -> Iterator[None]:
     edl.set(VIEW_A + "\n")
     assert edl.discover() == VIEW_A
     proc = subprocess.Popen(
-        [sys.executable, "-c", REWRITER, str(edl.hostfile), request.param, f"{VIEW_A}\n",
-         f"{VIEW_B}\n"], stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            REWRITER,
+            str(edl.hostfile),
+            request.param,
+            f"{VIEW_A}\n",
+            f"{VIEW_B}\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
@@ -428,8 +441,10 @@ def test_in_place_rewrites_never_reach_horovod_torn(edl: Overlay, rewriter: None
     calls = 600
     outputs = [edl.discover() for _ in range(calls)]
     torn = [o for o in outputs if o not in (VIEW_A, VIEW_B)]
-    print(f"\ntorn outputs: {len(torn)} of {calls} (A {outputs.count(VIEW_A)},"
-          f" B {outputs.count(VIEW_B)})")
+    print(
+        f"\ntorn outputs: {len(torn)} of {calls} (A {outputs.count(VIEW_A)},"
+        f" B {outputs.count(VIEW_B)})"
+    )
     assert torn == []
     assert VIEW_A in outputs and VIEW_B in outputs  # rewrites do get through
 
@@ -500,16 +515,18 @@ def mpi_base(edl: Overlay, *hosts: str, fails: bool = False) -> dict[str, str]:
 
 
 def discover_with(env: dict[str, str]) -> str:
-    result = subprocess.run(["sh", str(SCRIPT)], env=env, capture_output=True, text=True,
-                            timeout=10)
+    result = subprocess.run(
+        ["sh", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=10
+    )
     assert result.returncode == 0, result.stderr
     return result.stdout
 
 
 def test_mpi_operator_hosts_are_filtered_by_the_pod_names_drained(edl: Overlay) -> None:
     edl.set(drained=["hvd-worker-1"])  # the daemon names hosts by pod
-    env = mpi_base(edl, "hvd-worker-0.hvd.ml.svc", "hvd-worker-1.hvd.ml.svc",
-                   "hvd-worker-10.hvd.ml.svc")
+    env = mpi_base(
+        edl, "hvd-worker-0.hvd.ml.svc", "hvd-worker-1.hvd.ml.svc", "hvd-worker-10.hvd.ml.svc"
+    )
     # worker-1 hidden (not worker-10: a whole first label matches), slots from SPOT_SLOTS
     assert discover_with(env) == lines("hvd-worker-0.hvd.ml.svc:2", "hvd-worker-10.hvd.ml.svc:2")
 

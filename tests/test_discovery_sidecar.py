@@ -41,7 +41,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def training_job(name: str = JOB, drained: set[str] | None = None) -> dict[str, Any]:
     annotations = {DRAINED_ANNOTATION: encode_drained(drained)} if drained is not None else {}
     return {
-        "apiVersion": "kai.alibabacloud.com/v1alpha1", "kind": "TrainingJob",
+        "apiVersion": "kai.alibabacloud.com/v1alpha1",
+        "kind": "TrainingJob",
         "metadata": {"name": name, "namespace": NS, "annotations": annotations},
         "spec": {"etReplicaSpecs": {"worker": {"replicas": 2}}},
     }
@@ -49,6 +50,7 @@ def training_job(name: str = JOB, drained: set[str] | None = None) -> dict[str, 
 
 def annotate(api: KubeApiServer, value: str | None, name: str = JOB) -> None:
     api.patch("trainingjobs", name, {"metadata": {"annotations": {DRAINED_ANNOTATION: value}}}, NS)
+
 
 def content(path: Path) -> str | None:
     try:
@@ -62,8 +64,11 @@ class Running:
         self.api = api
         self.drain = drain
         self.sidecar = DrainSidecar(
-            api.api_client(), JobRef(NS, JOB), drain,
-            watch_timeout=timedelta(seconds=30), backoff_max=timedelta(seconds=0.5),
+            api.api_client(),
+            JobRef(NS, JOB),
+            drain,
+            watch_timeout=timedelta(seconds=30),
+            backoff_max=timedelta(seconds=0.5),
         )
         self.thread = threading.Thread(target=self.sidecar.run, daemon=True)
 
@@ -189,9 +194,13 @@ def test_an_unexpected_error_is_logged_and_the_watch_starts_over() -> None:
     """A malformed list (no resourceVersion) applies nothing and does not end the watch
     thread: it is logged, and the watch lists again."""
     obj = {"metadata": {"name": "x", "resourceVersion": "7"}}
-    replies = iter([Reply({"items": []}),  # no metadata: KeyError
-                    Reply({"items": [obj], "metadata": {"resourceVersion": "7"}}),
-                    Reply(events=[{"type": "MODIFIED", "object": obj}])])
+    replies = iter(
+        [
+            Reply({"items": []}),  # no metadata: KeyError
+            Reply({"items": [obj], "metadata": {"resourceVersion": "7"}}),
+            Reply(events=[{"type": "MODIFIED", "object": obj}]),
+        ]
+    )
     seen: list[Any] = []
     stop = threading.Event()
     log = structlog.get_logger("test")
@@ -201,8 +210,15 @@ def test_an_unexpected_error_is_logged_and_the_watch_starts_over() -> None:
         if len(seen) == 2:
             stop.set()
 
-    watch = ObjectWatch(lambda **_: next(replies), "x", on_object, timedelta(seconds=5),
-                        timedelta(seconds=0.01), stop, log)
+    watch = ObjectWatch(
+        lambda **_: next(replies),
+        "x",
+        on_object,
+        timedelta(seconds=5),
+        timedelta(seconds=0.01),
+        stop,
+        log,
+    )
     with structlog.testing.capture_logs() as logs:
         watch.run()
     assert seen == [obj, obj]
@@ -213,10 +229,27 @@ def test_the_command_runs_the_sidecar(kube_api: KubeApiServer, tmp_path: Path) -
     kube_api.seed(training_job(drained={"bert-worker-1"}))
     kubeconfig = kube_api.kubeconfig(str(tmp_path / "kubeconfig"))
     edl = tmp_path / "edl"
-    cmd = [sys.executable, "-m", "autoscaler.cli", "discovery-sidecar", "--job", f"{NS}/{JOB}",
-           "--dir", str(edl), "--kubeconfig", kubeconfig, "--watch-timeout", "30s"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "autoscaler.cli",
+        "discovery-sidecar",
+        "--job",
+        f"{NS}/{JOB}",
+        "--dir",
+        str(edl),
+        "--kubeconfig",
+        kubeconfig,
+        "--watch-timeout",
+        "30s",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         drain = edl / "drained-hosts"
         wait_for(lambda: content(drain) == "bert-worker-1\n", timeout=15, what="the command's sync")
@@ -227,14 +260,17 @@ def test_the_command_runs_the_sidecar(kube_api: KubeApiServer, tmp_path: Path) -
         _, err = proc.communicate(timeout=10)
     logged = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
     assert [e["hosts"] for e in logged if e["event"] == "drain_file_written"] == [
-        ["bert-worker-1"], ["bert-worker-1", "bert-worker-2"],
+        ["bert-worker-1"],
+        ["bert-worker-1", "bert-worker-2"],
     ]
 
 
 def test_a_bad_job_reference_is_a_usage_error() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "autoscaler.cli", "discovery-sidecar", "--job", "no-namespace"],
-        capture_output=True, text=True, timeout=30,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert result.returncode == 2
     assert "NAMESPACE/NAME" in result.stderr
@@ -248,11 +284,16 @@ def launcher_pod(*terminated: str) -> dict[str, Any]:
         return {"running": {"startedAt": "2025-01-01T00:00:00Z"}}
 
     return {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": LAUNCHER, "namespace": NS},
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": LAUNCHER, "namespace": NS},
         "spec": {"containers": [{"name": "launcher"}, {"name": "discovery-sidecar"}]},
-        "status": {"phase": "Running", "containerStatuses": [
-            {"name": n, "state": state(n)} for n in ("launcher", "discovery-sidecar")
-        ]},
+        "status": {
+            "phase": "Running",
+            "containerStatuses": [
+                {"name": n, "state": state(n)} for n in ("launcher", "discovery-sidecar")
+            ],
+        },
     }
 
 
@@ -263,12 +304,21 @@ class Sidecar:
         self.api = api
         self.assigned = edl / "assigned-hosts"
         self.stop = threading.Event()
-        self.thread = threading.Thread(target=run_sidecar, daemon=True, kwargs={
-            "api": api.api_client(), "job": JobRef(NS, JOB), "drain_path": edl / "drained-hosts",
-            "assigned_path": self.assigned, "exit_with": exit_with,
-            "watch_timeout": timedelta(seconds=30), "backoff_max": timedelta(seconds=0.2),
-            "stop": self.stop, "poll": 0.02,
-        })
+        self.thread = threading.Thread(
+            target=run_sidecar,
+            daemon=True,
+            kwargs={
+                "api": api.api_client(),
+                "job": JobRef(NS, JOB),
+                "drain_path": edl / "drained-hosts",
+                "assigned_path": self.assigned,
+                "exit_with": exit_with,
+                "watch_timeout": timedelta(seconds=30),
+                "backoff_max": timedelta(seconds=0.2),
+                "stop": self.stop,
+                "poll": 0.02,
+            },
+        )
 
     def start(self) -> None:
         """With the job and its launcher pod, once both watches run."""
@@ -312,8 +362,11 @@ def test_assigned_hosts_are_published_on_the_job_when_they_change(
     sidecar.start()
     assert sidecar.published() is None and sidecar.patches() == 0  # no file: nothing known
     sidecar.script_writes("bert-worker-1", "bert-worker-0")
-    took = seconds_until(lambda: sidecar.published() == '["bert-worker-0", "bert-worker-1"]',
-                         timeout=2, what="the first publication")
+    took = seconds_until(
+        lambda: sidecar.published() == '["bert-worker-0", "bert-worker-1"]',
+        timeout=2,
+        what="the first publication",
+    )
     sidecar.script_writes("bert-worker-0", "bert-worker-1")  # rewritten, same set: no patch
     sidecar.script_writes("bert-worker-3")
     wait_for(lambda: sidecar.published() == '["bert-worker-3"]', what="the change")
@@ -362,17 +415,38 @@ def test_the_command_exits_0_with_the_launcher_container(
     kube_api.seed(training_job(drained={"bert-worker-1"}), launcher_pod())
     kubeconfig = kube_api.kubeconfig(str(tmp_path / "kubeconfig"))
     edl = tmp_path / "edl"
-    cmd = [sys.executable, "-m", "autoscaler.cli", "discovery-sidecar", "--job", f"{NS}/{JOB}",
-           "--dir", str(edl), "--kubeconfig", kubeconfig, "--exit-with-container", "launcher"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "autoscaler.cli",
+        "discovery-sidecar",
+        "--job",
+        f"{NS}/{JOB}",
+        "--dir",
+        str(edl),
+        "--kubeconfig",
+        kubeconfig,
+        "--exit-with-container",
+        "launcher",
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "POD_NAME": LAUNCHER, "POD_NAMESPACE": NS}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        wait_for(lambda: content(edl / "drained-hosts") == "bert-worker-1\n", timeout=15,
-                 what="the command's first sync")
+        wait_for(
+            lambda: content(edl / "drained-hosts") == "bert-worker-1\n",
+            timeout=15,
+            what="the command's first sync",
+        )
         (edl / "assigned-hosts").write_text("bert-worker-0\n")
-        wait_for(lambda: (kube_api.get("trainingjobs", JOB, NS) or {})["metadata"]["annotations"]
-                 .get(ASSIGNED_ANNOTATION) == '["bert-worker-0"]', what="the publication")
+        wait_for(
+            lambda: (
+                (kube_api.get("trainingjobs", JOB, NS) or {})["metadata"]["annotations"].get(
+                    ASSIGNED_ANNOTATION
+                )
+                == '["bert-worker-0"]'
+            ),
+            what="the publication",
+        )
         assert proc.poll() is None
         kube_api.patch("pods", LAUNCHER, launcher_pod("launcher"), NS)
         assert proc.wait(timeout=10) == 0
@@ -388,9 +462,22 @@ def test_the_command_exits_0_with_the_launcher_container(
 def test_exit_with_container_needs_the_downward_api(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("POD_NAME", "POD_NAMESPACE")}
     result = subprocess.run(
-        [sys.executable, "-m", "autoscaler.cli", "discovery-sidecar", "--job", f"{NS}/{JOB}",
-         "--dir", str(tmp_path), "--exit-with-container", "launcher"],
-        capture_output=True, text=True, timeout=30, env=env,
+        [
+            sys.executable,
+            "-m",
+            "autoscaler.cli",
+            "discovery-sidecar",
+            "--job",
+            f"{NS}/{JOB}",
+            "--dir",
+            str(tmp_path),
+            "--exit-with-container",
+            "launcher",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
     )
     assert result.returncode == 1
     assert "POD_NAME" in result.stderr
@@ -404,8 +491,13 @@ def test_the_example_role_allows_every_request_the_sidecar_makes(
     (role,) = [d for d in docs if d["kind"] == "Role"]
     (binding,) = [d for d in docs if d["kind"] == "RoleBinding"]
     (job,) = [d for d in docs if d["kind"] == "TrainingJob"]
-    granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"]
-               for r in rule["resources"] for v in rule["verbs"]}
+    granted = {
+        (g, r, v)
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
     assert binding["subjects"][0]["name"] == f"{job['metadata']['name']}-launcher"
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
 
@@ -419,15 +511,27 @@ def test_the_example_role_allows_every_request_the_sidecar_makes(
     def verb(r: Any) -> str:
         return "watch" if r.watch else {"GET": "list", "PATCH": "patch"}[r.method]
 
-    made = {("" if r.path.startswith("/api/") else r.path.split("/")[2],
-             "pods" if "/pods" in r.path else "trainingjobs", verb(r)) for r in kube_api.requests()}
-    assert made == {("kai.alibabacloud.com", "trainingjobs", "list"),
-                    ("kai.alibabacloud.com", "trainingjobs", "watch"),
-                    ("kai.alibabacloud.com", "trainingjobs", "patch"),
-                    ("", "pods", "list"), ("", "pods", "watch")}
+    made = {
+        (
+            "" if r.path.startswith("/api/") else r.path.split("/")[2],
+            "pods" if "/pods" in r.path else "trainingjobs",
+            verb(r),
+        )
+        for r in kube_api.requests()
+    }
+    assert made == {
+        ("kai.alibabacloud.com", "trainingjobs", "list"),
+        ("kai.alibabacloud.com", "trainingjobs", "watch"),
+        ("kai.alibabacloud.com", "trainingjobs", "patch"),
+        ("", "pods", "list"),
+        ("", "pods", "watch"),
+    }
     assert made <= granted
     assert {r.path for r in kube_api.requests()} == {  # one namespace, one job, one pod
-        LIST_PATH, JOB_PATH, f"/api/v1/namespaces/{NS}/pods"}
+        LIST_PATH,
+        JOB_PATH,
+        f"/api/v1/namespaces/{NS}/pods",
+    }
     pod_lists = [r for r in kube_api.requests() if "/pods" in r.path]
     assert {r.query.get("fieldSelector") for r in pod_lists} == {f"metadata.name={LAUNCHER}"}
 

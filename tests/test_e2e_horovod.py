@@ -133,12 +133,18 @@ standalone:
 
 
 @contextmanager
-def started(cmd: list[str], log: Path, env: dict[str, str] | None = None,
-            stdout: Path | None = None) -> Iterator[subprocess.Popen[bytes]]:
+def started(
+    cmd: list[str], log: Path, env: dict[str, str] | None = None, stdout: Path | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
     """A process in its own session; on exit it and every descendant we saw are ended by pid."""
     with log.open("wb") as err, (stdout or log).open("ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err if stdout else subprocess.STDOUT,
-                                env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=err if stdout else subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
     try:
         yield proc
     finally:
@@ -182,20 +188,39 @@ def steps_around(run: Run, reset_at: float) -> dict[str, Any]:
 def test_a_notice_shrinks_horovod_gracefully_and_the_host_rejoins(tmp_path: Path) -> None:
     run = Run(tmp_path)
     config = write_config(run)
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
-           "E2E_LOG": str(run.train_log), "E2E_STOP": str(run.stop), "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+        "E2E_LOG": str(run.train_log),
+        "E2E_STOP": str(run.stop),
+        "PYTHONUNBUFFERED": "1",
+    }
     daemon_cmd = [str(BIN / "spot-autoscaler"), "run", "--config", str(config)]
     discovery = f"{script_path(OWNED_SCRIPT)} {run.hosts}"
     horovod_cmd = [
-        str(HOROVODRUN), "-np", "3", "--min-np", "1", "--max-np", "3", "--network-interface", "lo",
-        "--host-discovery-script", discovery, sys.executable, str(TRAIN),
+        str(HOROVODRUN),
+        "-np",
+        "3",
+        "--min-np",
+        "1",
+        "--max-np",
+        "3",
+        "--network-interface",
+        "lo",
+        "--host-discovery-script",
+        discovery,
+        sys.executable,
+        str(TRAIN),
     ]
     report: dict[str, Any] = {"hosts": HOSTS}
     with started(daemon_cmd, run.logs["daemon.log"], env, stdout=run.logs["decisions.jsonl"]):
         run.wait(lambda: run.listed() == set(HOSTS), 15, "the daemon to list all three hosts")
         with started(horovod_cmd, run.logs["horovodrun.log"], env) as horovod:
-            run.wait(lambda: len(run.world(3, 0)) == 3 and len(run.events("step")) >= 20, 90,
-                     "three ranks training")
+            run.wait(
+                lambda: len(run.world(3, 0)) == 3 and len(run.events("step")) >= 20,
+                90,
+                "three ranks training",
+            )
             rank0 = next(e["host"] for e in run.world(3, 0) if e["rank"] == 0)
             victim = next(h for h in HOSTS if h != rank0)  # rank 0 may leave too; keep it simple
 
@@ -236,7 +261,8 @@ def test_a_notice_shrinks_horovod_gracefully_and_the_host_rejoins(tmp_path: Path
     report["rollbacks"] = run.events("rollback")
     report["decisions"] = [
         {k: d[k] for k in ("ts", "action", "reason", "hosts", "nodes", "pods", "to_workers")}
-        for d in run.decisions() if d["action"] != "noop"
+        for d in run.decisions()
+        if d["action"] != "noop"
     ]
     out = tmp_path / "e2e-timings.json"
     out.write_text(json.dumps(report, indent=2) + "\n")
@@ -251,7 +277,8 @@ def test_a_notice_shrinks_horovod_gracefully_and_the_host_rejoins(tmp_path: Path
     assert report["rollbacks"] == [], "Horovod restored a commit: a worker failed"
     actions = [(d["action"], d["reason"]) for d in report["decisions"]]
     assert actions[1:] == [
-        ("drain", "preemption_notice"), ("scale_in", "preemption_notice"),
+        ("drain", "preemption_notice"),
+        ("scale_in", "preemption_notice"),
         ("scale_out", "idle_capacity"),
     ], actions
     assert report["horovodrun_exit_code"] == 0, run.diagnostics()
@@ -261,16 +288,24 @@ def _print(report: dict[str, Any], path: Path) -> None:
     s, g = report["shrink"], report["growth"]
     ms = {k: f"{v * 1000:.0f} ms" for k, v in (*s.items(), *g.items()) if k.endswith("_s")}
     print(f"\nnotice -> discovery-file-changed: {ms['notice_to_discovery_file_changed_s']}")
-    print(f"notice -> world-size-changed: {ms['notice_to_world_size_changed_s']}"
-          f" (world {s['world_before']} -> {s['world_after']}, {s['victim']} left)")
-    print(f"  steps: last before reset {s['last_step_before']}, resumed at {s['resumed_at_step']},"
-          f" first after {s['first_step_after']}")
+    print(
+        f"notice -> world-size-changed: {ms['notice_to_world_size_changed_s']}"
+        f" (world {s['world_before']} -> {s['world_after']}, {s['victim']} left)"
+    )
+    print(
+        f"  steps: last before reset {s['last_step_before']}, resumed at {s['resumed_at_step']},"
+        f" first after {s['first_step_after']}"
+    )
     print(f"withdrawal -> discovery-file-changed: {ms['withdrawal_to_discovery_file_changed_s']}")
-    print(f"withdrawal -> world-size-changed: {ms['withdrawal_to_world_size_changed_s']}"
-          f" (reset after {ms['withdrawal_to_reset_s']}; world"
-          f" {g['world_before']} -> {g['world_after']})")
-    print(f"  steps: last before reset {g['last_step_before']}, resumed at {g['resumed_at_step']},"
-          f" first after {g['first_step_after']}")
+    print(
+        f"withdrawal -> world-size-changed: {ms['withdrawal_to_world_size_changed_s']}"
+        f" (reset after {ms['withdrawal_to_reset_s']}; world"
+        f" {g['world_before']} -> {g['world_after']})"
+    )
+    print(
+        f"  steps: last before reset {g['last_step_before']}, resumed at {g['resumed_at_step']},"
+        f" first after {g['first_step_after']}"
+    )
     print(f"timings written to {path}")
 
 
@@ -303,8 +338,10 @@ class OverlayRun(Run):
 
     def env(self) -> dict[str, str]:
         return {
-            "SPOT_HOSTFILE": str(self.hostfile), "SPOT_DRAIN_FILE": str(self.drain_file),
-            "SPOT_CACHE_FILE": str(self.cache), "SPOT_ASSIGNED_FILE": str(self.assigned_file),
+            "SPOT_HOSTFILE": str(self.hostfile),
+            "SPOT_DRAIN_FILE": str(self.drain_file),
+            "SPOT_CACHE_FILE": str(self.cache),
+            "SPOT_ASSIGNED_FILE": str(self.assigned_file),
             "SPOT_SETTLE_SECONDS": str(self.settle),
         }
 
@@ -340,8 +377,9 @@ class OverlayRun(Run):
         last = [e for e in resumes if e["size"] == size][-size:]
         return {e["host"] for e in last} if len(last) == size else set()
 
-    def timeline(self, horovod: subprocess.Popen[bytes], timeout: float,
-                 **conditions: Callable[[], Any]) -> dict[str, float]:
+    def timeline(
+        self, horovod: subprocess.Popen[bytes], timeout: float, **conditions: Callable[[], Any]
+    ) -> dict[str, float]:
         """When each condition first held (wall time); fails if horovodrun exits or time runs
         out before all did."""
         seen: dict[str, float] = {}
@@ -351,8 +389,9 @@ class OverlayRun(Run):
                 if name not in seen and condition():
                     seen[name] = time.time()
             if horovod.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"horovodrun exit code {horovod.poll()}, seen {seen}\n"
-                            f"{self.diagnostics()}")
+                pytest.fail(
+                    f"horovodrun exit code {horovod.poll()}, seen {seen}\n{self.diagnostics()}"
+                )
             time.sleep(0.005)
         return seen
 
@@ -389,20 +428,44 @@ def test_every_host_drained_moves_the_job_to_its_replacement_without_rollback(
 ) -> None:
     run = OverlayRun(tmp_path, settle)
     first, second, replacement = HOSTS
-    env = {**os.environ, **run.env(), "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
-           "E2E_LOG": str(run.train_log), "E2E_STOP": str(run.stop), "PYTHONUNBUFFERED": "1",
-           "E2E_SLOW_START": f"{replacement}={slow_start}" if slow_start else ""}
+    env = {
+        **os.environ,
+        **run.env(),
+        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+        "E2E_LOG": str(run.train_log),
+        "E2E_STOP": str(run.stop),
+        "PYTHONUNBUFFERED": "1",
+        "E2E_SLOW_START": f"{replacement}={slow_start}" if slow_start else "",
+    }
     horovod_cmd = [
-        *_pid_namespace(), str(HOROVODRUN), "-np", "2", "--min-np", "1", "--max-np", "3",
-        "--network-interface", "lo", "--host-discovery-script", f"sh {OVERLAY_SCRIPT_PATH}",
-        sys.executable, str(TRAIN),
+        *_pid_namespace(),
+        str(HOROVODRUN),
+        "-np",
+        "2",
+        "--min-np",
+        "1",
+        "--max-np",
+        "3",
+        "--network-interface",
+        "lo",
+        "--host-discovery-script",
+        f"sh {OVERLAY_SCRIPT_PATH}",
+        sys.executable,
+        str(TRAIN),
     ]
-    report: dict[str, Any] = {"hosts": HOSTS, "settle_seconds": settle, "slow_start": slow_start,
-                              "pid_namespace": horovod_cmd[0] == "unshare"}
+    report: dict[str, Any] = {
+        "hosts": HOSTS,
+        "settle_seconds": settle,
+        "slow_start": slow_start,
+        "pid_namespace": horovod_cmd[0] == "unshare",
+    }
     run.operator_writes(first, second)
     with started(horovod_cmd, run.logs["horovodrun.log"], env) as horovod:
-        run.wait(lambda: len(run.world(2, 0)) == 2 and len(run.events("step")) >= 20, 90,
-                 "two ranks training")
+        run.wait(
+            lambda: len(run.world(2, 0)) == 2 and len(run.events("step")) >= 20,
+            90,
+            "two ranks training",
+        )
 
         # --- every host of the job is doomed: one stays (the anchor), the world shrinks to it
         drained = run.sidecar_drains(first, second)
@@ -410,23 +473,31 @@ def test_every_host_drained_moves_the_job_to_its_replacement_without_rollback(
         shrunk = run.first_reset(after=drained)
         (anchor,) = run.world_hosts(drained)
         run.wait(lambda: run.events("step", shrunk), 10, "a step after the shrink")
-        report["drain"] = {"anchor": anchor, "drain_to_world_changed_s": round(shrunk - drained, 3),
-                           **steps_around(run, shrunk)}
+        report["drain"] = {
+            "anchor": anchor,
+            "drain_to_world_changed_s": round(shrunk - drained, 3),
+            **steps_around(run, shrunk),
+        }
 
         # --- a replacement joins; the anchor may leave only after the replacement ran a worker
         added = run.operator_writes(first, second, replacement)
         at = run.timeline(
-            horovod, 60,
+            horovod,
+            60,
             worker=lambda: replacement in workers(horovod),
             dropped=lambda: anchor not in run.shown(),
             moved=lambda: run.world_hosts(added) == {replacement},
-            stepped=lambda: any(e["size"] == 1 and e["host"] == replacement
-                                for e in run.events("step", added)),
+            stepped=lambda: any(
+                e["size"] == 1 and e["host"] == replacement for e in run.events("step", added)
+            ),
             anchor_exited=lambda: anchor not in workers(horovod),
         )
         joined = run.first_reset(after=added)
-        moved = min(e["t"] for e in run.events("resume", added)
-                    if e["size"] == 1 and e["host"] == replacement)
+        moved = min(
+            e["t"]
+            for e in run.events("resume", added)
+            if e["size"] == 1 and e["host"] == replacement
+        )
         report["replacement"] = {
             "host": replacement,
             "added_to_worker_started_s": round(at["worker"] - added, 3),
@@ -437,8 +508,11 @@ def test_every_host_drained_moves_the_job_to_its_replacement_without_rollback(
             "move": steps_around(run, moved),
         }
         # what the sidecar publishes: the script's next call sees the anchor's worker gone
-        run.wait(lambda: run.assigned_file.read_text().split() == [replacement], 5,
-                 "the assigned-hosts file to list the replacement alone")
+        run.wait(
+            lambda: run.assigned_file.read_text().split() == [replacement],
+            5,
+            "the assigned-hosts file to list the replacement alone",
+        )
 
         run.stop.touch()
         report["horovodrun_exit_code"] = horovod.wait(30)

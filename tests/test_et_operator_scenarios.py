@@ -30,23 +30,36 @@ NTH_ITN = {"key": "aws-node-termination-handler/spot-itn", "value": "evt-9", "ef
 def launcher(job: str, node_name: str) -> dict:
     """The launcher pod et-operator runs horovodrun in: its exec target (no launcher, no
     hostfile writes and no `ps` wait: launcher.go executeOnLauncher)."""
-    labels = {"group-name": "kai.alibabacloud.com", "training-job-name": job,
-              "training-job-role": "launcher"}
+    labels = {
+        "group-name": "kai.alibabacloud.com",
+        "training-job-name": job,
+        "training-job-role": "launcher",
+    }
     return pod(f"{job}-launcher", node_name, 0, labels=labels)
 
 
 def seeded(kube: Kube, tmp_path: Path) -> EtOperator:
-    kube.server.seed(node("a", taints=[NTH_ITN]), node("b"), node("c"),
-                     training_job("bert", replicas=3), launcher("bert", "b"),
-                     worker("bert", 0, "a"), worker("bert", 1, "b"), worker("bert", 2, "c"))
+    kube.server.seed(
+        node("a", taints=[NTH_ITN]),
+        node("b"),
+        node("c"),
+        training_job("bert", replicas=3),
+        launcher("bert", "b"),
+        worker("bert", 0, "a"),
+        worker("bert", 1, "b"),
+        worker("bert", 2, "c"),
+    )
     operator = EtOperator(kube.server, NS, tmp_path / "hostfile")
     operator.step()  # the job Running, its three workers current
     return operator
 
 
 def pods(kube: Kube) -> list[str]:
-    return sorted(p["metadata"]["name"] for p in kube.server.objects("Pod", NS)
-                  if p["metadata"]["labels"].get("training-job-role") == "worker")
+    return sorted(
+        p["metadata"]["name"]
+        for p in kube.server.objects("Pod", NS)
+        if p["metadata"]["labels"].get("training-job-role") == "worker"
+    )
 
 
 def test_the_stand_in_deletes_every_worker_for_a_scale_in_whose_pods_are_gone(
@@ -54,10 +67,14 @@ def test_the_stand_in_deletes_every_worker_for_a_scale_in_whose_pods_are_gone(
 ) -> None:
     # what the daemon must never let happen (scalein.go setsSaleInToDelete + DeleteWorkerPods)
     operator = seeded(kube, tmp_path)
-    kube.server.seed({"apiVersion": "kai.alibabacloud.com/v1alpha1", "kind": "ScaleIn",
-                      "metadata": {"name": "by-hand", "namespace": NS},
-                      "spec": {"selector": {"name": "bert"},
-                               "toDelete": {"podNames": ["bert-worker-9"]}}})
+    kube.server.seed(
+        {
+            "apiVersion": "kai.alibabacloud.com/v1alpha1",
+            "kind": "ScaleIn",
+            "metadata": {"name": "by-hand", "namespace": NS},
+            "spec": {"selector": {"name": "bert"}, "toDelete": {"podNames": ["bert-worker-9"]}},
+        }
+    )
     operator.step()
     assert pods(kube) == []
 
@@ -69,7 +86,9 @@ def test_a_scale_in_whose_pods_vanished_first_is_cancelled_and_the_job_survives(
     cache = kube.cache()
     rec = kube.reconciler(cache)
     assert [d.action for d in rec.tick(now()) if d.action is not Action.NOOP] == [
-        Action.DRAIN, Action.SCALE_IN]
+        Action.DRAIN,
+        Action.SCALE_IN,
+    ]
     # the node dies and takes worker-0 with it before et-operator gets to our ScaleIn
     kube.server.delete("Pod", "bert-worker-0", NS)
     wait_for(lambda: any("bert-worker-0 deleted" in w for w in kube.wakes), what="the pod gone")
@@ -85,16 +104,20 @@ def test_evictions_wait_for_the_daemon_which_removes_the_worker_by_name(
 ) -> None:
     operator = seeded(kube, tmp_path)
     for name in ("bert-worker-0", "bert-worker-1", "bert-worker-2"):  # Ready, as the kubelet says
-        kube.server.patch("Pod", name, {"status": {"conditions": [
-            {"type": "Ready", "status": "True"}]}}, NS)
+        kube.server.patch(
+            "Pod", name, {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}, NS
+        )
     rec = kube.reconciler()
     rec.tick(now())  # the guard budget is kept from the first pass
     [budget] = kube.server.objects("PodDisruptionBudget", NS)
     assert budget["spec"]["maxUnavailable"] == 0
     # NTH's drain (kubectl's drain helper) evicts: the budget makes it wait
     core = client.CoreV1Api(kube.server.api_client())
-    eviction = {"apiVersion": "policy/v1", "kind": "Eviction",
-                "metadata": {"name": "bert-worker-0"}}
+    eviction = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": "bert-worker-0"},
+    }
     with pytest.raises(ApiException) as err:
         core.create_namespaced_pod_eviction("bert-worker-0", NS, eviction)
     assert err.value.status == 429
@@ -122,10 +145,14 @@ def test_the_ps_wait_matches_substrings(kube: Kube, tmp_path: Path) -> None:
     # a process for worker-10 holds back the ScaleIn of worker-1 (strings.Contains)
     operator = seeded(kube, tmp_path)
     operator.processes = [f"root 42 1 0 {SSH_ATTACH} bert-worker-10 python train.py"]
-    kube.server.seed({"apiVersion": "kai.alibabacloud.com/v1alpha1", "kind": "ScaleIn",
-                      "metadata": {"name": "by-hand", "namespace": NS},
-                      "spec": {"selector": {"name": "bert"},
-                               "toDelete": {"podNames": ["bert-worker-1"]}}})
+    kube.server.seed(
+        {
+            "apiVersion": "kai.alibabacloud.com/v1alpha1",
+            "kind": "ScaleIn",
+            "metadata": {"name": "by-hand", "namespace": NS},
+            "spec": {"selector": {"name": "bert"}, "toDelete": {"podNames": ["bert-worker-1"]}},
+        }
+    )
     operator.step()
     assert "bert-worker-1" in pods(kube)
     operator.processes = []
@@ -144,8 +171,7 @@ def test_new_worker_names_are_predicted_as_et_operator_makes_them(
     [job] = kube.observer(cache).snapshot(now()).jobs
     predicted = job.next_pod_names(2)
     rec = kube.reconciler(cache)
-    assert [d.action for d in rec.tick(now()) if d.action is not Action.NOOP] == [
-        Action.SCALE_OUT]
+    assert [d.action for d in rec.tick(now()) if d.action is not Action.NOOP] == [Action.SCALE_OUT]
     operator.step()
     [out] = kube.server.objects("ScaleOut", NS)
     assert tuple(out["status"]["addPods"][:2]) == predicted == ("bert-worker-3", "bert-worker-4")

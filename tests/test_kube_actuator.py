@@ -72,14 +72,19 @@ def test_a_noticed_node_drains_then_scales_in_exactly_its_pods(kube: Kube) -> No
     assert actions(rec.tick(now())) == [("ml/bert", Action.DRAIN), ("ml/bert", Action.SCALE_IN)]
     job = kube.server.get("TrainingJob", "bert", NS)
     assert decode_drained(job["metadata"]["annotations"][DRAINED_ANNOTATION]) == {
-        "bert-worker-0", "bert-worker-2"
+        "bert-worker-0",
+        "bert-worker-2",
     }
     [scale_in] = kube.objects("ScaleIn")
-    assert scale_in["spec"] == {"selector": {"name": "bert"},
-                                "toDelete": {"podNames": ["bert-worker-0", "bert-worker-2"]}}
+    assert scale_in["spec"] == {
+        "selector": {"name": "bert"},
+        "toDelete": {"podNames": ["bert-worker-0", "bert-worker-2"]},
+    }
     assert [e["reason"] for e in kube.events()] == ["HostsDrained", "ScaleInCreated"]
-    assert "remove bert-worker-0, bert-worker-2, 3->1, reason preemption_notice" in \
-        kube.events("ScaleInCreated")[0]["message"]
+    assert (
+        "remove bert-worker-0, bert-worker-2, 3->1, reason preemption_notice"
+        in kube.events("ScaleInCreated")[0]["message"]
+    )
     assert actions(rec.tick(now())) == []  # the ScaleIn is in flight, the hosts already drained
 
 
@@ -135,14 +140,29 @@ def test_the_same_decision_twice_gets_the_same_name_and_one_object(kube: Kube) -
 
 
 def test_the_actuator_refuses_what_the_operator_would_not_run(kube: Kube) -> None:
-    kube.server.seed(node("a"), training_job("busy", phase="Scaling"), worker("busy", 0, "a"),
-                     training_job("queued"), scaler("ScaleIn", "queued-in", "queued"))
+    kube.server.seed(
+        node("a"),
+        training_job("busy", phase="Scaling"),
+        worker("busy", 0, "a"),
+        training_job("queued"),
+        scaler("ScaleIn", "queued-in", "queued"),
+    )
     actuator = kube.actuator(kube.cache())
     for job in ("busy", "queued"):
-        actuator.apply(Decision(f"ml/{job}", Action.SCALE_OUT, Reason.IDLE_CAPACITY, "default",
-                                1, 2, count=1), now())
-    unknown = Decision("ml/busy", Action.SCALE_IN, Reason.PREEMPTION_NOTICE, "default", 1, 0,
-                       count=1, pods=("no-such-pod",))
+        actuator.apply(
+            Decision(f"ml/{job}", Action.SCALE_OUT, Reason.IDLE_CAPACITY, "default", 1, 2, count=1),
+            now(),
+        )
+    unknown = Decision(
+        "ml/busy",
+        Action.SCALE_IN,
+        Reason.PREEMPTION_NOTICE,
+        "default",
+        1,
+        0,
+        count=1,
+        pods=("no-such-pod",),
+    )
     actuator.apply(unknown, now())  # never a ScaleIn for pods that do not exist
     assert kube.objects("ScaleOut") == []
     assert [s["metadata"]["name"] for s in kube.objects("ScaleIn")] == ["queued-in"]
@@ -174,8 +194,13 @@ def test_dry_run_writes_nothing(kube: Kube) -> None:
 
 
 def test_cce_jobs_scale_by_patching_trainer_replicas(kube: Kube) -> None:
-    kube.server.seed(node("a"), node("b"), ai_training_job("ernie", replicas=2, max_workers=4),
-                     trainer("ernie", 0, "a"), trainer("ernie", 1, "b"))
+    kube.server.seed(
+        node("a"),
+        node("b"),
+        ai_training_job("ernie", replicas=2, max_workers=4),
+        trainer("ernie", 0, "a"),
+        trainer("ernie", 1, "b"),
+    )
     rec = kube.reconciler()
     assert actions(rec.tick(now())) == [("ml/ernie", Action.SCALE_OUT)]
     trainer_spec = kube.server.get("AITrainingJob", "ernie", NS)["spec"]["replicaSpecs"]["trainer"]
@@ -195,8 +220,14 @@ def test_cce_jobs_scale_by_patching_trainer_replicas(kube: Kube) -> None:
 def test_cloud_notices_persist_on_the_node(kube: Kube) -> None:
     kube.server.seed(node("a"))
     actuator = kube.actuator(kube.cache())
-    hard = Notice("a", NoticeKind.INTERRUPTION, "aws-sqs", "m-1",
-                  deadline=now() + timedelta(minutes=2), received_at=now())
+    hard = Notice(
+        "a",
+        NoticeKind.INTERRUPTION,
+        "aws-sqs",
+        "m-1",
+        deadline=now() + timedelta(minutes=2),
+        received_at=now(),
+    )
     soft = Notice("a", NoticeKind.REBALANCE, "aws-sqs", "m-2", received_at=now())
     assert actuator.persist_notice("a", hard) is True
     assert actuator.persist_notice("a", hard) is False  # already there
@@ -231,7 +262,11 @@ def test_a_warning_about_the_daemon_itself_lands_on_its_own_pod(
     # kubectl describe pod finds Events by the pod's kind, name, namespace and uid
     assert (event["metadata"]["namespace"], event["type"]) == ("ops", "Warning")
     assert {k: event["involvedObject"][k] for k in ("kind", "name", "namespace", "uid")} == {
-        "kind": "Pod", "name": "spot-autoscaler-0", "namespace": "ops", "uid": uid}
+        "kind": "Pod",
+        "name": "spot-autoscaler-0",
+        "namespace": "ops",
+        "uid": uid,
+    }
 
     monkeypatch.delenv("POD_NAME")  # outside a pod: nothing to attach it to, nothing sent
     recorder.about_self("ConfigRejected", "again", now())

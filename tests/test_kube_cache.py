@@ -93,8 +93,12 @@ def test_wakes_for_notices_and_capacity_but_not_heartbeats(kube: Kube) -> None:
     kube.server.patch("TrainingJob", "bert", {"status": {"phase": "Scaling"}}, NS)
     wait_for(lambda: len(kube.wakes) >= 4, what="four wakes")
     # one thread per kind: order holds within a kind only
-    assert sorted(kube.wakes) == ["Node a changed", f"Pod {NS}/p deleted",
-                                  f"TrainingJob {NS}/bert added", f"TrainingJob {NS}/bert changed"]
+    assert sorted(kube.wakes) == [
+        "Node a changed",
+        f"Pod {NS}/p deleted",
+        f"TrainingJob {NS}/bert added",
+        f"TrainingJob {NS}/bert changed",
+    ]
 
 
 def test_stop_ends_every_watch_promptly(kube: Kube) -> None:
@@ -116,7 +120,9 @@ def test_a_relist_keeps_what_it_holds_of_unchanged_objects(kube: Kube) -> None:
     kube.server.patch("Node", "a", {"metadata": {"labels": {"x": "y"}}})
     kube.server.compact()  # resuming is 410 Gone: listed again
     wait_for(lambda: kube.server.count("GET", "nodes", watch=False) >= 2, what="the relist")
-    wait_for(lambda: (cache.get(NODES, "a") or {})["metadata"]["labels"].get("x") == "y",
-             what="the changed node")
+    wait_for(
+        lambda: (cache.get(NODES, "a") or {})["metadata"]["labels"].get("x") == "y",
+        what="the changed node",
+    )
     # the same dict: no second copy of an unchanged cluster, nothing for readers to derive again
     assert cache.get(NODES, "b") is held_b

@@ -23,12 +23,20 @@ def test_a_malformed_job_is_skipped_and_the_others_are_drained_in_the_same_pass(
 ) -> None:
     broken = training_job("broken")
     broken["spec"]["etReplicaSpecs"] = [{"worker": {"replicas": 2}}]  # a list, not a map
-    kube.server.seed(node("a", taints=[NTH_ITN]), node("b"), broken, worker("broken", 0, "a"),
-                     training_job("bert"), worker("bert", 0, "a"), worker("bert", 1, "b"))
+    kube.server.seed(
+        node("a", taints=[NTH_ITN]),
+        node("b"),
+        broken,
+        worker("broken", 0, "a"),
+        training_job("bert"),
+        worker("bert", 0, "a"),
+        worker("bert", 1, "b"),
+    )
     rec = kube.reconciler()
     decisions = rec.tick(now())
     assert {(d.job, d.action) for d in decisions if d.action is not Action.NOOP} == {
-        ("ml/bert", Action.DRAIN), ("ml/bert", Action.SCALE_IN)
+        ("ml/bert", Action.DRAIN),
+        ("ml/bert", Action.SCALE_IN),
     }
     rec.tick(now())
     assert kube.rejections.counts() == {("TrainingJob", "AttributeError"): 1}  # once a version
@@ -36,8 +44,10 @@ def test_a_malformed_job_is_skipped_and_the_others_are_drained_in_the_same_pass(
     assert event["type"] == "Warning" and event["involvedObject"]["name"] == "broken"
     assert rec.errors == 0
     kube.server.seed(training_job("broken"))  # a new version that reads fine: the job is back
-    wait_for(lambda: "ml/broken" in {j.key for j in rec.observer.snapshot(now()).jobs},
-             what="the fixed job in the snapshot")
+    wait_for(
+        lambda: "ml/broken" in {j.key for j in rec.observer.snapshot(now()).jobs},
+        what="the fixed job in the snapshot",
+    )
 
 
 def test_an_unreadable_notice_annotation_is_rejected_but_the_node_still_counts(kube: Kube) -> None:

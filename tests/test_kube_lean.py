@@ -51,19 +51,36 @@ NTH = "aws-node-termination-handler/spot-itn"
 
 # --- objects as the API server returns them --------------------------------------------------
 def managed_fields(manager: str) -> list[Obj]:
-    return [{"manager": manager, "operation": "Update", "apiVersion": "v1",
-             "time": "2026-03-02T10:00:00Z", "fieldsType": "FieldsV1",
-             "fieldsV1": {"f:metadata": {"f:labels": {}}, "f:spec": {}, "f:status": {}}}]
+    return [
+        {
+            "manager": manager,
+            "operation": "Update",
+            "apiVersion": "v1",
+            "time": "2026-03-02T10:00:00Z",
+            "fieldsType": "FieldsV1",
+            "fieldsV1": {"f:metadata": {"f:labels": {}}, "f:spec": {}, "f:status": {}},
+        }
+    ]
 
 
 def full_container(name: str, resources: Obj, **extra: Any) -> Obj:
     return {
-        "name": name, "image": "registry.example.com/train:1", "command": ["/bin/sh", "-c"],
-        "args": ["python train.py"], "env": [{"name": "A", "value": "1"}],
-        "ports": [{"containerPort": 12345, "protocol": "TCP"}], "resources": resources,
-        "volumeMounts": [{"name": "kube-api-access", "readOnly": True,
-                          "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}],
-        "terminationMessagePath": "/dev/termination-log", "imagePullPolicy": "IfNotPresent",
+        "name": name,
+        "image": "registry.example.com/train:1",
+        "command": ["/bin/sh", "-c"],
+        "args": ["python train.py"],
+        "env": [{"name": "A", "value": "1"}],
+        "ports": [{"containerPort": 12345, "protocol": "TCP"}],
+        "resources": resources,
+        "volumeMounts": [
+            {
+                "name": "kube-api-access",
+                "readOnly": True,
+                "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+            }
+        ],
+        "terminationMessagePath": "/dev/termination-log",
+        "imagePullPolicy": "IfNotPresent",
         **extra,
     }
 
@@ -85,13 +102,32 @@ def full_pod(
     gpu = {"limits": {"nvidia.com/gpu": "1", "cpu": "7"}, "requests": {"cpu": "7"}}
     spec: Obj = {
         "containers": containers or [full_container("main", gpu)],
-        "restartPolicy": "Always", "terminationGracePeriodSeconds": 30, "dnsPolicy": "ClusterFirst",
-        "serviceAccountName": "default", "schedulerName": "default-scheduler", "priority": 0,
-        "tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists",
-                         "effect": "NoExecute", "tolerationSeconds": 300}],
-        "volumes": [{"name": "kube-api-access", "projected": {"sources": [
-            {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}}]}}],
-        "enableServiceLinks": True, "preemptionPolicy": "PreemptLowerPriority",
+        "restartPolicy": "Always",
+        "terminationGracePeriodSeconds": 30,
+        "dnsPolicy": "ClusterFirst",
+        "serviceAccountName": "default",
+        "schedulerName": "default-scheduler",
+        "priority": 0,
+        "tolerations": [
+            {
+                "key": "node.kubernetes.io/not-ready",
+                "operator": "Exists",
+                "effect": "NoExecute",
+                "tolerationSeconds": 300,
+            }
+        ],
+        "volumes": [
+            {
+                "name": "kube-api-access",
+                "projected": {
+                    "sources": [
+                        {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}}
+                    ]
+                },
+            }
+        ],
+        "enableServiceLinks": True,
+        "preemptionPolicy": "PreemptLowerPriority",
     }
     if node:
         spec["nodeName"] = node
@@ -99,18 +135,38 @@ def full_pod(
         spec["initContainers"] = init_containers
     if overhead:
         spec["overhead"] = overhead
-    conditions = [{"type": t, "status": "True", "lastProbeTime": None,
-                   "lastTransitionTime": "2026-03-02T10:00:01Z"}
-                  for t in ("PodReadyToStartContainers", "Initialized", "PodScheduled")]
+    conditions = [
+        {
+            "type": t,
+            "status": "True",
+            "lastProbeTime": None,
+            "lastTransitionTime": "2026-03-02T10:00:01Z",
+        }
+        for t in ("PodReadyToStartContainers", "Initialized", "PodScheduled")
+    ]
     if ready is not None:
-        conditions.insert(2, {"type": "Ready", "status": ready, "lastProbeTime": None,
-                              "lastTransitionTime": "2026-03-02T10:00:05Z",
-                              **({"reason": "ContainersNotReady"} if ready != "True" else {})})
-    state: Obj = ({"running": {"startedAt": running_since}} if running_since
-                  else {"waiting": {"reason": "ContainerCreating"}})
+        conditions.insert(
+            2,
+            {
+                "type": "Ready",
+                "status": ready,
+                "lastProbeTime": None,
+                "lastTransitionTime": "2026-03-02T10:00:05Z",
+                **({"reason": "ContainersNotReady"} if ready != "True" else {}),
+            },
+        )
+    state: Obj = (
+        {"running": {"startedAt": running_since}}
+        if running_since
+        else {"waiting": {"reason": "ContainerCreating"}}
+    )
     meta: Obj = {
-        "name": name, "namespace": NS, "uid": f"uid-{name}", "resourceVersion": "4711",
-        "creationTimestamp": "2026-03-02T10:00:00Z", "generateName": "x-",
+        "name": name,
+        "namespace": NS,
+        "uid": f"uid-{name}",
+        "resourceVersion": "4711",
+        "creationTimestamp": "2026-03-02T10:00:00Z",
+        "generateName": "x-",
         "labels": labels or {"app": "x"},
         "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{...}"},
         "managedFields": managed_fields("kubelet"),
@@ -121,31 +177,61 @@ def full_pod(
         meta["deletionTimestamp"] = "2026-03-02T11:00:00Z"
         meta["deletionGracePeriodSeconds"] = 30
     return {
-        "kind": "Pod", "apiVersion": "v1", "metadata": meta, "spec": spec,
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": meta,
+        "spec": spec,
         "status": {
-            "phase": phase, "conditions": conditions, "hostIP": "10.0.0.1",
-            "podIP": "10.1.0.1", "podIPs": [{"ip": "10.1.0.1"}], "qosClass": "Burstable",
+            "phase": phase,
+            "conditions": conditions,
+            "hostIP": "10.0.0.1",
+            "podIP": "10.1.0.1",
+            "podIPs": [{"ip": "10.1.0.1"}],
+            "qosClass": "Burstable",
             "startTime": "2026-03-02T10:00:00Z",
-            "containerStatuses": [{"name": "main", "state": state, "lastState": {},
-                                   "ready": ready == "True", "restartCount": 0,
-                                   "image": "registry.example.com/train:1",
-                                   "imageID": "sha256:00", "containerID": "containerd://11",
-                                   "started": bool(running_since)}],
+            "containerStatuses": [
+                {
+                    "name": "main",
+                    "state": state,
+                    "lastState": {},
+                    "ready": ready == "True",
+                    "restartCount": 0,
+                    "image": "registry.example.com/train:1",
+                    "imageID": "sha256:00",
+                    "containerID": "containerd://11",
+                    "started": bool(running_since),
+                }
+            ],
         },
     }
 
 
 def et_owner(job: str) -> Obj:
-    return {"apiVersion": ET_API, "kind": "TrainingJob", "name": job, "uid": f"uid-{job}",
-            "controller": True, "blockOwnerDeletion": True}
+    return {
+        "apiVersion": ET_API,
+        "kind": "TrainingJob",
+        "name": job,
+        "uid": f"uid-{job}",
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
 
 
 def full_pods() -> list[Obj]:
     """Every way a pod's facts come about."""
-    et_labels = {"group-name": "kai.alibabacloud.com", "training-job-name": "bert",
-                 "training-job-role": "worker", "replica-index": "0"}
-    cce_owner = {"apiVersion": CCE_API, "kind": "AITrainingJob", "name": "ernie", "uid": "u",
-                 "controller": True}
+    et_labels = {
+        "group-name": "kai.alibabacloud.com",
+        "training-job-name": "bert",
+        "training-job-role": "worker",
+        "replica-index": "0",
+    }
+    cce_owner = {
+        "apiVersion": CCE_API,
+        "kind": "AITrainingJob",
+        "name": "ernie",
+        "uid": "u",
+        "controller": True,
+    }
     sidecar = full_container("s", {"limits": {"nvidia.com/gpu": "1"}}, restartPolicy="Always")
     init = full_container("i", {"limits": {"nvidia.com/gpu": "3"}})
     memory = {"limits": {"aliyun.com/gpu-mem": "24"}}
@@ -154,12 +240,29 @@ def full_pods() -> list[Obj]:
         # a worker by its controller and name alone; Ready False: started from its container
         full_pod("bert-worker-7", "gpu-a", owner=et_owner("bert"), ready="False"),
         # no Ready condition yet, container not running: no ready_since
-        full_pod("bert-worker-8", "gpu-b", phase="Pending", owner=et_owner("bert"), ready=None,
-                 running_since=None),
-        full_pod("bert-worker-9", None, phase="Pending", owner=et_owner("bert"), ready=None,
-                 running_since=None),
-        full_pod("ernie-trainer-0", "gpu-b", owner=cce_owner, init_containers=[sidecar, init],
-                 overhead={"nvidia.com/gpu": "1", "cpu": "250m"}),
+        full_pod(
+            "bert-worker-8",
+            "gpu-b",
+            phase="Pending",
+            owner=et_owner("bert"),
+            ready=None,
+            running_since=None,
+        ),
+        full_pod(
+            "bert-worker-9",
+            None,
+            phase="Pending",
+            owner=et_owner("bert"),
+            ready=None,
+            running_since=None,
+        ),
+        full_pod(
+            "ernie-trainer-0",
+            "gpu-b",
+            owner=cce_owner,
+            init_containers=[sidecar, init],
+            overhead={"nvidia.com/gpu": "1", "cpu": "250m"},
+        ),
         full_pod("small", "share", containers=[full_container("m", memory)]),
         full_pod("going", "gpu-b", deleting=True),
         full_pod("cpu", "gpu-a", containers=[full_container("c", {"requests": {"cpu": "1"}})]),
@@ -176,37 +279,70 @@ def full_node(
     annotations: dict[str, str] | None = None,
     unschedulable: bool = False,
 ) -> Obj:
-    base = [{"type": t, "status": "False", "reason": f"KubeletHas{t}", "message": "ok",
-             "lastHeartbeatTime": "2026-03-02T11:59:30Z",
-             "lastTransitionTime": "2026-03-02T10:00:00Z"}
-            for t in ("MemoryPressure", "DiskPressure", "PIDPressure")]
-    base.append({"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "ok",
-                 "lastHeartbeatTime": "2026-03-02T11:59:30Z",
-                 "lastTransitionTime": "2026-03-02T10:00:00Z"})
-    spec: Obj = {"providerID": f"aws:///us-east-1a/i-{name}", "taints": taints or [],
-                 "podCIDR": "10.1.0.0/24"}
+    base = [
+        {
+            "type": t,
+            "status": "False",
+            "reason": f"KubeletHas{t}",
+            "message": "ok",
+            "lastHeartbeatTime": "2026-03-02T11:59:30Z",
+            "lastTransitionTime": "2026-03-02T10:00:00Z",
+        }
+        for t in ("MemoryPressure", "DiskPressure", "PIDPressure")
+    ]
+    base.append(
+        {
+            "type": "Ready",
+            "status": "True",
+            "reason": "KubeletReady",
+            "message": "ok",
+            "lastHeartbeatTime": "2026-03-02T11:59:30Z",
+            "lastTransitionTime": "2026-03-02T10:00:00Z",
+        }
+    )
+    spec: Obj = {
+        "providerID": f"aws:///us-east-1a/i-{name}",
+        "taints": taints or [],
+        "podCIDR": "10.1.0.0/24",
+    }
     if unschedulable:
         spec["unschedulable"] = True
     return {
-        "kind": "Node", "apiVersion": "v1",
+        "kind": "Node",
+        "apiVersion": "v1",
         "metadata": {
-            "name": name, "uid": f"uid-{name}", "resourceVersion": "99",
+            "name": name,
+            "uid": f"uid-{name}",
+            "resourceVersion": "99",
             "creationTimestamp": "2026-03-02T09:00:00Z",
-            "labels": {"karpenter.sh/capacity-type": "spot", "kubernetes.io/os": "linux",
-                       "node.kubernetes.io/instance-type": "p3.16xlarge",
-                       "topology.kubernetes.io/zone": "us-east-1a", **(labels or {})},
-            "annotations": {"node.alpha.kubernetes.io/ttl": "0",
-                            "csi.volume.kubernetes.io/nodeid": "{}", **(annotations or {})},
+            "labels": {
+                "karpenter.sh/capacity-type": "spot",
+                "kubernetes.io/os": "linux",
+                "node.kubernetes.io/instance-type": "p3.16xlarge",
+                "topology.kubernetes.io/zone": "us-east-1a",
+                **(labels or {}),
+            },
+            "annotations": {
+                "node.alpha.kubernetes.io/ttl": "0",
+                "csi.volume.kubernetes.io/nodeid": "{}",
+                **(annotations or {}),
+            },
             "managedFields": managed_fields("kubelet"),
         },
         "spec": spec,
         "status": {
-            "allocatable": {"cpu": "63", "memory": "480Gi", "nvidia.com/gpu": "8", "pods": "110",
-                            **(allocatable or {})},
+            "allocatable": {
+                "cpu": "63",
+                "memory": "480Gi",
+                "nvidia.com/gpu": "8",
+                "pods": "110",
+                **(allocatable or {}),
+            },
             "capacity": {"cpu": "64", "memory": "488Gi", "nvidia.com/gpu": "8", "pods": "110"},
             "conditions": base + (conditions or []),
             "addresses": [{"type": "InternalIP", "address": "10.0.0.1"}],
-            "nodeInfo": {"kubeletVersion": "v1.30.0"}, "images": [{"names": ["a"]}],
+            "nodeInfo": {"kubeletVersion": "v1.30.0"},
+            "images": [{"names": ["a"]}],
             "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
         },
     }
@@ -214,20 +350,38 @@ def full_node(
 
 def full_nodes() -> list[Obj]:
     persisted = Notice("noticed", NoticeKind.REBALANCE, "aws-sqs", "m-7", received_at=NOW)
-    expired = {"type": "InstanceExpired", "status": "True", "reason": "x", "message": "y",
-               "lastHeartbeatTime": "2026-03-02T11:59:30Z",
-               "lastTransitionTime": "2026-03-02T11:00:00Z"}
-    nth = {"key": NTH, "value": "evt-1", "effect": "NoSchedule",
-           "timeAdded": "2026-03-02T11:59:00Z"}
+    expired = {
+        "type": "InstanceExpired",
+        "status": "True",
+        "reason": "x",
+        "message": "y",
+        "lastHeartbeatTime": "2026-03-02T11:59:30Z",
+        "lastTransitionTime": "2026-03-02T11:00:00Z",
+    }
+    nth = {
+        "key": NTH,
+        "value": "evt-1",
+        "effect": "NoSchedule",
+        "timeAdded": "2026-03-02T11:59:00Z",
+    }
     return [
         full_node("gpu-a"),
         full_node("gpu-b", taints=[nth]),
-        full_node("noticed", annotations={NOTICE_ANNOTATION: encode_notice(persisted)},
-                  labels={"eks.amazonaws.com/capacityType": "ON_DEMAND"}),
+        full_node(
+            "noticed",
+            annotations={NOTICE_ANNOTATION: encode_notice(persisted)},
+            labels={"eks.amazonaws.com/capacityType": "ON_DEMAND"},
+        ),
         full_node("expired", conditions=[expired], unschedulable=True),
-        full_node("share", labels={"ack.node.gpu.schedule": "share"},
-                  allocatable={"nvidia.com/gpu": "0", "aliyun.com/gpu-mem": "64",
-                               "aliyun.com/gpu-count": "4"}),
+        full_node(
+            "share",
+            labels={"ack.node.gpu.schedule": "share"},
+            allocatable={
+                "nvidia.com/gpu": "0",
+                "aliyun.com/gpu-mem": "64",
+                "aliyun.com/gpu-count": "4",
+            },
+        ),
     ]
 
 
@@ -267,8 +421,11 @@ def filled_cache(monkeypatch: pytest.MonkeyPatch | None = None) -> KubeCache:
     if monkeypatch is not None:
         monkeypatch.setattr(cache_module, "trimmer", lambda resource: copy.deepcopy)
     cache = KubeCache(client.ApiClient(), SETTINGS)
-    objects = [*((NODES, n) for n in full_nodes()), *((PODS, p) for p in full_pods()),
-               *custom_objects()]
+    objects = [
+        *((NODES, n) for n in full_nodes()),
+        *((PODS, p) for p in full_pods()),
+        *custom_objects(),
+    ]
     for resource, obj in objects:
         cache.assume(resource, obj)
     return cache
@@ -305,8 +462,10 @@ def test_the_cache_holds_trimmed_copies_and_leaves_the_callers_object_alone() ->
     assert "managedFields" not in held["metadata"] and "env" not in held["spec"]["containers"][0]
     held_job = cache.get(TRAINING_JOBS, key_of(job))
     assert "managedFields" not in held_job["metadata"]
-    assert held_job == {**job, "metadata": {k: v for k, v in job["metadata"].items()
-                                            if k != "managedFields"}}
+    assert held_job == {
+        **job,
+        "metadata": {k: v for k, v in job["metadata"].items() if k != "managedFields"},
+    }
 
 
 def test_projection_keeps_absent_keys_absent_and_odd_types_whole() -> None:

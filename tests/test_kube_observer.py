@@ -229,11 +229,18 @@ def test_only_shared_gpu_nodes_are_marked_shared(kube: Kube) -> None:
 def test_shared_gpu_nodes_reach_the_core_marked(kube: Kube) -> None:
     # every ACK sharing mode of ack.node.gpu.schedule (cgpu, core_mem, share, mps) is shared
     modes = ("cgpu", "core_mem", "share", "mps")
-    kube.server.seed(node("whole"), *(
-        node(mode.replace("_", "-"), 0, labels={"ack.node.gpu.schedule": mode},
-             allocatable={"aliyun.com/gpu-mem": "64", "aliyun.com/gpu-count": "4"})
-        for mode in modes
-    ))
+    kube.server.seed(
+        node("whole"),
+        *(
+            node(
+                mode.replace("_", "-"),
+                0,
+                labels={"ack.node.gpu.schedule": mode},
+                allocatable={"aliyun.com/gpu-mem": "64", "aliyun.com/gpu-count": "4"},
+            )
+            for mode in modes
+        ),
+    )
     nodes = by_name(snap(kube).nodes)
     assert all(nodes[m.replace("_", "-")].shared_gpu for m in modes)
     assert not nodes["whole"].shared_gpu
@@ -243,8 +250,14 @@ def unknown_type_nodes(tag: str) -> list[dict]:
     """An 8-GPU on-demand node and a 1-GPU spot node, of instance types no price table lists
     (named after `tag`: each type is logged once per process)."""
     return [
-        node("od-8", 8, labels={"karpenter.sh/capacity-type": "on-demand",
-                                "node.kubernetes.io/instance-type": f"x-od-{tag}.8gpu"}),
+        node(
+            "od-8",
+            8,
+            labels={
+                "karpenter.sh/capacity-type": "on-demand",
+                "node.kubernetes.io/instance-type": f"x-od-{tag}.8gpu",
+            },
+        ),
         node("spot-1", 1, labels={"node.kubernetes.io/instance-type": f"x-spot-{tag}.1gpu"}),
     ]
 
@@ -277,8 +290,11 @@ def test_an_unknown_type_is_logged_once_not_every_snapshot(kube: Kube) -> None:
 
 
 def test_unknown_types_are_priced_per_gpu_hour_times_their_gpus(kube: Kube) -> None:
-    kube.config = kube.config.model_copy(update={"prices": Prices(
-        default_spot_per_gpu_hour=0.91, default_on_demand_per_gpu_hour=3.06)})
+    kube.config = kube.config.model_copy(
+        update={
+            "prices": Prices(default_spot_per_gpu_hour=0.91, default_on_demand_per_gpu_hour=3.06)
+        }
+    )
     kube.server.seed(*unknown_type_nodes("priced"))
     nodes = by_name(snap(kube).nodes)
     assert nodes["od-8"].price_per_gpu_hour == pytest.approx(3.06)
@@ -472,8 +488,11 @@ def test_pod_node_and_job_changes_reach_the_next_snapshot(kube: Kube) -> None:
         bert = s.jobs[0]
         workers = [(w.pod, w.node, w.pending) for w in bert.workers]
         nodes = {n.name: (n.gpus_requested, n.schedulable) for n in s.nodes}
-        done = (nodes == {"a": (0, False), "b": (3, True)} and bert.drained_hosts == {"x"}
-                and workers == [("bert-worker-1", "b", False), ("bert-worker-2", "b", False)])
+        done = (
+            nodes == {"a": (0, False), "b": (3, True)}
+            and bert.drained_hosts == {"x"}
+            and workers == [("bert-worker-1", "b", False), ("bert-worker-2", "b", False)]
+        )
         return s if done else None
 
     after = wait_for(caught_up, what="every change in a snapshot")
@@ -494,19 +513,22 @@ def test_prices_and_board_notices_are_read_afresh_and_unchanged_jobs_reused(kube
 
 
 def test_workers_on_a_deleted_node_while_in_discovery_are_remembered(kube: Kube) -> None:
-    kube.server.seed(node("a"), node("b"), training_job("bert"), worker("bert", 0, "a"),
-                     worker("bert", 1, "b"))
+    kube.server.seed(
+        node("a"), node("b"), training_job("bert"), worker("bert", 0, "a"), worker("bert", 1, "b")
+    )
     observer = kube.observer(kube.cache())
     assert observer.snapshot(now()).jobs[0].failed_hosts == frozenset()
     kube.server.delete("Node", "b")  # gone at once; its pod object lingers a while
-    job = wait_for(lambda: (j := observer.snapshot(now()).jobs[0]).failed_hosts and j,
-                   what="the lost worker")
+    job = wait_for(
+        lambda: (j := observer.snapshot(now()).jobs[0]).failed_hosts and j, what="the lost worker"
+    )
     assert job.failed_hosts == {"bert-worker-1"}
 
 
 def test_a_relist_reaches_the_next_snapshot(kube: Kube) -> None:
-    kube.server.seed(node("a"), training_job("bert"), worker("bert", 0, "a"),
-                     worker("bert", 1, "a"))
+    kube.server.seed(
+        node("a"), training_job("bert"), worker("bert", 0, "a"), worker("bert", 1, "a")
+    )
     observer = kube.observer(kube.cache())
     assert observer.snapshot(now()).nodes[0].gpus_requested == 2
     kube.server.wait_until(lambda: kube.server.watch_count >= 6)
@@ -515,8 +537,10 @@ def test_a_relist_reaches_the_next_snapshot(kube: Kube) -> None:
     kube.server.delete("Pod", "bert-worker-1", NS)
     kube.server.seed(worker("bert", 5, "a", gpus=3))
     kube.server.compact()  # resuming is 410 Gone: the pods are listed again
-    s = wait_for(lambda: (s := observer.snapshot(now())).nodes[0].gpus_requested == 4 and s,
-                 what="the relisted pods")
+    s = wait_for(
+        lambda: (s := observer.snapshot(now())).nodes[0].gpus_requested == 4 and s,
+        what="the relisted pods",
+    )
     assert [w.pod for w in s.jobs[0].workers] == ["bert-worker-0", "bert-worker-5"]
     assert kube.server.count("GET", "pods", watch=False) >= 2
 

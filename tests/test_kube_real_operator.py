@@ -51,8 +51,13 @@ def _ours(obj: dict, pods_frozen: list[str] | None = None) -> dict:
 
 def test_no_scale_in_names_a_pod_that_is_already_terminating(kube: Kube) -> None:
     # NTH evicted bert-worker-0 (Terminating for its grace period) before we saw the taint
-    kube.server.seed(node("a", taints=[NTH_ITN]), node("b"), training_job("bert"),
-                     worker("bert", 0, "a"), worker("bert", 1, "b"))
+    kube.server.seed(
+        node("a", taints=[NTH_ITN]),
+        node("b"),
+        training_job("bert"),
+        worker("bert", 0, "a"),
+        worker("bert", 1, "b"),
+    )
     _evict_slowly(kube, "bert-worker-0")
     assert kube.server.get("Pod", "bert-worker-0", NS)["metadata"]["deletionTimestamp"]
     decisions = kube.reconciler().tick(now())
@@ -77,24 +82,41 @@ def test_our_unstarted_scale_in_whose_pods_vanished_is_deleted_before_the_operat
 
 
 def test_a_started_or_foreign_scale_in_is_never_deleted(kube: Kube) -> None:
-    started = _ours(scaler("ScaleIn", "bert-in-1", "bert", pods=["bert-worker-0"], at=now()),
-                    pods_frozen=["bert-worker-0"])
+    started = _ours(
+        scaler("ScaleIn", "bert-in-1", "bert", pods=["bert-worker-0"], at=now()),
+        pods_frozen=["bert-worker-0"],
+    )
     foreign = scaler("ScaleIn", "gpt-1700000000", "gpt", pods=["gpt-worker-0"], at=now())
-    kube.server.seed(node("b"), training_job("bert"), worker("bert", 1, "b"), started,
-                     training_job("gpt"), worker("gpt", 1, "b"), foreign)
+    kube.server.seed(
+        node("b"),
+        training_job("bert"),
+        worker("bert", 1, "b"),
+        started,
+        training_job("gpt"),
+        worker("gpt", 1, "b"),
+        foreign,
+    )
     rec = kube.reconciler()
     assert not [d for d in rec.tick(now()) if d.action is Action.CANCEL]
-    assert {s["metadata"]["name"] for s in kube.objects("ScaleIn")} == {"bert-in-1",
-                                                                      "gpt-1700000000"}
+    assert {s["metadata"]["name"] for s in kube.objects("ScaleIn")} == {
+        "bert-in-1",
+        "gpt-1700000000",
+    }
 
 
 def test_a_stuck_scaler_raises_one_warning_event_and_a_decision(kube: Kube) -> None:
     # et-operator waits for the launcher's `ps` to stop showing the victim: maybe forever
-    old = scaler("ScaleIn", "bert-in-1", "bert", pods=["bert-worker-1"],
-                 at=now() - timedelta(hours=1))
+    old = scaler(
+        "ScaleIn", "bert-in-1", "bert", pods=["bert-worker-1"], at=now() - timedelta(hours=1)
+    )
     old["status"]["toDeletePods"] = ["bert-worker-1"]
-    kube.server.seed(node("a"), training_job("bert", current_scaler=f"ScaleIn:{NS}/bert-in-1"),
-                     worker("bert", 0, "a"), worker("bert", 1, "a"), old)
+    kube.server.seed(
+        node("a"),
+        training_job("bert", current_scaler=f"ScaleIn:{NS}/bert-in-1"),
+        worker("bert", 0, "a"),
+        worker("bert", 1, "a"),
+        old,
+    )
     rec = kube.reconciler()
     [decision] = rec.tick(now())
     assert (decision.action, decision.reason) == (Action.NOOP, Reason.SCALER_STUCK)
@@ -117,9 +139,13 @@ def test_the_observer_reads_what_the_operator_and_the_sidecar_report(kube: Kube)
 
 
 def test_cce_jobs_in_cce_finished_phases_are_left_out(kube: Kube) -> None:
-    kube.server.seed(node("a"), *(ai_training_job(f"j-{p.lower()}", phase=p)
-                                  for p in ("Succeed", "Timeout", "Preempted", "NodeFail",
-                                            "Running")))
+    kube.server.seed(
+        node("a"),
+        *(
+            ai_training_job(f"j-{p.lower()}", phase=p)
+            for p in ("Succeed", "Timeout", "Preempted", "NodeFail", "Running")
+        ),
+    )
     jobs = kube.observer(kube.cache()).snapshot(now()).jobs
     assert [j.name for j in jobs] == ["j-running"]
 
@@ -137,22 +163,50 @@ def test_cce_stale_scale_in_pods_are_cleared_on_scale_out(kube: Kube) -> None:
 def test_a_pod_an_earlier_scale_in_of_ours_named_is_never_named_again(kube: Kube) -> None:
     # our ScaleIn finished (et-operator deleted worker-0) but the pod watch lags: naming it again
     # would make a ScaleIn whose pods are all gone, i.e. one that deletes every worker
-    done = _ours(scaler("ScaleIn", "bert-in-1", "bert", pods=["bert-worker-0"],
-                        outcome="ScaleSucceeded", at=now() + timedelta(seconds=5)),
-                 pods_frozen=["bert-worker-0"])
-    kube.server.seed(node("a", taints=[NTH_ITN]), node("b"), training_job("bert"),
-                     worker("bert", 0, "a"), worker("bert", 1, "b"), done)
+    done = _ours(
+        scaler(
+            "ScaleIn",
+            "bert-in-1",
+            "bert",
+            pods=["bert-worker-0"],
+            outcome="ScaleSucceeded",
+            at=now() + timedelta(seconds=5),
+        ),
+        pods_frozen=["bert-worker-0"],
+    )
+    kube.server.seed(
+        node("a", taints=[NTH_ITN]),
+        node("b"),
+        training_job("bert"),
+        worker("bert", 0, "a"),
+        worker("bert", 1, "b"),
+        done,
+    )
     kube.reconciler().tick(now())
     assert [s["metadata"]["name"] for s in kube.objects("ScaleIn")] == ["bert-in-1"]
 
 
 def test_a_reused_pod_name_may_be_named_again(kube: Kube) -> None:
     # et-operator reuses indices: this worker-0 was created after our old ScaleIn for another
-    old = _ours(scaler("ScaleIn", "bert-in-1", "bert", pods=["bert-worker-0"],
-                       outcome="ScaleSucceeded", at=now() - timedelta(hours=1)),
-                pods_frozen=["bert-worker-0"])
-    kube.server.seed(node("a", taints=[NTH_ITN]), node("b"), training_job("bert"),
-                     worker("bert", 0, "a"), worker("bert", 1, "b"), old)
+    old = _ours(
+        scaler(
+            "ScaleIn",
+            "bert-in-1",
+            "bert",
+            pods=["bert-worker-0"],
+            outcome="ScaleSucceeded",
+            at=now() - timedelta(hours=1),
+        ),
+        pods_frozen=["bert-worker-0"],
+    )
+    kube.server.seed(
+        node("a", taints=[NTH_ITN]),
+        node("b"),
+        training_job("bert"),
+        worker("bert", 0, "a"),
+        worker("bert", 1, "b"),
+        old,
+    )
     kube.reconciler().tick(now())
     assert len(kube.objects("ScaleIn")) == 2
 
@@ -161,10 +215,17 @@ def test_already_exists_is_success_only_for_our_own_identical_scaler(kube: Kube)
     # a lost reply: our earlier create went through. But the same name holding something else
     # (not ours, or other pods) is no success: the pass reports the failure
     name = scaler_name("bert", "in", ["ScaleIn", "ml/bert", "bert-worker-0", ""])
-    squatter = scaler("ScaleIn", name, "gpt", pods=["gpt-worker-1"], outcome="ScaleSucceeded",
-                      at=now())
-    kube.server.seed(node("a", taints=[NTH_ITN]), node("b"), training_job("bert"),
-                     worker("bert", 0, "a"), worker("bert", 1, "b"), squatter)
+    squatter = scaler(
+        "ScaleIn", name, "gpt", pods=["gpt-worker-1"], outcome="ScaleSucceeded", at=now()
+    )
+    kube.server.seed(
+        node("a", taints=[NTH_ITN]),
+        node("b"),
+        training_job("bert"),
+        worker("bert", 0, "a"),
+        worker("bert", 1, "b"),
+        squatter,
+    )
     rec = kube.reconciler()
     rec.tick(now())
     assert rec.errors == 1 and len(kube.objects("ScaleIn")) == 1
@@ -174,11 +235,20 @@ def test_already_exists_is_success_only_for_our_own_identical_scaler(kube: Kube)
 def test_pods_a_finished_scale_out_added_count_until_the_pod_watch_has_caught_up() -> None:
     # a cut pod watch: the ScaleOut is seen finished (rv 120) but the pod view is at rv 100;
     # counting only the pods seen would let the next pass scale out again, past max
-    done = ScalerFacts(ScalerKind.SCALE_OUT, "bert-out-1", "ml/bert", now(),
-                       ("bert-worker-2", "bert-worker-3"), "ScaleSucceeded", now(),
-                       resource_version=120)
-    seen = (Worker("bert-worker-0", "a", "bert-worker-0", 0),
-            Worker("bert-worker-2", "a", "bert-worker-2", 2))
+    done = ScalerFacts(
+        ScalerKind.SCALE_OUT,
+        "bert-out-1",
+        "ml/bert",
+        now(),
+        ("bert-worker-2", "bert-worker-3"),
+        "ScaleSucceeded",
+        now(),
+        resource_version=120,
+    )
+    seen = (
+        Worker("bert-worker-0", "a", "bert-worker-0", 0),
+        Worker("bert-worker-2", "a", "bert-worker-2", 2),
+    )
     lagging = with_unseen(seen, [done], pods_seen=100)
     assert [(w.pod, w.pending) for w in lagging[2:]] == [("bert-worker-3", True)]
     assert with_unseen(seen, [done], pods_seen=120) == seen  # caught up: trust the pods

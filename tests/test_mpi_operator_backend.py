@@ -36,16 +36,21 @@ Obj = dict[str, Any]
 NTH_ITN = {"key": "aws-node-termination-handler/spot-itn", "value": "e", "effect": "NoSchedule"}
 
 
-def mpi_job(name: str = "hvd", replicas: int = 2, lo: int | None = 1, hi: int | None = 4,
-            **spec: Any) -> Obj:
+def mpi_job(
+    name: str = "hvd", replicas: int = 2, lo: int | None = 1, hi: int | None = 4, **spec: Any
+) -> Obj:
     annotations = {k: str(v) for k, v in ((MIN_ANNOTATION, lo), (MAX_ANNOTATION, hi)) if v}
     worker = {"replicas": replicas, "template": {"spec": {"containers": [container(1)]}}}
     launcher = {"replicas": 1, "template": {"spec": {"containers": [container()]}}}
     return {
-        "apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob",
+        "apiVersion": "kubeflow.org/v2beta1",
+        "kind": "MPIJob",
         "metadata": {"name": name, "namespace": NS, "annotations": annotations},
-        "spec": {"slotsPerWorker": 1, "mpiReplicaSpecs": {"Launcher": launcher, "Worker": worker},
-                 **spec},
+        "spec": {
+            "slotsPerWorker": 1,
+            "mpiReplicaSpecs": {"Launcher": launcher, "Worker": worker},
+            **spec,
+        },
     }
 
 
@@ -78,11 +83,14 @@ def test_the_stand_in_writes_discovery_as_the_operator_does(kube: Kube, mpi: Mpi
     # updateDiscoverHostsInConfigMap: Running workers only, sorted as strings, no slots
     assert mpi.script("hvd") == (
         "#!/bin/sh\necho hvd-worker-0.hvd.ml.svc\necho hvd-worker-1.hvd.ml.svc\n"
-        "echo hvd-worker-2.hvd.ml.svc\n")
+        "echo hvd-worker-2.hvd.ml.svc\n"
+    )
     assert discover_hosts("j", "ns", ["j-worker-10", "j-worker-2"]).splitlines()[1] == (
-        "echo j-worker-10.j.ns.svc")
-    kube.server.patch("mpijobs", "hvd", {"spec": {"mpiReplicaSpecs": {"Worker": {"replicas": 1}}}},
-                      NS)
+        "echo j-worker-10.j.ns.svc"
+    )
+    kube.server.patch(
+        "mpijobs", "hvd", {"spec": {"mpiReplicaSpecs": {"Worker": {"replicas": 1}}}}, NS
+    )
     mpi.step()  # getOrCreateWorker: the highest indices go
     assert [p["metadata"]["name"] for p in mpi.workers("hvd")] == ["hvd-worker-0"]
 
@@ -95,15 +103,32 @@ def test_an_mpijob_is_read_as_an_elastic_job(kube: Kube, mpi: MpiOperator) -> No
     jobs = {j.name: j for j in kube.observer(kube.cache()).snapshot(now()).jobs}
     hvd = jobs["hvd"]
     assert (hvd.backend, hvd.min_workers, hvd.max_workers, hvd.running) == (
-        "mpi-operator", 1, 4, True)
+        "mpi-operator",
+        1,
+        4,
+        True,
+    )
     assert [(w.pod, w.host, w.index, w.pending) for w in hvd.workers] == [
-        ("hvd-worker-0", "hvd-worker-0", 0, False), ("hvd-worker-1", "hvd-worker-1", 1, False)]
+        ("hvd-worker-0", "hvd-worker-0", 0, False),
+        ("hvd-worker-1", "hvd-worker-1", 1, False),
+    ]
     assert hvd.next_pod_names(1) == ("hvd-worker-2",) and hvd.reuses_names
     assert (jobs["fixed"].min_workers, jobs["fixed"].max_workers) == (1, 1)
     assert not jobs["fixed"].running  # its one worker is Pending: no Running condition yet
 
-    kube.server.patch("mpijobs", "hvd", {"status": {"conditions": [
-        {"type": "Created", "status": "True"}, {"type": "Succeeded", "status": "True"}]}}, NS)
+    kube.server.patch(
+        "mpijobs",
+        "hvd",
+        {
+            "status": {
+                "conditions": [
+                    {"type": "Created", "status": "True"},
+                    {"type": "Succeeded", "status": "True"},
+                ]
+            }
+        },
+        NS,
+    )
     cache = kube.cache()
     assert "hvd" not in {j.name for j in kube.observer(cache).snapshot(now()).jobs}
 
@@ -168,6 +193,7 @@ def test_a_doomed_worker_in_the_middle_is_drained_never_replaced_by_a_healthy_on
     kube.server.seed(node("c", gpus=1))
     mpi.run_pending("c")
     mpi.step()
+
     # the next passes, once the cache has seen it Running on c
     def shown_again() -> bool:
         rec.tick(now())
@@ -183,35 +209,59 @@ def test_a_scale_in_naming_anything_but_the_top_indices_is_refused(
     kube.server.seed(node("a"))
     running(kube, mpi, mpi_job(replicas=3), on="a")
     actuator = kube.actuator(kube.cache())
-    middle = Decision("ml/hvd", Action.SCALE_IN, Reason.PREEMPTION_NOTICE, "default", 3, 2,
-                      count=1, pods=("hvd-worker-1",))
+    middle = Decision(
+        "ml/hvd",
+        Action.SCALE_IN,
+        Reason.PREEMPTION_NOTICE,
+        "default",
+        3,
+        2,
+        count=1,
+        pods=("hvd-worker-1",),
+    )
     actuator.apply(middle, now())
     assert replicas(kube) == 3
-    top = Decision("ml/hvd", Action.SCALE_IN, Reason.CLAMP_MAX, "default", 3, 2, count=1,
-                   pods=("hvd-worker-2",))
+    top = Decision(
+        "ml/hvd",
+        Action.SCALE_IN,
+        Reason.CLAMP_MAX,
+        "default",
+        3,
+        2,
+        count=1,
+        pods=("hvd-worker-2",),
+    )
     actuator.apply(top, now())
     assert replicas(kube) == 2
 
 
-def test_with_the_launcher_as_a_worker_a_scale_in_is_refused(
-    kube: Kube, mpi: MpiOperator
-) -> None:
+def test_with_the_launcher_as_a_worker_a_scale_in_is_refused(kube: Kube, mpi: MpiOperator) -> None:
     """The index label is then i + 1 (workerReplicaIndexLabel) but getOrCreateWorker compares it
     with replicas: lowering replicas to n also deletes worker n - 1 (made again at once), an
     abrupt loss of a healthy worker."""
     kube.server.seed(node("a"))
     running(kube, mpi, mpi_job(replicas=3, runLauncherAsWorker=True), on="a")
-    kube.server.patch("mpijobs", "hvd", {"spec": {"mpiReplicaSpecs": {"Worker": {"replicas": 2}}}},
-                      NS)
+    kube.server.patch(
+        "mpijobs", "hvd", {"spec": {"mpiReplicaSpecs": {"Worker": {"replicas": 2}}}}, NS
+    )
     uid = kube.server.get("pods", "hvd-worker-1", NS)["metadata"]["uid"]
     mpi.step()  # the stand-in shows the quirk
     assert kube.server.get("pods", "hvd-worker-1", NS)["metadata"]["uid"] != uid
-    kube.server.patch("mpijobs", "hvd", {"spec": {"mpiReplicaSpecs": {"Worker": {"replicas": 3}}}},
-                      NS)
+    kube.server.patch(
+        "mpijobs", "hvd", {"spec": {"mpiReplicaSpecs": {"Worker": {"replicas": 3}}}}, NS
+    )
     mpi.step()
     actuator = kube.actuator(kube.cache())
-    top = Decision("ml/hvd", Action.SCALE_IN, Reason.CLAMP_MAX, "default", 3, 2, count=1,
-                   pods=("hvd-worker-2",))
+    top = Decision(
+        "ml/hvd",
+        Action.SCALE_IN,
+        Reason.CLAMP_MAX,
+        "default",
+        3,
+        2,
+        count=1,
+        pods=("hvd-worker-2",),
+    )
     actuator.apply(top, now())
     assert replicas(kube) == 3
 
@@ -225,7 +275,8 @@ def test_the_example_job_is_accepted_and_keeps_its_native_sidecar(kube: Kube) ->
     docs = [d for d in yaml.safe_load_all(EXAMPLE.read_text()) if d]
     (job,) = [d for d in docs if d["kind"] == "MPIJob"]
     made = client.CustomObjectsApi(kube.server.api_client()).create_namespaced_custom_object(
-        "kubeflow.org", "v2beta1", "default", "mpijobs", job)
+        "kubeflow.org", "v2beta1", "default", "mpijobs", job
+    )
     launcher = made["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
     sidecar = next(c for c in launcher["initContainers"] if c["name"] == "discovery-sidecar")
     assert sidecar["restartPolicy"] == "Always"  # not pruned, unlike et-operator's schema
@@ -233,8 +284,13 @@ def test_the_example_job_is_accepted_and_keeps_its_native_sidecar(kube: Kube) ->
     assert env["SPOT_SLOTS"] == str(job["spec"]["slotsPerWorker"])
     assert f"--slots {env['SPOT_SLOTS']}" in launcher["containers"][0]["args"][0]
     (role,) = [d for d in docs if d["kind"] == "Role"]
-    granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"]
-               for r in rule["resources"] for v in rule["verbs"]}
+    granted = {
+        (g, r, v)
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
     assert {("kubeflow.org", "mpijobs", v) for v in ("list", "watch", "patch")} <= granted
 
 
@@ -248,30 +304,65 @@ def test_the_launcher_hides_a_drained_worker_from_the_operators_discovery(
     base.write_text(mpi.script("hvd"))
     stop = threading.Event()
     job = JobRef(NS, "hvd", MPI_JOBS)
-    sidecar = threading.Thread(target=run_sidecar, daemon=True, kwargs={
-        "api": kube.server.api_client(), "job": job, "drain_path": tmp_path / "drained-hosts",
-        "assigned_path": tmp_path / "assigned-hosts", "exit_with": None,
-        "watch_timeout": timedelta(seconds=30), "backoff_max": timedelta(seconds=0.2),
-        "stop": stop, "poll": 0.02})
+    sidecar = threading.Thread(
+        target=run_sidecar,
+        daemon=True,
+        kwargs={
+            "api": kube.server.api_client(),
+            "job": job,
+            "drain_path": tmp_path / "drained-hosts",
+            "assigned_path": tmp_path / "assigned-hosts",
+            "exit_with": None,
+            "watch_timeout": timedelta(seconds=30),
+            "backoff_max": timedelta(seconds=0.2),
+            "stop": stop,
+            "poll": 0.02,
+        },
+    )
     sidecar.start()
     try:
-        kube.server.patch("mpijobs", "hvd", {"metadata": {"annotations": {
-            DRAINED_ANNOTATION: '["hvd-worker-1"]'}}}, NS)
-        wait_for(lambda: (tmp_path / "drained-hosts").exists()
-                 and "hvd-worker-1" in (tmp_path / "drained-hosts").read_text(),
-                 what="the drain file")
-        env = {"PATH": os.environ["PATH"], "SPOT_BASE_SCRIPT": str(base),
-               "SPOT_DRAIN_FILE": str(tmp_path / "drained-hosts"),
-               "SPOT_CACHE_FILE": str(tmp_path / "last-hosts"),
-               "SPOT_ASSIGNED_FILE": str(tmp_path / "assigned-hosts"),
-               "SPOT_PROC_DIR": str(tmp_path / "no-proc")}
-        out = subprocess.run(["sh", str(script_path(OVERLAY_SCRIPT))], env=env,
-                             capture_output=True, text=True, timeout=10, check=True).stdout
+        kube.server.patch(
+            "mpijobs",
+            "hvd",
+            {"metadata": {"annotations": {DRAINED_ANNOTATION: '["hvd-worker-1"]'}}},
+            NS,
+        )
+        wait_for(
+            lambda: (
+                (tmp_path / "drained-hosts").exists()
+                and "hvd-worker-1" in (tmp_path / "drained-hosts").read_text()
+            ),
+            what="the drain file",
+        )
+        env = {
+            "PATH": os.environ["PATH"],
+            "SPOT_BASE_SCRIPT": str(base),
+            "SPOT_DRAIN_FILE": str(tmp_path / "drained-hosts"),
+            "SPOT_CACHE_FILE": str(tmp_path / "last-hosts"),
+            "SPOT_ASSIGNED_FILE": str(tmp_path / "assigned-hosts"),
+            "SPOT_PROC_DIR": str(tmp_path / "no-proc"),
+        }
+        out = subprocess.run(
+            ["sh", str(script_path(OVERLAY_SCRIPT))],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
         assert out == "hvd-worker-0.hvd.ml.svc:1\nhvd-worker-2.hvd.ml.svc:1\n"
         # what Horovod runs on, published by pod name (as the daemon names hosts)
         (tmp_path / "assigned-hosts").write_text("hvd-worker-0.hvd.ml.svc\n")
-        wait_for(lambda: (kube.server.get("mpijobs", "hvd", NS)["metadata"]["annotations"]
-                          .get(ASSIGNED_ANNOTATION)) == '["hvd-worker-0"]',
-                 what="the assigned hosts published")
+        wait_for(
+            lambda: (
+                (
+                    kube.server.get("mpijobs", "hvd", NS)["metadata"]["annotations"].get(
+                        ASSIGNED_ANNOTATION
+                    )
+                )
+                == '["hvd-worker-0"]'
+            ),
+            what="the assigned hosts published",
+        )
     finally:
         stop.set()

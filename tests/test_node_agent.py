@@ -110,7 +110,8 @@ def patches(api: KubeApiServer) -> int:
 
 
 def test_aws_notices_are_annotated_once_each_and_never_downgraded(
-    imds: FakeMetadata, kube: tuple[KubeApiServer, ApiClient],
+    imds: FakeMetadata,
+    kube: tuple[KubeApiServer, ApiClient],
 ) -> None:
     api, client = kube
     agent = NodeAgent(AwsImds(imds.url), NodeAnnotator(client, NODE))
@@ -135,7 +136,8 @@ def test_aws_notices_are_annotated_once_each_and_never_downgraded(
 
 
 def test_an_expired_token_is_renewed(
-    imds: FakeMetadata, kube: tuple[KubeApiServer, ApiClient],
+    imds: FakeMetadata,
+    kube: tuple[KubeApiServer, ApiClient],
 ) -> None:
     api, client = kube
     agent = NodeAgent(AwsImds(imds.url), NodeAnnotator(client, NODE))
@@ -147,7 +149,8 @@ def test_an_expired_token_is_renewed(
 
 
 def test_alibaba_termination_time_is_an_interruption(
-    imds: FakeMetadata, kube: tuple[KubeApiServer, ApiClient],
+    imds: FakeMetadata,
+    kube: tuple[KubeApiServer, ApiClient],
 ) -> None:
     api, client = kube
     imds.provider = "alibaba"
@@ -173,16 +176,33 @@ def test_metadata_garbage_and_outages_raise_for_the_loop_to_back_off(imds: FakeM
 
 
 def test_the_command_runs_as_a_daemonset_would_and_stops_on_sigterm(
-    imds: FakeMetadata, kube_api: KubeApiServer, tmp_path: Path,  # noqa: F811
+    imds: FakeMetadata,
+    kube_api: KubeApiServer,
+    tmp_path: Path,  # noqa: F811
 ) -> None:
     kube_api.seed({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
     imds.instance_action = {"action": "terminate", "time": "2026-03-02T12:02:00Z"}
     kubeconfig = kube_api.kubeconfig(str(tmp_path / "kubeconfig"))
     agent = subprocess.Popen(
-        [sys.executable, "-m", "autoscaler.cli", "node-agent", "--provider", "auto",
-         "--metadata-url", imds.url, "--kubeconfig", kubeconfig, "--interval", "100ms"],
-        cwd=ROOT, env={**os.environ, "NODE_NAME": NODE}, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "autoscaler.cli",
+            "node-agent",
+            "--provider",
+            "auto",
+            "--metadata-url",
+            imds.url,
+            "--kubeconfig",
+            kubeconfig,
+            "--interval",
+            "100ms",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "NODE_NAME": NODE},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         kube_api.wait_until(lambda: annotation(kube_api) is not None, timeout=20)

@@ -110,7 +110,10 @@ def test_the_snapshot_reads_the_file_back(tmp_path: Path) -> None:
     (job,) = snap.jobs
     assert (job.key, job.backend, job.gpus_per_worker) == ("ml/bert", "standalone", 2.0)
     assert [(w.pod, w.host, w.index) for w in job.workers] == [
-        ("b#0", "b", 0), ("b#1", "b", 1), ("a#0", "a", 2), ("stray#0", "stray", 3)
+        ("b#0", "b", 0),
+        ("b#1", "b", 1),
+        ("a#0", "a", 2),
+        ("stray#0", "stray", 3),
     ]
     assert job.drained_hosts == frozenset() and job.scaler is None and job.running
     assert job.last_scale_out_at is None  # a hand-made file records no joins: no cooldown
@@ -129,7 +132,8 @@ def test_notices_come_from_the_board_and_the_directory(tmp_path: Path) -> None:
         assert observer.notice_dir is not None
         observer.notice_dir.scan()
         assert {(n.node, n.source) for n in observer.snapshot(now).notices} == {
-            ("a", "aws-sqs"), ("b", "notice-dir"),
+            ("a", "aws-sqs"),
+            ("b", "notice-dir"),
         }
     finally:
         observer.stop()
@@ -145,7 +149,8 @@ def test_it_fills_the_file_then_a_notice_drains_its_host_and_a_withdrawal_brings
     three.notice("vm")
     out = three.tick()
     assert [(d.action, d.reason) for d in out] == [
-        (Action.DRAIN, Reason.PREEMPTION_NOTICE), (Action.SCALE_IN, Reason.PREEMPTION_NOTICE),
+        (Action.DRAIN, Reason.PREEMPTION_NOTICE),
+        (Action.SCALE_IN, Reason.PREEMPTION_NOTICE),
     ]
     assert sorted(three.hosts()) == ["127.0.0.1:1", "localhost:1"]
     assert [d.action for d in three.tick()] == [Action.NOOP]  # level: nothing left to do
@@ -205,8 +210,10 @@ def test_a_kept_host_leaves_only_once_its_replacement_settled(
 
 def test_multi_slot_hosts_hold_several_workers(tmp_path: Path, policies: PolicySet) -> None:
     s = settings(
-        tmp_path, "[{name: a, slots: 4}, {name: b, slots: 4, price_per_hour: 9}]",
-        "{name: j, min_workers: 1, max_workers: 3, gpus_per_worker: 2}", join_grace="0s",
+        tmp_path,
+        "[{name: a, slots: 4}, {name: b, slots: 4, price_per_hour: 9}]",
+        "{name: j, min_workers: 1, max_workers: 3, gpus_per_worker: 2}",
+        join_grace="0s",
     )
     mode = Standalone(s, policies)
     mode.tick()
@@ -217,8 +224,11 @@ def test_multi_slot_hosts_hold_several_workers(tmp_path: Path, policies: PolicyS
 
 
 def test_scale_in_takes_out_exactly_the_named_workers(tmp_path: Path) -> None:
-    s = settings(tmp_path, "[{name: a, slots: 4}, {name: b, slots: 2}]",
-                 "{name: j, max_workers: 3, gpus_per_worker: 2}")
+    s = settings(
+        tmp_path,
+        "[{name: a, slots: 4}, {name: b, slots: 2}]",
+        "{name: j, max_workers: 3, gpus_per_worker: 2}",
+    )
     s.discovery_file.write_text("a:4\nb:2\n")
     actuator = OwnedDiscoveryActuator(s)
     now = datetime.now(UTC)
@@ -261,15 +271,25 @@ def test_a_restarted_daemon_sees_the_same_world(three: Standalone, policies: Pol
 
 
 def _decision(action: Action, job: str = "standalone/j", **fields: Any) -> Decision:
-    return Decision(job=job, action=action, reason=Reason.STEADY, policy="p", from_workers=0,
-                    to_workers=0, **fields)
+    return Decision(
+        job=job,
+        action=action,
+        reason=Reason.STEADY,
+        policy="p",
+        from_workers=0,
+        to_workers=0,
+        **fields,
+    )
 
 
 def test_a_scale_in_after_its_drain_removes_nothing_more(tmp_path: Path) -> None:
     # two workers on `a`; a#1 is drained (its slots leave at once), then its ScaleIn arrives: a#0,
     # the host kept for Horovod, must stay
-    s = settings(tmp_path, "[{name: a, slots: 4}, {name: b, slots: 4}]",
-                 "{name: j, max_workers: 4, gpus_per_worker: 2}")
+    s = settings(
+        tmp_path,
+        "[{name: a, slots: 4}, {name: b, slots: 4}]",
+        "{name: j, max_workers: 4, gpus_per_worker: 2}",
+    )
     s.discovery_file.write_text("a:4\nb:4\n")
     actuator = OwnedDiscoveryActuator(s)
     now = datetime.now(UTC)

@@ -25,7 +25,6 @@ class Wakes:
         self.event.set()
 
 
-
 @pytest.fixture
 def wakes() -> Wakes:
     return Wakes()

@@ -1,4 +1,5 @@
-"""The package stays lint-clean and type-correct (ruff and mypy, configured in pyproject.toml)."""
+"""The tree stays lint-clean, formatted and type-correct (ruff and mypy, configured in
+pyproject.toml)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,16 @@ def run(tool: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+TREE = ("autoscaler", "tests", "benchmarks")
+
+
 def test_ruff_finds_nothing() -> None:
-    result = run("ruff", "check", "autoscaler")
+    result = run("ruff", "check", *TREE)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_tree_is_formatted_by_ruff() -> None:
+    result = run("ruff", "format", "--check", *TREE)
     assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -46,7 +46,9 @@ def post_notice(
 ) -> bool:
     """Post to the board; wake the daemon only for a new notice (a duplicate is acted on once)."""
     fields = {
-        "node": notice.node, "kind": notice.kind.value, "notice_id": notice.id,
+        "node": notice.node,
+        "kind": notice.kind.value,
+        "notice_id": notice.id,
         "deadline": notice.deadline.isoformat() if notice.deadline else None,
     }
     if not board.post(notice):

@@ -63,7 +63,9 @@ def run_every(
         except Exception as exc:  # see the docstring: log, back off, go on
             delay = backoff.next_delay()
             log.warning(
-                "source_error", error=describe_error(exc), failures=backoff.failures,
+                "source_error",
+                error=describe_error(exc),
+                failures=backoff.failures,
                 retry_in_s=round(delay, 2),
             )
         else:

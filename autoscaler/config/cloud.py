@@ -69,9 +69,9 @@ class AlibabaSettings(StrictModel):
     enabled: bool = False
     region: str | None = None  # required when enabled, e.g. cn-hangzhou
     # DescribeInstances poll for the Recycling lock: ~5 min of notice, so poll well inside it.
-    poll_interval: Annotated[
-        Duration, Field(gt=timedelta(0), le=timedelta(seconds=30))
-    ] = timedelta(seconds=15)
+    poll_interval: Annotated[Duration, Field(gt=timedelta(0), le=timedelta(seconds=30))] = (
+        timedelta(seconds=15)
+    )
     ecs_endpoint: str | None = None  # host[:port]; None: the SDK's endpoint for the region
     cms_endpoint: str | None = None
     cloudmonitor: CloudMonitorSettings = CloudMonitorSettings()

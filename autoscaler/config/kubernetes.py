@@ -116,6 +116,7 @@ class KubernetesSettings(StrictModel):
     def _selector(cls, value: str) -> str:
         label_matcher(value)  # raises ValueError with the bad term: check-config reports it
         return value
+
     # Extended resources that count as GPUs, in node allocatable and pod requests.
     gpu_resources: list[str] = ["nvidia.com/gpu"]
     # None turns shared-GPU (GPU memory) accounting off.

@@ -72,23 +72,31 @@ def config_warnings(
         needed = 2 * rules.timeout + rules.backoff
         if needed > elastic:
             path: KeyPath = ("policies", i, "scale_out")
-            out.append(Problem(
-                source, _line(lines, (*path, "timeout")), _dotted(path),
-                f"warning: 2 x timeout ({_span(rules.timeout)}) + backoff"
-                f" ({_span(rules.backoff)}) = {_span(needed)} exceeds horovod.elastic_timeout"
-                f" ({_span(elastic)}): a refill below min whose first ScaleOut times out cannot"
-                f" be retried before Horovod stops the job; shorten timeout/backoff (or raise"
-                f" elastic_timeout to match the job's HOROVOD_ELASTIC_TIMEOUT)",
-            ))
+            out.append(
+                Problem(
+                    source,
+                    _line(lines, (*path, "timeout")),
+                    _dotted(path),
+                    f"warning: 2 x timeout ({_span(rules.timeout)}) + backoff"
+                    f" ({_span(rules.backoff)}) = {_span(needed)} exceeds horovod.elastic_timeout"
+                    f" ({_span(elastic)}): a refill below min whose first ScaleOut times out cannot"
+                    f" be retried before Horovod stops the job; shorten timeout/backoff (or raise"
+                    f" elastic_timeout to match the job's HOROVOD_ELASTIC_TIMEOUT)",
+                )
+            )
     prices = config.prices
     spot, on_demand = prices.default_spot_per_gpu_hour, prices.default_on_demand_per_gpu_hour
     if spot is not None and on_demand is not None and on_demand < spot:
         path = ("prices", "default_on_demand_per_gpu_hour")
-        out.append(Problem(
-            source, _line(lines, path), _dotted(path),
-            f"warning: below default_spot_per_gpu_hour ({spot}): on-demand nodes of unlisted"
-            f" types get new workers before spot nodes of unlisted types",
-        ))
+        out.append(
+            Problem(
+                source,
+                _line(lines, path),
+                _dotted(path),
+                f"warning: below default_spot_per_gpu_hour ({spot}): on-demand nodes of unlisted"
+                f" types get new workers before spot nodes of unlisted types",
+            )
+        )
     return out
 
 

@@ -93,7 +93,8 @@ def _warn_unpriced(
         capacity_type=kind,
         default_per_gpu_hour=default,
         effect=(
-            "priced at the per-GPU-hour default x its GPUs" if price is not None
+            "priced at the per-GPU-hour default x its GPUs"
+            if price is not None
             else "no price: ranked after priced nodes, kept out by price caps and budgets"
         ),
         fix=f"add it to prices.{'spot' if spot else 'on_demand'} (USD per node-hour)",

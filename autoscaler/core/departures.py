@@ -155,10 +155,18 @@ def _scale_in_or_wait(
     if deferred is not None:
         out.blocks_scale_out = deferred[0]
         if deferred[1]:
-            out.decisions.append(Decision.noop(
-                job, deferred[0], policy.name, pods=victims, hosts=hosts, nodes=nodes,
-                tags=(leaving.reason, *leaving.tags), message=deferred[1],
-            ))
+            out.decisions.append(
+                Decision.noop(
+                    job,
+                    deferred[0],
+                    policy.name,
+                    pods=victims,
+                    hosts=hosts,
+                    nodes=nodes,
+                    tags=(leaving.reason, *leaving.tags),
+                    message=deferred[1],
+                )
+            )
         return
     n = len(job.workers)
     out.decisions.append(
@@ -265,9 +273,7 @@ def _last_host_to_keep(
     return max(candidates, key=lives_longest)
 
 
-def _settled_survivor(
-    job: Job, w: Worker, why: dict[str, Reason], settled_by: datetime
-) -> bool:
+def _settled_survivor(job: Job, w: Worker, why: dict[str, Reason], settled_by: datetime) -> bool:
     """A worker that stays, runs, is shown to Horovod and is in its rank assignment."""
     if w.pod in why or w.pending or w.terminating or w.host in job.drained_hosts:
         return False

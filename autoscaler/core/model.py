@@ -90,17 +90,20 @@ class Reason(StrEnum):
     MIN_IDLE = "min_idle", ReasonInfo("idle capacity has not been idle long enough", why_not=0)
     PRICE_CAP = "price_cap", ReasonInfo("idle capacity is above the price cap", why_not=1)
     BUDGET = "budget", ReasonInfo("another worker would exceed the budget", why_not=2)
-    QUANTUM = "quantum", ReasonInfo(
-        "not enough capacity for the next allowed worker count", why_not=4
+    QUANTUM = (
+        "quantum",
+        ReasonInfo("not enough capacity for the next allowed worker count", why_not=4),
     )
-    SCALER_IN_FLIGHT = "scaler_in_flight", ReasonInfo(
-        "waiting for the outstanding scaler to finish"
+    SCALER_IN_FLIGHT = (
+        "scaler_in_flight",
+        ReasonInfo("waiting for the outstanding scaler to finish"),
     )
     BACKOFF = "backoff", ReasonInfo("a recent ScaleOut failed: backing off")
     NO_CAPACITY = "no_capacity", ReasonInfo("no idle capacity fits a worker")
     JOB_NOT_RUNNING = "job_not_running", ReasonInfo("scalers run only while the job is Running")
-    SCALE_OUT_DISABLED = "scale_out_disabled", ReasonInfo(
-        "scale-out is disabled by the policy or a window"
+    SCALE_OUT_DISABLED = (
+        "scale_out_disabled",
+        ReasonInfo("scale-out is disabled by the policy or a window"),
     )
     NOTICE_WITHDRAWN = "notice_withdrawn", _PLAIN
     HOST_GONE = "host_gone", _PLAIN

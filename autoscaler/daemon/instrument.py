@@ -40,9 +40,7 @@ class NoticeTracker:
             # pop, not del: drains of two jobs on one node may answer it at once (threads)
             answered = notice.node in nodes and self._open.pop(key, None) is not None
             if answered and notice.received_at is not None:
-                self._metrics.reaction.observe(
-                    max(0.0, (at - notice.received_at).total_seconds())
-                )
+                self._metrics.reaction.observe(max(0.0, (at - notice.received_at).total_seconds()))
 
 
 class MeasuredObserver:

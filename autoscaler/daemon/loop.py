@@ -112,8 +112,12 @@ class ReconcileLoop:
             self._metrics.reconcile.observe(time.perf_counter() - started)
         self.passes += 1
         self._metrics.decided(decisions)
-        self._logger.debug("pass_done", wake=sorted(reasons), decisions=len(decisions),
-                           seconds=round(time.perf_counter() - started, 3))
+        self._logger.debug(
+            "pass_done",
+            wake=sorted(reasons),
+            decisions=len(decisions),
+            seconds=round(time.perf_counter() - started, 3),
+        )
         return self.reconciler.errors == errors_before
 
     def _run(self) -> None:

@@ -76,6 +76,7 @@ class Metrics:
 
     def track_backends(self, backends: Callable[[], Mapping[str, bool]]) -> None:
         """Read at scrape time: a CRD installed or removed shows without a reconcile pass."""
+
         def live(name: str) -> Callable[[], float]:
             return lambda: 1.0 if backends().get(name) else 0.0
 

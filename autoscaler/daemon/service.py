@@ -161,7 +161,11 @@ class Daemon:
     def start(self) -> None:
         s = self.settings
         self.endpoints = Endpoints(
-            s.metrics_bind_address, s.metrics_port, self.metrics, self.liveness, self.readiness,
+            s.metrics_bind_address,
+            s.metrics_port,
+            self.metrics,
+            self.liveness,
+            self.readiness,
             detail=self.backends_detail,
         )
         self.endpoints.start()

@@ -25,10 +25,15 @@ SLOW_HOST, _, SLOW_SECONDS = os.environ.get("E2E_SLOW_START", "").partition("=")
 
 
 def record(event: str, **fields: Any) -> None:
-    line = json.dumps({
-        "event": event, "t": time.time(), "host": os.environ.get("HOROVOD_HOSTNAME"),
-        "pid": os.getpid(), **fields,
-    })
+    line = json.dumps(
+        {
+            "event": event,
+            "t": time.time(),
+            "host": os.environ.get("HOROVOD_HOSTNAME"),
+            "pid": os.getpid(),
+            **fields,
+        }
+    )
     fd = os.open(LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, (line + "\n").encode())

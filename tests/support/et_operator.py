@@ -71,14 +71,20 @@ KUBEXEC_ATTACH = "/etc/mpi/kubexec.sh"  # getKubexecPath()
 HOSTFILE_PATH = "/etc/edl/hostfile"  # getHostfilePath()
 SCALE_OUT_LABEL = "scaleout-name"  # scaleout_controller.go scaleOutName
 GPU = "nvidia.com/gpu"
-_PATHS = {"TrainingJob": f"/apis/{API_VERSION}/namespaces/{{ns}}/trainingjobs",
-          "ScaleIn": f"/apis/{API_VERSION}/namespaces/{{ns}}/scaleins",
-          "ScaleOut": f"/apis/{API_VERSION}/namespaces/{{ns}}/scaleouts",
-          "Pod": "/api/v1/namespaces/{ns}/pods", "Service": "/api/v1/namespaces/{ns}/services",
-          "ConfigMap": "/api/v1/namespaces/{ns}/configmaps"}
-_CLUSTER = {"TrainingJob": f"/apis/{API_VERSION}/trainingjobs",
-            "ScaleIn": f"/apis/{API_VERSION}/scaleins",
-            "ScaleOut": f"/apis/{API_VERSION}/scaleouts", "Pod": "/api/v1/pods"}
+_PATHS = {
+    "TrainingJob": f"/apis/{API_VERSION}/namespaces/{{ns}}/trainingjobs",
+    "ScaleIn": f"/apis/{API_VERSION}/namespaces/{{ns}}/scaleins",
+    "ScaleOut": f"/apis/{API_VERSION}/namespaces/{{ns}}/scaleouts",
+    "Pod": "/api/v1/namespaces/{ns}/pods",
+    "Service": "/api/v1/namespaces/{ns}/services",
+    "ConfigMap": "/api/v1/namespaces/{ns}/configmaps",
+}
+_CLUSTER = {
+    "TrainingJob": f"/apis/{API_VERSION}/trainingjobs",
+    "ScaleIn": f"/apis/{API_VERSION}/scaleins",
+    "ScaleOut": f"/apis/{API_VERSION}/scaleouts",
+    "Pod": "/api/v1/pods",
+}
 _SCALE_TYPE = {"ScaleIn": "ScalingIn", "ScaleOut": "ScalingOut"}  # GetScaleType()
 
 
@@ -135,8 +141,10 @@ def slots_of(job: Obj) -> int:
     spec = job.get("spec") or {}
     if spec.get("slotsPerWorker") is not None:
         return int(spec["slotsPerWorker"])
-    containers = ((((spec.get("etReplicaSpecs") or {}).get("worker") or {}).get("template")
-                   or {}).get("spec") or {}).get("containers") or [{}]
+    containers = (
+        (((spec.get("etReplicaSpecs") or {}).get("worker") or {}).get("template") or {}).get("spec")
+        or {}
+    ).get("containers") or [{}]
     limits = (containers[0].get("resources") or {}).get("limits")
     if limits is not None and GPU in limits:
         value = str(limits[GPU])
@@ -167,9 +175,11 @@ def _job_status(raw: Obj | None, extra: tuple[str, ...] = ()) -> Obj:
     status: Obj = {
         "phase": raw.get("phase") or "",
         "conditions": copy.deepcopy(raw.get("conditions")) or [],
-        "replicaStatuses": {k: {f: v.get(f, 0) for f in ("active", "succeeded", "failed")}
-                            for k, v in (raw.get("replicaStatuses") or {}).items()
-                            if isinstance(v, dict)},
+        "replicaStatuses": {
+            k: {f: v.get(f, 0) for f in ("active", "succeeded", "failed")}
+            for k, v in (raw.get("replicaStatuses") or {}).items()
+            if isinstance(v, dict)
+        },
         "restartCount": raw.get("restartCount") or 0,
         "currentScaler": raw.get("currentScaler") or "",
     }
@@ -187,18 +197,26 @@ def _wire(status: Obj) -> Obj:
         if k == "replicaStatuses":
             out[k] = {r: {f: n for f, n in c.items() if n} for r, c in v.items()}
         elif k == "conditions":  # reason and message are omitempty
-            out[k] = [{f: x for f, x in c.items() if x != "" or f not in ("reason", "message")}
-                      for c in v]
+            out[k] = [
+                {f: x for f, x in c.items() if x != "" or f not in ("reason", "message")} for c in v
+            ]
         elif k == "restartCount" or v not in ("", None, []):
             out[k] = v
     return out
 
 
 class EtOperator:
-    def __init__(self, server: KubeApiServer, namespace: str | None = None,
-                 hostfile: Path | Callable[[str], Path | None] | None = None, *,
-                 line_by_line: bool = False, pods_run: bool = True, node: str = "node-0",
-                 clock: Callable[[], datetime] | None = None) -> None:
+    def __init__(
+        self,
+        server: KubeApiServer,
+        namespace: str | None = None,
+        hostfile: Path | Callable[[str], Path | None] | None = None,
+        *,
+        line_by_line: bool = False,
+        pods_run: bool = True,
+        node: str = "node-0",
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
         self.server = server
         self.namespace = namespace  # None: every namespace, as the real one watches
         self.hostfile = hostfile  # the launcher's /etc/edl/hostfile (or one per job name)
@@ -250,6 +268,7 @@ class EtOperator:
     def start(self, interval: float = 0.05) -> EtOperator:
         """Reconcile in a thread on every change of the emulator (and every ``interval``, for
         timeouts); errors and panics are recorded, not raised."""
+
         def run() -> None:
             seen = -1
             while not self._stop.is_set():
@@ -259,8 +278,9 @@ class EtOperator:
                     pass  # recorded in panics; the real one restarts and goes on
                 except Exception as e:  # keep going, like a requeue
                     self.errors.append(repr(e))
-                seen = self.server.wait_for_change(max(seen, self.server.resource_version),
-                                                   interval)
+                seen = self.server.wait_for_change(
+                    max(seen, self.server.resource_version), interval
+                )
 
         self._stop.clear()
         self._thread = threading.Thread(target=run, daemon=True, name="et-operator")
@@ -289,12 +309,20 @@ class EtOperator:
         base = _PATHS[kind].format(ns=ns) if ns is not None else _CLUSTER[kind]
         return base + (f"/{name}" if name else "") + (f"/{sub}" if sub else "")
 
-    def _call(self, method: str, path: str, body: Any = None,
-              query: list[tuple[str, Any]] | None = None) -> Obj:
+    def _call(
+        self, method: str, path: str, body: Any = None, query: list[tuple[str, Any]] | None = None
+    ) -> Obj:
         response = self._client.call_api(
-            path, method, query_params=query or [], body=body, auth_settings=[],
+            path,
+            method,
+            query_params=query or [],
+            body=body,
+            auth_settings=[],
             header_params={"Content-Type": "application/json", "Accept": "application/json"},
-            _preload_content=False, _return_http_data_only=True, _request_timeout=10)
+            _preload_content=False,
+            _return_http_data_only=True,
+            _request_timeout=10,
+        )
         if method != "GET":
             self._writes += 1
         data: Obj = json.loads(response.data)
@@ -308,11 +336,13 @@ class EtOperator:
                 return None
             raise
 
-    def _list(self, kind: str, ns: str | None = None,
-              labels: dict[str, str] | None = None) -> list[Obj]:
+    def _list(
+        self, kind: str, ns: str | None = None, labels: dict[str, str] | None = None
+    ) -> list[Obj]:
         ns = ns if ns is not None else self.namespace
-        query = [("labelSelector", ",".join(f"{k}={v}" for k, v in labels.items()))] \
-            if labels else []
+        query = (
+            [("labelSelector", ",".join(f"{k}={v}" for k, v in labels.items()))] if labels else []
+        )
         try:
             items: list[Obj] = self._call("GET", self._path(kind, ns), query=query)["items"]
         except ApiException as e:
@@ -327,8 +357,12 @@ class EtOperator:
     def _delete(self, kind: str, ns: str, name: str) -> None:
         """client.DeleteOptions{GracePeriodSeconds: 0}; NotFound is fine."""
         try:
-            self._call("DELETE", self._path(kind, ns, name), {"gracePeriodSeconds": 0},
-                       query=[("gracePeriodSeconds", 0)])
+            self._call(
+                "DELETE",
+                self._path(kind, ns, name),
+                {"gracePeriodSeconds": 0},
+                query=[("gracePeriodSeconds", 0)],
+            )
         except ApiException as e:
             if e.status != 404:
                 raise
@@ -339,26 +373,40 @@ class EtOperator:
         body = {**obj, "status": _wire(status)}
         meta = obj["metadata"]
         try:
-            return self._call("PUT", self._path(kind, meta["namespace"], meta["name"], "status"),
-                              body)
+            return self._call(
+                "PUT", self._path(kind, meta["namespace"], meta["name"], "status"), body
+            )
         except ApiException as e:
             self.errors.append(f"update {kind} {meta['name']} status: {e.status} {e.reason}")
             return None
 
     def _event(self, obj: Obj, type_: str, reason: str, message: str) -> None:
-        self.events.append({"object": f"{obj['kind']}/{obj['metadata']['name']}",
-                            "type": type_, "reason": reason, "message": message})
+        self.events.append(
+            {
+                "object": f"{obj['kind']}/{obj['metadata']['name']}",
+                "type": type_,
+                "reason": reason,
+                "message": message,
+            }
+        )
 
     # ------------------------------------------------------------ conditions (status.go)
     def _condition(self, ctype: str, reason: str, message: str) -> Obj:
         now = _stamp(self.clock())
-        return {"type": ctype, "status": "True", "reason": reason, "message": message,
-                "lastUpdateTime": now, "lastTransitionTime": now}
+        return {
+            "type": ctype,
+            "status": "True",
+            "reason": reason,
+            "message": message,
+            "lastUpdateTime": now,
+            "lastTransitionTime": now,
+        }
 
     @staticmethod
     def _has(status: Obj, ctype: str) -> bool:  # hasCondition
-        return any(c.get("type") == ctype and c.get("status") == "True"
-                   for c in status["conditions"])
+        return any(
+            c.get("type") == ctype and c.get("status") == "True" for c in status["conditions"]
+        )
 
     def _set_condition(self, status: Obj, cond: Obj) -> None:
         """setCondition: nothing once Failed; same status keeps lastTransitionTime; appended
@@ -366,15 +414,18 @@ class EtOperator:
         if self._has(status, "Failed"):
             return
         current = next((c for c in status["conditions"] if c.get("type") == cond["type"]), None)
-        if current is not None and all((current.get(k) or "") == (cond.get(k) or "")
-                                       for k in ("status", "reason", "message")):
+        if current is not None and all(
+            (current.get(k) or "") == (cond.get(k) or "") for k in ("status", "reason", "message")
+        ):
             return
         if current is not None and current.get("status") == cond["status"]:
             cond["lastTransitionTime"] = current.get("lastTransitionTime")
         kept = []
         for c in status["conditions"]:
             if c.get("type") == cond["type"] or {c.get("type"), cond["type"]} == {
-                    "Running", "Restarting"}:
+                "Running",
+                "Restarting",
+            }:
                 continue
             if cond["type"] in ("Failed", "Succeeded") and c.get("type") == "Running":
                 c = {**c, "status": "False"}
@@ -409,11 +460,19 @@ class EtOperator:
             self._orphans[ref] = _rv_of(scaler)
             return
         self._orphans.pop(ref, None)
-        msg = (f"Scaling job {kind}:{meta['namespace']}/{meta['name']} created, match the "
-               f"training job {meta['namespace']}/{job_name}")
+        msg = (
+            f"Scaling job {kind}:{meta['namespace']}/{meta['name']} created, match the "
+            f"training job {meta['namespace']}/{job_name}"
+        )
         self._update_conditions(status, "Created", "", msg)
-        owner = {"apiVersion": API_VERSION, "kind": "TrainingJob", "name": job_name,
-                 "uid": job["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+        owner = {
+            "apiVersion": API_VERSION,
+            "kind": "TrainingJob",
+            "name": job_name,
+            "uid": job["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
         updated = self._update_status(kind, scaler, status)
         if updated is None:
             return
@@ -449,9 +508,14 @@ class EtOperator:
     def _reconcile_jobs(self, job: Obj, status: Obj) -> None:
         name = job["metadata"]["name"]
         if (job["metadata"].get("annotations") or {}).get(
-                "job-supervisor.kube-ai.io/job-suspended") == "true":
-            self._update_conditions(status, "Suspended", "WaitingResourceTimeout",
-                                    f"TrainingJob {name} is waiting resource timeout.")
+            "job-supervisor.kube-ai.io/job-suspended"
+        ) == "true":
+            self._update_conditions(
+                status,
+                "Suspended",
+                "WaitingResourceTimeout",
+                f"TrainingJob {name} is waiting resource timeout.",
+            )
             status["phase"] = "Suspended"
         phase = status["phase"]
         if phase == "Succeeded":
@@ -475,17 +539,23 @@ class EtOperator:
     def _initialize_job(self, job: Obj, status: Obj) -> None:
         if not status["conditions"]:
             self._init_status(status, "Launcher", "Worker")
-            self._update_status_phase(status, "Created", "TrainingJobCreated",
-                                      f"TrainingJob {job['metadata']['name']} is created.")
+            self._update_status_phase(
+                status,
+                "Created",
+                "TrainingJobCreated",
+                f"TrainingJob {job['metadata']['name']} is created.",
+            )
         if not status["startTime"]:
             status["startTime"] = _stamp(self.clock())
 
     def _reconcile_resource(self, job: Obj, status: Obj) -> None:
         """doSteps: the first step whose condition is missing, one per reconcile."""
-        steps = (("WorkersCreated", self._create_training_job_workers),
-                 ("WorkersReady", self._wait_workers_running),
-                 ("LauncherCreated", self._create_launcher),
-                 ("Running", self._sync_launcher_state))
+        steps = (
+            ("WorkersCreated", self._create_training_job_workers),
+            ("WorkersReady", self._wait_workers_running),
+            ("LauncherCreated", self._create_launcher),
+            ("Running", self._sync_launcher_state),
+        )
         for condition, action in steps:
             if not self._has(status, condition):
                 action(job, status)
@@ -500,13 +570,18 @@ class EtOperator:
         """restartJob/needRestartJob: spec.restartPolicy OnFailure below backoffLimit starts
         the job over; otherwise cleanup."""
         spec = job.get("spec") or {}
-        if spec.get("restartPolicy") == "OnFailure" and \
-                status["restartCount"] < spec.get("backoffLimit", 6):
+        if spec.get("restartPolicy") == "OnFailure" and status["restartCount"] < spec.get(
+            "backoffLimit", 6
+        ):
             status["restartCount"] += 1
             status.update(conditions=[], currentWorkers=[], targetWorkers=[])
             self._init_status(status, "Launcher", "Worker")
-            self._update_status_phase(status, "Created", "TrainingJobCreated",
-                                      f"TrainingJob {job['metadata']['name']} is created.")
+            self._update_status_phase(
+                status,
+                "Created",
+                "TrainingJobCreated",
+                f"TrainingJob {job['metadata']['name']} is created.",
+            )
             self._delete_workers(job, None)
             self._delete_launcher(job)
             self._reconcile_resource(job, status)
@@ -523,25 +598,38 @@ class EtOperator:
     def _create_training_job_workers(self, job: Obj, status: Obj) -> None:
         name = job["metadata"]["name"]
         workers = status["targetWorkers"] or [
-            worker_name(name, i) for i in range(int(self._worker_spec(job).get("replicas", 1)))]
+            worker_name(name, i) for i in range(int(self._worker_spec(job).get("replicas", 1)))
+        ]
         status["targetWorkers"] = list(workers)
         try:
             self._create_workers(job, workers)
         except ApiException as e:
-            self._update_status_phase(status, "Failed", "TrainingJobFailed",
-                                      f"job({job['metadata']['namespace']}/{name}) create "
-                                      f"workerPods failed, error: {e.reason}")
+            self._update_status_phase(
+                status,
+                "Failed",
+                "TrainingJobFailed",
+                f"job({job['metadata']['namespace']}/{name}) create "
+                f"workerPods failed, error: {e.reason}",
+            )
             return
-        self._update_conditions(status, "WorkersCreated", "",
-                                f"create trainingjob({job['metadata']['namespace']}/{name}) "
-                                "workers")
+        self._update_conditions(
+            status,
+            "WorkersCreated",
+            "",
+            f"create trainingjob({job['metadata']['namespace']}/{name}) workers",
+        )
 
     def _wait_workers_running(self, job: Obj, status: Obj) -> None:
         self._sync_workers_state(job, status)
         if len(status["currentWorkers"]) >= int(self._worker_spec(job).get("replicas", 1)):
-            self._update_conditions(status, "WorkersReady", "", f"trainingjob("
-                                    f"{job['metadata']['namespace']}/{job['metadata']['name']})"
-                                    f" all workers ({len(status['currentWorkers'])}) are running")
+            self._update_conditions(
+                status,
+                "WorkersReady",
+                "",
+                f"trainingjob("
+                f"{job['metadata']['namespace']}/{job['metadata']['name']})"
+                f" all workers ({len(status['currentWorkers'])}) are running",
+            )
 
     def _create_workers(self, job: Obj, names: list[str], scale_out: str | None = None) -> None:
         """createWorkers/createWorker: a pod unless it exists, and its Service."""
@@ -556,39 +644,72 @@ class EtOperator:
                 self._create("Service", ns, self._new_service(job, pod, index))
 
     def _owner(self, job: Obj) -> Obj:  # metav1.NewControllerRef(job, TrainingJob)
-        return {"apiVersion": API_VERSION, "kind": "TrainingJob",
-                "name": job["metadata"]["name"], "uid": job["metadata"]["uid"],
-                "controller": True, "blockOwnerDeletion": True}
+        return {
+            "apiVersion": API_VERSION,
+            "kind": "TrainingJob",
+            "name": job["metadata"]["name"],
+            "uid": job["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
 
     def _new_worker(self, job: Obj, name: str, index: int, scale_out: str | None) -> Obj:
         """resource.go newWorker: the template, GenLabels + role + replica-index (+ the
         ScaleOut's name), restartPolicy Never, a default command for container[0]."""
         template = copy.deepcopy(self._worker_spec(job).get("template") or {})
         tmeta, spec = template.get("metadata") or {}, template.get("spec") or {}
-        labels = {**(tmeta.get("labels") or {}), **gen_labels(job["metadata"]["name"]),
-                  "training-job-role": "worker", "replica-index": str(index)}
+        labels = {
+            **(tmeta.get("labels") or {}),
+            **gen_labels(job["metadata"]["name"]),
+            "training-job-role": "worker",
+            "replica-index": str(index),
+        }
         if scale_out:
             labels[SCALE_OUT_LABEL] = scale_out
         spec["restartPolicy"] = "Never"
         containers = spec.setdefault("containers", [{"name": "worker", "image": "worker"}])
         if not containers[0].get("command"):
-            containers[0]["command"] = ["sh", "-c", "/usr/sbin/sshd  && sleep 365d"
-                                        if self._attach_mode(job) == "ssh" else "sleep 365d"]
-        meta: Obj = {"name": name, "namespace": job["metadata"]["namespace"], "labels": labels,
-                     "ownerReferences": [self._owner(job)]}
+            containers[0]["command"] = [
+                "sh",
+                "-c",
+                "/usr/sbin/sshd  && sleep 365d"
+                if self._attach_mode(job) == "ssh"
+                else "sleep 365d",
+            ]
+        meta: Obj = {
+            "name": name,
+            "namespace": job["metadata"]["namespace"],
+            "labels": labels,
+            "ownerReferences": [self._owner(job)],
+        }
         if tmeta.get("annotations"):
             meta["annotations"] = tmeta["annotations"]
         return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
     def _new_service(self, job: Obj, name: str, index: int) -> Obj:  # resource.go newService
-        labels = {**gen_labels(job["metadata"]["name"]), "training-job-role": "worker",
-                  "replica-index": str(index)}
-        return {"apiVersion": "v1", "kind": "Service",
-                "metadata": {"name": name, "namespace": job["metadata"]["namespace"],
-                             "labels": labels, "ownerReferences": [self._owner(job)]},
-                "spec": {"clusterIP": "None", "selector": labels,
-                         "ports": [{"name": "ssh-port", "port": 22},
-                                   {"name": "kubeai-service-port", "port": 9009}]}}
+        labels = {
+            **gen_labels(job["metadata"]["name"]),
+            "training-job-role": "worker",
+            "replica-index": str(index),
+        }
+        return {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {
+                "name": name,
+                "namespace": job["metadata"]["namespace"],
+                "labels": labels,
+                "ownerReferences": [self._owner(job)],
+            },
+            "spec": {
+                "clusterIP": "None",
+                "selector": labels,
+                "ports": [
+                    {"name": "ssh-port", "port": 22},
+                    {"name": "kubeai-service-port", "port": 9009},
+                ],
+            },
+        }
 
     def _sync_workers_state(self, job: Obj, status: Obj) -> None:
         """syncWorkersState: replica counts, then handleWorkersFailed."""
@@ -599,8 +720,11 @@ class EtOperator:
     @staticmethod
     def _replica_counts(pods: list[Obj]) -> Obj:  # workerReplicaStatuses
         phases = [(p.get("status") or {}).get("phase") for p in pods]
-        return {"active": phases.count("Running"), "succeeded": phases.count("Succeeded"),
-                "failed": phases.count("Failed")}
+        return {
+            "active": phases.count("Running"),
+            "succeeded": phases.count("Succeeded"),
+            "failed": phases.count("Failed"),
+        }
 
     def _handle_workers_failed(self, job: Obj, status: Obj, pods: list[Obj]) -> None:
         """worker.go handleWorkersFailed: currentWorkers = the Running workers by index; the
@@ -615,8 +739,9 @@ class EtOperator:
             if phase == "Running":
                 running.append(name)
             elif phase in ("Failed", "Unknown", "Succeeded") and name in last:
-                self._event(job, "Warning", "TrainingJobWorkerFailed",
-                            f"worker {name} phase is {phase}.")
+                self._event(
+                    job, "Warning", "TrainingJobWorkerFailed", f"worker {name} phase is {phase}."
+                )
         running = sort_pod_names(job_name, running)
         if running != status["currentWorkers"] and self._has(status, "Running"):
             self._write_hostfile(job, running)  # an exec error returns before the updates
@@ -630,16 +755,18 @@ class EtOperator:
             if pod is None:
                 if policy == "Always":
                     restart.append(name)
-                self._event(job, "Warning", "TrainingJobWorkerFailed",
-                            f"worker {name} phase is Deleted.")
+                self._event(
+                    job, "Warning", "TrainingJobWorkerFailed", f"worker {name} phase is Deleted."
+                )
             elif self._needs_restart(policy, pod):
                 restart.append(name)
         if restart:
             top = max_index(status["targetWorkers"])
             fresh = [worker_name(job_name, top + 1 + i) for i in range(len(restart))]
             self._create_workers(job, fresh)
-            status["targetWorkers"] = [n for n in status["targetWorkers"]
-                                       if n not in restart] + fresh
+            status["targetWorkers"] = [
+                n for n in status["targetWorkers"] if n not in restart
+            ] + fresh
 
     @staticmethod
     def _needs_restart(policy: str, pod: Obj) -> bool:  # podNeedRestart
@@ -665,8 +792,12 @@ class EtOperator:
             for obj in self._list(kind, ns, labels):
                 if names is None or obj["metadata"]["name"] in names:
                     self._delete(kind, ns, obj["metadata"]["name"])
-                    self._event(job, "Normal", "TrainingJobSucceeded",
-                                f"Deleted {kind.lower()} {obj['metadata']['name']}")
+                    self._event(
+                        job,
+                        "Normal",
+                        "TrainingJobSucceeded",
+                        f"Deleted {kind.lower()} {obj['metadata']['name']}",
+                    )
 
     # --- launcher (launcher.go) ------------------------------------------------------------
     def _create_launcher(self, job: Obj, status: Obj) -> None:
@@ -675,27 +806,39 @@ class EtOperator:
             self._create("ConfigMap", ns, self._new_config_map(job, status))
         if self._get("Pod", ns, f"{name}-launcher") is None:
             self._create("Pod", ns, self._new_launcher(job))
-        self._update_conditions(status, "LauncherCreated", "",
-                                f"create trainingjob({ns}/{name}) launcher")
+        self._update_conditions(
+            status, "LauncherCreated", "", f"create trainingjob({ns}/{name}) launcher"
+        )
 
     def _new_config_map(self, job: Obj, status: Obj) -> Obj:  # newHostfileConfigMap
         name = job["metadata"]["name"]
         containers = (self._worker_spec(job).get("template") or {}).get("spec", {}).get(
-            "containers") or []
+            "containers"
+        ) or []
         kubexec = "#!/bin/sh\nset -x\nPOD_NAME=$1\nshift\n/opt/kube/kubectl exec ${POD_NAME}"
         if containers:
             kubexec += f" --container {containers[0].get('name', '')}"
         kubexec += ' -- /bin/sh -c "$*"'
         slots = slots_of(job)
-        return {"apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": f"{name}-config", "namespace": job["metadata"]["namespace"],
-                             "labels": {"app": name}, "ownerReferences": [self._owner(job)]},
-                "data": {"kubexec.sh": kubexec,
-                         "hostfile": hostfile_content(status["currentWorkers"], slots),
-                         "discover_hosts.sh": "#!/bin/bash\nwhile read line\ndo\necho $line\n"
-                                              f"done < {HOSTFILE_PATH}\n",
-                         "deepspeed-hostfile": "".join(f"{w} slots={slots}\n"
-                                                       for w in status["currentWorkers"])}}
+        return {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": f"{name}-config",
+                "namespace": job["metadata"]["namespace"],
+                "labels": {"app": name},
+                "ownerReferences": [self._owner(job)],
+            },
+            "data": {
+                "kubexec.sh": kubexec,
+                "hostfile": hostfile_content(status["currentWorkers"], slots),
+                "discover_hosts.sh": "#!/bin/bash\nwhile read line\ndo\necho $line\n"
+                f"done < {HOSTFILE_PATH}\n",
+                "deepspeed-hostfile": "".join(
+                    f"{w} slots={slots}\n" for w in status["currentWorkers"]
+                ),
+            },
+        }
 
     def _new_launcher(self, job: Obj) -> Obj:
         """resource.go newLauncher (the volumes' kubectl/deepspeed parts kept short)."""
@@ -703,31 +846,58 @@ class EtOperator:
         launcher = ((job.get("spec") or {}).get("etReplicaSpecs") or {}).get("launcher") or {}
         template = copy.deepcopy(launcher.get("template") or {})
         tmeta, spec = template.get("metadata") or {}, template.get("spec") or {}
-        labels = {**(tmeta.get("labels") or {}), **gen_labels(name),
-                  "training-job-role": "launcher"}
+        labels = {
+            **(tmeta.get("labels") or {}),
+            **gen_labels(name),
+            "training-job-role": "launcher",
+        }
         containers = spec.setdefault("containers", [{"name": "launcher", "image": "launcher"}])
-        containers[0].setdefault("volumeMounts", []).extend([
-            {"name": "training-job-hostfile", "mountPath": "/etc/edl"},
-            {"name": "training-job-config", "mountPath": "/etc/mpi"}])
+        containers[0].setdefault("volumeMounts", []).extend(
+            [
+                {"name": "training-job-hostfile", "mountPath": "/etc/edl"},
+                {"name": "training-job-config", "mountPath": "/etc/mpi"},
+            ]
+        )
         if self._attach_mode(job) == "kubexec":
             containers[0].setdefault("env", []).append(
-                {"name": "OMPI_MCA_plm_rsh_agent", "value": KUBEXEC_ATTACH})
-        spec.setdefault("initContainers", []).append({
-            "name": "init-hostfile", "image": "alpine:3.10", "command": [
-                "sh", "-c", "cp /etc/mpi/hostfile /etc/edl/hostfile && chmod 600 "
-                "/etc/edl/hostfile && cp /etc/mpi/discover_hosts.sh /etc/edl/discover_hosts.sh"
-                " && chmod +x /etc/edl/discover_hosts.sh"],
-            "volumeMounts": [{"name": "training-job-hostfile", "mountPath": "/etc/edl"},
-                             {"name": "training-job-config", "mountPath": "/etc/mpi"}]})
-        spec.setdefault("volumes", []).extend([
-            {"name": "training-job-hostfile", "emptyDir": {}},
-            {"name": "training-job-config", "configMap": {"name": f"{name}-config"}}])
+                {"name": "OMPI_MCA_plm_rsh_agent", "value": KUBEXEC_ATTACH}
+            )
+        spec.setdefault("initContainers", []).append(
+            {
+                "name": "init-hostfile",
+                "image": "alpine:3.10",
+                "command": [
+                    "sh",
+                    "-c",
+                    "cp /etc/mpi/hostfile /etc/edl/hostfile && chmod 600 "
+                    "/etc/edl/hostfile && cp /etc/mpi/discover_hosts.sh /etc/edl/discover_hosts.sh"
+                    " && chmod +x /etc/edl/discover_hosts.sh",
+                ],
+                "volumeMounts": [
+                    {"name": "training-job-hostfile", "mountPath": "/etc/edl"},
+                    {"name": "training-job-config", "mountPath": "/etc/mpi"},
+                ],
+            }
+        )
+        spec.setdefault("volumes", []).extend(
+            [
+                {"name": "training-job-hostfile", "emptyDir": {}},
+                {"name": "training-job-config", "configMap": {"name": f"{name}-config"}},
+            ]
+        )
         spec["serviceAccountName"] = f"{name}-launcher"
         spec["restartPolicy"] = "Never"
-        return {"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": f"{name}-launcher", "namespace": job["metadata"]["namespace"],
-                             "labels": labels, "ownerReferences": [self._owner(job)]},
-                "spec": spec}
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"{name}-launcher",
+                "namespace": job["metadata"]["namespace"],
+                "labels": labels,
+                "ownerReferences": [self._owner(job)],
+            },
+            "spec": spec,
+        }
 
     def _delete_launcher(self, job: Obj) -> None:
         self._delete("Pod", job["metadata"]["namespace"], f"{job['metadata']['name']}-launcher")
@@ -737,24 +907,31 @@ class EtOperator:
         ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
         launcher = self._get("Pod", ns, f"{name}-launcher")
         counts = status["replicaStatuses"].setdefault(
-            "Launcher", {"active": 0, "succeeded": 0, "failed": 0})
+            "Launcher", {"active": 0, "succeeded": 0, "failed": 0}
+        )
         if launcher is None:
-            policy = (((job.get("spec") or {}).get("etReplicaSpecs") or {}).get("launcher")
-                      or {}).get("restartPolicy")
+            policy = (
+                ((job.get("spec") or {}).get("etReplicaSpecs") or {}).get("launcher") or {}
+            ).get("restartPolicy")
             if policy == "Always":
                 self._create("Pod", ns, self._new_launcher(job))
             elif policy == "Never":
                 counts["failed"] = 1
                 status["completionTime"] = status["completionTime"] or _stamp(self.clock())
-                self._update_status_phase(status, "Failed", "TrainingJobFailed",
-                                          f"job({ns}/{name}) has failed")
+                self._update_status_phase(
+                    status, "Failed", "TrainingJobFailed", f"job({ns}/{name}) has failed"
+                )
             return
         phase = (launcher.get("status") or {}).get("phase")
         if phase == "Succeeded":
             counts["succeeded"] = 1
             status["completionTime"] = status["completionTime"] or _stamp(self.clock())
-            self._update_status_phase(status, "Succeeded", "TrainingJobSucceeded",
-                                      f"job({ns}/{name}) successfully completed.")
+            self._update_status_phase(
+                status,
+                "Succeeded",
+                "TrainingJobSucceeded",
+                f"job({ns}/{name}) successfully completed.",
+            )
         elif phase == "Failed":
             counts["failed"] = 1
             reason = (launcher.get("status") or {}).get("reason") or "TrainingJobFailed"
@@ -766,8 +943,9 @@ class EtOperator:
         elif phase == "Running":
             counts["active"] = 1
             if not self._has(status, "Running"):
-                self._update_status_phase(status, "Running", "TrainingJobRunning",
-                                          f"job({ns}/{name}) is running.")
+                self._update_status_phase(
+                    status, "Running", "TrainingJobRunning", f"job({ns}/{name}) is running."
+                )
 
     # --- the launcher container: exec ---------------------------------------------------------
     def _exec_on_launcher(self, job: Obj, script: str) -> str:
@@ -789,8 +967,9 @@ class EtOperator:
         truncated, then written (a reader can see it empty or partial); echo's newline
         leaves a blank last line."""
         content = hostfile_content(workers, slots_of(job))
-        launcher = self._get("Pod", job["metadata"]["namespace"],
-                             f"{job['metadata']['name']}-launcher")
+        launcher = self._get(
+            "Pod", job["metadata"]["namespace"], f"{job['metadata']['name']}-launcher"
+        )
         self._exec_on_launcher(job, f"echo '{content}' > {HOSTFILE_PATH}")
         path = self._hostfile_for(job["metadata"]["name"])
         if path is None or launcher is None:
@@ -808,28 +987,39 @@ class EtOperator:
         launcher's `ps -ef | grep '<attach>'` (a substring test)."""
         attach = KUBEXEC_ATTACH if self._attach_mode(job) == "kubexec" else SSH_ATTACH
         self._exec_on_launcher(job, f"ps -ef | grep '{attach}'")
-        launcher = self._get("Pod", job["metadata"]["namespace"],
-                             f"{job['metadata']['name']}-launcher")
+        launcher = self._get(
+            "Pod", job["metadata"]["namespace"], f"{job['metadata']['name']}-launcher"
+        )
         if launcher is not None and not self.has_ps:  # sh: ps: not found; grep exits 1
             raise _GoError("execute script failed: command terminated with exit code 1")
-        out = "\n".join([*(p for p in self.processes if attach in p),
-                         f"root 99 1 0 00:00 ? 00:00:00 grep {attach}"]) if launcher else ""
+        out = (
+            "\n".join(
+                [
+                    *(p for p in self.processes if attach in p),
+                    f"root 99 1 0 00:00 ? 00:00:00 grep {attach}",
+                ]
+            )
+            if launcher
+            else ""
+        )
         return [w for w in workers or () if f"{attach} {w}" not in out]
 
-    def _execute_scale_script(self, job: Obj, scaler: Obj, status: Obj,
-                              workers: list[str]) -> None:
+    def _execute_scale_script(self, job: Obj, scaler: Obj, status: Obj, workers: list[str]) -> None:
         """scaler.go executeScaleScript: once per scaler (ScriptExecuted): spec.script if set,
         else the hostfile rewrite."""
         if self._has(status, "ScriptExecuted"):
             return
         full = f"{scaler['kind']}:{scaler['metadata']['namespace']}/{scaler['metadata']['name']}"
-        msg = (f"trainingjob({job['metadata']['namespace']}/{job['metadata']['name']}): execute "
-               f"script on launcher for {full}")
+        msg = (
+            f"trainingjob({job['metadata']['namespace']}/{job['metadata']['name']}): execute "
+            f"script on launcher for {full}"
+        )
         spec = scaler.get("spec") or {}
         if spec.get("script"):
             pods = ",".join(f"{w}:{slots_of(job)}" for w in self._pod_names(scaler, status))
-            self._exec_on_launcher(job, f"timeout {spec.get('timeout', 60)} sh "
-                                        f"{spec['script']} {pods}")
+            self._exec_on_launcher(
+                job, f"timeout {spec.get('timeout', 60)} sh {spec['script']} {pods}"
+            )
             if not self.script_ok:
                 raise _GoError("execute script failed: command terminated with exit code 1")
         else:
@@ -860,48 +1050,71 @@ class EtOperator:
             for scaler in scalers:
                 st = _job_status(scaler.get("status"), ("toDeletePods", "addPods"))
                 refs = scaler["metadata"].get("ownerReferences") or ()
-                controlled = any(r.get("controller") and r.get("uid") == job["metadata"]["uid"]
-                                 for r in refs)
+                controlled = any(
+                    r.get("controller") and r.get("uid") == job["metadata"]["uid"] for r in refs
+                )
                 if self._finished(st) or not controlled:
                     continue
-                if latest is None or _parse(latest["metadata"]["creationTimestamp"]) < \
-                        _parse(scaler["metadata"]["creationTimestamp"]):
+                if latest is None or _parse(latest["metadata"]["creationTimestamp"]) < _parse(
+                    scaler["metadata"]["creationTimestamp"]
+                ):
                     latest = scaler
         if latest is None:
             return
         full = f"{latest['kind']}:{latest['metadata']['namespace']}/{latest['metadata']['name']}"
         scaler_status = _job_status(latest.get("status"), ("toDeletePods", "addPods"))
-        msg = (f"trainingJobob({job['metadata']['namespace']}/{job['metadata']['name']}) "
-               f"execute {full}")
+        msg = (
+            f"trainingJobob({job['metadata']['namespace']}/{job['metadata']['name']}) "
+            f"execute {full}"
+        )
         self._update_scaler_state(latest, scaler_status, status, "Scaling", "ScalingStart", msg)
         status["currentScaler"] = full
         self._update_status(latest["kind"], latest, scaler_status)
 
-    def _update_scaler_state(self, scaler: Obj, scaler_status: Obj, job_status: Obj,
-                             ctype: str, reason: str, msg: str) -> None:
+    def _update_scaler_state(
+        self, scaler: Obj, scaler_status: Obj, job_status: Obj, ctype: str, reason: str, msg: str
+    ) -> None:
         """updateScalerState: the condition on the job and the scaler; the job Scaling (or
         Running again, currentScaler cleared, once the scaler is done)."""
         done = ctype in ("ScaleSucceeded", "ScaleFailed")
         cond = self._condition(ctype, reason, msg)
         self._set_condition(job_status, copy.deepcopy(cond))
         job_status["phase"] = "Running" if done else "Scaling"
-        job_status["currentScaler"] = "" if done else (
-            f"{scaler['kind']}:{scaler['metadata']['namespace']}/{scaler['metadata']['name']}")
+        job_status["currentScaler"] = (
+            ""
+            if done
+            else (
+                f"{scaler['kind']}:{scaler['metadata']['namespace']}/{scaler['metadata']['name']}"
+            )
+        )
         self._set_condition(scaler_status, cond)
         scaler_status["phase"] = ctype
 
-    def _scaler_failed(self, scaler: Obj, scaler_status: Obj, job_status: Obj,
-                       msg: str) -> None:  # updateScalerFailed
+    def _scaler_failed(
+        self, scaler: Obj, scaler_status: Obj, job_status: Obj, msg: str
+    ) -> None:  # updateScalerFailed
         self._event(scaler, "Warning", "", msg)
-        self._update_scaler_state(scaler, scaler_status, job_status, "ScaleFailed",
-                                  f"{_SCALE_TYPE[scaler['kind']]}Failed", msg)
+        self._update_scaler_state(
+            scaler,
+            scaler_status,
+            job_status,
+            "ScaleFailed",
+            f"{_SCALE_TYPE[scaler['kind']]}Failed",
+            msg,
+        )
 
     def _scaler_succeeded(self, scaler: Obj, scaler_status: Obj, job_status: Obj) -> None:
         full = f"{scaler['kind']}:{scaler['metadata']['namespace']}/{scaler['metadata']['name']}"
         msg = f"{full} has Succeeded"
         self._event(scaler, "Normal", "", msg)
-        self._update_scaler_state(scaler, scaler_status, job_status, "ScaleSucceeded",
-                                  f"{_SCALE_TYPE[scaler['kind']]}Succeeded", msg)
+        self._update_scaler_state(
+            scaler,
+            scaler_status,
+            job_status,
+            "ScaleSucceeded",
+            f"{_SCALE_TYPE[scaler['kind']]}Succeeded",
+            msg,
+        )
 
     def _execute_scaling(self, job: Obj, status: Obj) -> None:
         """executeScaling: the current scaler, read again; gone or finished ends it."""
@@ -937,9 +1150,14 @@ class EtOperator:
         try:
             self._set_scale_in_to_delete(job, scaler, st)
         except _GoError as e:
-            self._scaler_failed(scaler, st, status, f"{scaler['kind']}:"
-                                f"{scaler['metadata']['namespace']}/{scaler['metadata']['name']}"
-                                f" get to delete workers name failed, error: {e}")
+            self._scaler_failed(
+                scaler,
+                st,
+                status,
+                f"{scaler['kind']}:"
+                f"{scaler['metadata']['namespace']}/{scaler['metadata']['name']}"
+                f" get to delete workers name failed, error: {e}",
+            )
             return
         current = self._workers_after(status["currentWorkers"], scaler, st)
         try:
@@ -980,13 +1198,15 @@ class EtOperator:
         elif (to_delete.get("count") or 0) > 0:
             count = to_delete["count"]
             if count >= len(pods):
-                raise _GoError(f".spec.toDelete.count should be less than current replicas "
-                               f"{len(pods)}")
+                raise _GoError(
+                    f".spec.toDelete.count should be less than current replicas {len(pods)}"
+                )
             ordered = sort_pod_names(job["metadata"]["name"], names)
-            chosen = [n for n in names if n in ordered[len(pods) - count:]]
+            chosen = [n for n in names if n in ordered[len(pods) - count :]]
         else:
-            raise _GoError(".spec.toDelete.count or .spec.toDelete.podNames, only one of them "
-                           "should be set")
+            raise _GoError(
+                ".spec.toDelete.count or .spec.toDelete.podNames, only one of them should be set"
+            )
         st["toDeletePods"] = [*st["toDeletePods"], *chosen]
 
     def _workers_deleted(self, job: Obj, names: list[str]) -> bool:  # isWorkersDeleted
@@ -999,29 +1219,43 @@ class EtOperator:
         spec = scaler.get("spec") or {}
         count = (spec.get("toAdd") or {}).get("count")
         if count is None or count <= 0:  # validateScaleOut
-            msg = (".spec.toAdd.count shouldn't be empty" if count is None
-                   else ".spec.toAdd.count shouldn be greater than 0")
+            msg = (
+                ".spec.toAdd.count shouldn't be empty"
+                if count is None
+                else ".spec.toAdd.count shouldn be greater than 0"
+            )
             self._scaler_failed(scaler, st, status, msg)
             raise _GoError(msg)
         if not st["addPods"]:  # setScaleOutWorkers
             top = max_index(status["targetWorkers"])
-            st["addPods"] = [worker_name(job["metadata"]["name"], top + 1 + i)
-                             for i in range(count)]
+            st["addPods"] = [
+                worker_name(job["metadata"]["name"], top + 1 + i) for i in range(count)
+            ]
         try:
             self._create_workers(job, st["addPods"], scale_out=scaler["metadata"]["name"])
         except (ApiException, _GoError) as e:
-            self._scale_out_failed(job, status, scaler, st, f"create scaleout workers failed, "
-                                                            f"error: {e}")
+            self._scale_out_failed(
+                job, status, scaler, st, f"create scaleout workers failed, error: {e}"
+            )
             raise _GoError(str(e)) from None
-        labels = {**gen_labels(job["metadata"]["name"]), "training-job-role": "worker",
-                  SCALE_OUT_LABEL: scaler["metadata"]["name"]}
+        labels = {
+            **gen_labels(job["metadata"]["name"]),
+            "training-job-role": "worker",
+            SCALE_OUT_LABEL: scaler["metadata"]["name"],
+        }
         added = self._list("Pod", job["metadata"]["namespace"], labels)
         st["replicaStatuses"]["Worker"] = self._replica_counts(added)
         if st["replicaStatuses"]["Worker"]["active"] < count:
             if self._scale_out_timed_out(scaler, st):
-                self._scale_out_failed(job, status, scaler, st, f"scaleout job {scaler['kind']}"
-                                       f":{scaler['metadata']['namespace']}/"
-                                       f"{scaler['metadata']['name']} execution timeout")
+                self._scale_out_failed(
+                    job,
+                    status,
+                    scaler,
+                    st,
+                    f"scaleout job {scaler['kind']}"
+                    f":{scaler['metadata']['namespace']}/"
+                    f"{scaler['metadata']['name']} execution timeout",
+                )
             raise _Requeue("wait for workers running")
         hosts = self._workers_after(status["currentWorkers"], scaler, st)
         try:
@@ -1039,8 +1273,7 @@ class EtOperator:
         timeout = 60 if timeout is None else timeout
         for c in st["conditions"]:
             if c.get("type") == "Scaling" and c.get("reason") == "ScalingStart":
-                return _parse(c["lastTransitionTime"]) + timedelta(seconds=timeout) < \
-                    self.clock()
+                return _parse(c["lastTransitionTime"]) + timedelta(seconds=timeout) < self.clock()
         return False
 
     def _scale_out_failed(self, job: Obj, status: Obj, scaler: Obj, st: Obj, msg: str) -> None:
@@ -1061,7 +1294,8 @@ class EtOperator:
             self._start(launcher)
 
     def _start(self, pod: Obj) -> None:
-        if (pod.get("status") or {}).get("phase") == "Pending" \
-                and not pod["metadata"].get("deletionTimestamp"):
+        if (pod.get("status") or {}).get("phase") == "Pending" and not pod["metadata"].get(
+            "deletionTimestamp"
+        ):
             self.server.run_pod(pod["metadata"]["name"], pod["metadata"]["namespace"], self.node)
             self._writes += 1

@@ -34,8 +34,17 @@ from urllib.parse import parse_qs, urlsplit
 
 from .kube_api import KubeApiServer
 
-_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer",
-        "upgrade", "host", "content-length"}
+_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+    "host",
+    "content-length",
+}
 
 
 @dataclass(frozen=True)
@@ -53,15 +62,20 @@ class FaultRates:
     def total(cls, fraction: float) -> FaultRates:
         """``fraction`` of requests faulted, split 40% errors, 20% lost replies, 30% latency,
         and (of watches) the rest cut."""
-        return cls(error=0.4 * fraction, lost_reply=0.2 * fraction, latency=0.3 * fraction,
-                   cut_watch=0.1 * fraction)
+        return cls(
+            error=0.4 * fraction,
+            lost_reply=0.2 * fraction,
+            latency=0.3 * fraction,
+            cut_watch=0.1 * fraction,
+        )
 
 
 class FaultProxy:
     """A threaded HTTP/1.1 proxy on 127.0.0.1:<ephemeral> forwarding to ``upstream``."""
 
-    def __init__(self, upstream: str, rates: FaultRates, seed: int = 0,
-                 budget: int = 100_000) -> None:
+    def __init__(
+        self, upstream: str, rates: FaultRates, seed: int = 0, budget: int = 100_000
+    ) -> None:
         parts = urlsplit(upstream)
         if parts.hostname not in ("127.0.0.1", "localhost"):
             raise ValueError("the fault proxy forwards to loopback only")
@@ -81,8 +95,9 @@ class FaultProxy:
         handler = type("Handler", (_ProxyHandler,), {"proxy": self})
         self._httpd = _QuietServer(("127.0.0.1", 0), handler)
         self._httpd.daemon_threads = True
-        threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                         daemon=True).start()
+        threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        ).start()
         return self
 
     def stop(self) -> None:
@@ -108,10 +123,14 @@ class FaultProxy:
 
     def kubeconfig(self, path: str) -> str:
         """A kubeconfig pointing at the proxy (the emulator's format, another server)."""
-        cfg = {"apiVersion": "v1", "kind": "Config", "current-context": "chaos",
-               "clusters": [{"name": "chaos", "cluster": {"server": self.url}}],
-               "users": [{"name": "chaos", "user": {}}],
-               "contexts": [{"name": "chaos", "context": {"cluster": "chaos", "user": "chaos"}}]}
+        cfg = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "chaos",
+            "clusters": [{"name": "chaos", "cluster": {"server": self.url}}],
+            "users": [{"name": "chaos", "user": {}}],
+            "contexts": [{"name": "chaos", "context": {"cluster": "chaos", "user": "chaos"}}],
+        }
         with open(path, "w") as f:
             json.dump(cfg, f)
         return path
@@ -144,8 +163,10 @@ class FaultProxy:
                 param = float(self._rng.choice((500, 503, 429)))
                 self.counts[f"error_{int(param)}"] += 1
             else:
-                param = {"latency": self._rng.uniform(0.0, r.latency_max),
-                         "cut_watch": self._rng.uniform(0.2, r.cut_after_max)}.get(kind, 0.0)
+                param = {
+                    "latency": self._rng.uniform(0.0, r.latency_max),
+                    "cut_watch": self._rng.uniform(0.2, r.cut_after_max),
+                }.get(kind, 0.0)
                 self.counts[kind] += 1
             return kind, param
 
@@ -223,9 +244,17 @@ class _ProxyHandler(BaseHTTPRequestHandler):
 
     def _error(self, status: int) -> None:
         reason = {500: "InternalError", 503: "ServiceUnavailable", 429: "TooManyRequests"}[status]
-        data = json.dumps({"kind": "Status", "apiVersion": "v1", "metadata": {},
-                           "status": "Failure", "message": f"injected by the proxy ({status})",
-                           "reason": reason, "code": status}).encode()
+        data = json.dumps(
+            {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Failure",
+                "message": f"injected by the proxy ({status})",
+                "reason": reason,
+                "code": status,
+            }
+        ).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         if status == 429:
@@ -234,8 +263,12 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def _stream(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse,
-                cut_after: float | None) -> None:
+    def _stream(
+        self,
+        conn: http.client.HTTPConnection,
+        resp: http.client.HTTPResponse,
+        cut_after: float | None,
+    ) -> None:
         """Relay a watch line by line (events are newline-delimited JSON), re-chunked."""
         self.close_connection = True
         upstream = conn.sock
@@ -273,8 +306,14 @@ class ServerFaults:
     """From a timer thread, every ``every`` seconds (uniform in the range): all watches dropped
     abruptly, or (with ``compact_share``) the history compacted so resumed watches get 410."""
 
-    def __init__(self, server: KubeApiServer, seed: int = 0, every: tuple[float, float] = (2, 6),
-                 compact_share: float = 0.5, budget: int = 1000) -> None:
+    def __init__(
+        self,
+        server: KubeApiServer,
+        seed: int = 0,
+        every: tuple[float, float] = (2, 6),
+        compact_share: float = 0.5,
+        budget: int = 1000,
+    ) -> None:
         self.server, self.every, self.compact_share = server, every, compact_share
         self.budget = budget
         self.counts: Counter[str] = Counter()

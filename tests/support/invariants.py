@@ -41,9 +41,13 @@ _FINISHED = ("ScaleSucceeded", "ScaleFailed")
 _WRITES = ("POST", "PUT", "PATCH", "DELETE")
 _AGENT = "spot-autoscaler/"
 LEASE = ("spot-autoscaler", "default")  # the daemon's Lease (name, namespace) in these runs
-_KINDS = {"nodes": "Node", "pods": "Pod", "trainingjobs.kai.alibabacloud.com": "TrainingJob",
-          "scaleins.kai.alibabacloud.com": "ScaleIn",
-          "scaleouts.kai.alibabacloud.com": "ScaleOut"}
+_KINDS = {
+    "nodes": "Node",
+    "pods": "Pod",
+    "trainingjobs.kai.alibabacloud.com": "TrainingJob",
+    "scaleins.kai.alibabacloud.com": "ScaleIn",
+    "scaleouts.kai.alibabacloud.com": "ScaleOut",
+}
 
 
 @dataclass(frozen=True)
@@ -88,8 +92,15 @@ class RecordingServer(KubeApiServer):
             with self._lock:
                 lease = self.get("leases", *LEASE)
                 holder = lease["spec"].get("holderIdentity") if lease else None
-                self.writes.append(Write(time.monotonic(), agent[len(_AGENT):], h.command,
-                                         h.path.split("?")[0], holder))
+                self.writes.append(
+                    Write(
+                        time.monotonic(),
+                        agent[len(_AGENT) :],
+                        h.command,
+                        h.path.split("?")[0],
+                        holder,
+                    )
+                )
         super()._serve(h)
 
     def reclaim_pod(self, name: str, namespace: str) -> bool:
@@ -202,8 +213,9 @@ def _drained(job: Obj) -> frozenset[str]:
         data = json.loads(raw) if raw else []
     except ValueError:
         return frozenset()
-    return frozenset(h for h in data if isinstance(h, str)) if isinstance(data, list) else \
-        frozenset()
+    return (
+        frozenset(h for h in data if isinstance(h, str)) if isinstance(data, list) else frozenset()
+    )
 
 
 class _State:
@@ -231,9 +243,13 @@ class _State:
 
     # --- helpers --------------------------------------------------------------------------------
     def workers(self, job: str) -> list[Obj]:
-        return [p for p in self.pods.values() if _labels(p).get("training-job-role") == "worker"
-                and _labels(p).get("training-job-name") == job
-                and not p["metadata"].get("deletionTimestamp")]
+        return [
+            p
+            for p in self.pods.values()
+            if _labels(p).get("training-job-role") == "worker"
+            and _labels(p).get("training-job-name") == job
+            and not p["metadata"].get("deletionTimestamp")
+        ]
 
     def bounds(self, job: str) -> tuple[int, int]:
         spec = ((self.jobs.get(job) or {}).get("spec") or {}).get("etReplicaSpecs", {})
@@ -243,14 +259,22 @@ class _State:
     def context(self, job: str) -> str:
         """Evidence: where the job's workers are and its scalers (ours) so far."""
         ws = self.workers(job)
-        doomed = [p["metadata"]["name"] for p in ws
-                  if _tainted(self.nodes.get((p.get("spec") or {}).get("nodeName") or "", {}))]
+        doomed = [
+            p["metadata"]["name"]
+            for p in ws
+            if _tainted(self.nodes.get((p.get("spec") or {}).get("nodeName") or "", {}))
+        ]
         pending = sum((p.get("status") or {}).get("phase") == "Pending" for p in ws)
         drained = sorted(self.drained[job])
-        scalers = [f"{k}/{n}:{_summary(s)}" for (k, n), s in self.scalers.items()
-                   if ((s.get("spec") or {}).get("selector") or {}).get("name") == job][-4:]
-        return (f"on noticed nodes {doomed}, pending {pending}, drained {drained}, "
-                f"last scalers {scalers}")
+        scalers = [
+            f"{k}/{n}:{_summary(s)}"
+            for (k, n), s in self.scalers.items()
+            if ((s.get("spec") or {}).get("selector") or {}).get("name") == job
+        ][-4:]
+        return (
+            f"on noticed nodes {doomed}, pending {pending}, drained {drained}, "
+            f"last scalers {scalers}"
+        )
 
     def pod_named(self, name: str) -> Obj | None:
         return next((p for p in self.pods.values() if p["metadata"]["name"] == name), None)
@@ -270,15 +294,28 @@ class _State:
         self.nodes[name] = e.obj
         was, now = before is not None and _tainted(before), _tainted(e.obj)
         if now and not was:
-            on = [p for p in self.pods.values() if (p.get("spec") or {}).get("nodeName") == name
-                  and _labels(p).get("training-job-role") == "worker"]
-            n = Notice(name, e.t, e.wall, {p["metadata"]["uid"]: _labels(p)["training-job-name"]
-                                   for p in on},
-                       {p["metadata"]["uid"]: p["metadata"]["name"] for p in on})
-            n.kept = {uid for uid, job in n.pods.items() if not any(
-                not _tainted(self.nodes.get((w.get("spec") or {}).get("nodeName") or "", {}))
-                and (w.get("spec") or {}).get("nodeName") not in (None, name)
-                for w in self.workers(job))}
+            on = [
+                p
+                for p in self.pods.values()
+                if (p.get("spec") or {}).get("nodeName") == name
+                and _labels(p).get("training-job-role") == "worker"
+            ]
+            n = Notice(
+                name,
+                e.t,
+                e.wall,
+                {p["metadata"]["uid"]: _labels(p)["training-job-name"] for p in on},
+                {p["metadata"]["uid"]: p["metadata"]["name"] for p in on},
+            )
+            n.kept = {
+                uid
+                for uid, job in n.pods.items()
+                if not any(
+                    not _tainted(self.nodes.get((w.get("spec") or {}).get("nodeName") or "", {}))
+                    and (w.get("spec") or {}).get("nodeName") not in (None, name)
+                    for w in self.workers(job)
+                )
+            }
             for uid, job in n.pods.items():
                 if n.names[uid] in self.drained[job]:
                     n.drained_at[uid] = e.t
@@ -295,9 +332,13 @@ class _State:
             self.pods[uid] = e.obj
             lo, hi = self.bounds(job)
             if is_worker and len(self.workers(job)) > hi:
-                self.flag(e.t, "over_max", f"{job}: {len(self.workers(job))} workers > max {hi} "
-                          f"when {name} appeared; {self.context(job)}",
-                          (job, str(len(self.workers(job)))))
+                self.flag(
+                    e.t,
+                    "over_max",
+                    f"{job}: {len(self.workers(job))} workers > max {hi} "
+                    f"when {name} appeared; {self.context(job)}",
+                    (job, str(len(self.workers(job)))),
+                )
             return
         pod = self.pods.pop(uid, e.obj)
         if not is_worker:
@@ -307,8 +348,11 @@ class _State:
         if uid in self.reclaimed:
             drained = name in self.drained[job]
             if not drained:
-                self.flag(e.t, "undrained_at_reclaim",
-                          f"{job}: pod {name} on {node} killed by the reclaim, not drained")
+                self.flag(
+                    e.t,
+                    "undrained_at_reclaim",
+                    f"{job}: pod {name} on {node} killed by the reclaim, not drained",
+                )
             for n in notices:
                 n.fate.setdefault(uid, "drained_at_reclaim" if drained else "killed_undrained")
             return
@@ -319,8 +363,11 @@ class _State:
         ran = (pod.get("status") or {}).get("phase") == "Running"
         left = len(self.workers(job))
         if left < lo and ran and not noticed:
-            self.flag(e.t, "under_min", f"{job}: {name} on healthy node {node} removed, "
-                                        f"{left} workers left < min {lo}")
+            self.flag(
+                e.t,
+                "under_min",
+                f"{job}: {name} on healthy node {node} removed, {left} workers left < min {lo}",
+            )
 
     def _trainingjob(self, e: Event) -> None:
         name = e.obj["metadata"]["name"]
@@ -348,8 +395,11 @@ class _State:
             return
         self.scalers[key] = e.obj
         job = ((e.obj.get("spec") or {}).get("selector") or {}).get("name", "")
-        open_ = sorted(f"{k}/{n}" for (k, n), s in self.scalers.items() if not _finished(s)
-                       and ((s.get("spec") or {}).get("selector") or {}).get("name") == job)
+        open_ = sorted(
+            f"{k}/{n}"
+            for (k, n), s in self.scalers.items()
+            if not _finished(s) and ((s.get("spec") or {}).get("selector") or {}).get("name") == job
+        )
         if len(open_) > 1:
             self.flag(e.t, "two_scalers", f"{job}: unfinished {open_}", (job, *open_))
         if e.kind != "ScaleIn":
@@ -363,9 +413,12 @@ class _State:
             ident = (pod_name, pod["metadata"]["uid"] if pod else None)
             first = self.named.setdefault(ident, key[1])
             if first != key[1]:
-                self.flag(e.t, "pod_in_two_scaleins",
-                          f"{pod_name} (uid {ident[1]}) in ScaleIns {first} and {key[1]}",
-                          (pod_name, str(ident[1]), key[1]))
+                self.flag(
+                    e.t,
+                    "pod_in_two_scaleins",
+                    f"{pod_name} (uid {ident[1]}) in ScaleIns {first} and {key[1]}",
+                    (pod_name, str(ident[1]), key[1]),
+                )
 
     _scalein = _scaleout = _scale
 
@@ -377,9 +430,13 @@ class _State:
                 continue
             healthy = max(self.healthy_since[node], since)
             if t - healthy > self.settle:
-                self.flag(t, "drained_after_healthy",
-                          f"{job}: host {host} still drained {t - healthy:.1f} s after node "
-                          f"{node} lost its notice", (job, host, f"{healthy:.3f}"))
+                self.flag(
+                    t,
+                    "drained_after_healthy",
+                    f"{job}: host {host} still drained {t - healthy:.1f} s after node "
+                    f"{node} lost its notice",
+                    (job, host, f"{healthy:.3f}"),
+                )
 
 
 def check(server: RecordingServer, settle: float = 10.0, end: float | None = None) -> Report:
@@ -393,9 +450,16 @@ def check(server: RecordingServer, settle: float = 10.0, end: float | None = Non
         state.apply(e)
     for w in writes:
         if w.identity != w.holder:
-            state.flag(w.t, "write_by_non_leader",
-                       f"{w.method} {w.path} by {w.identity} while {w.holder} held the Lease")
+            state.flag(
+                w.t,
+                "write_by_non_leader",
+                f"{w.method} {w.path} by {w.identity} while {w.holder} held the Lease",
+            )
     state.check_settled(time.monotonic() if end is None else end)
-    stale = sum(1 for job, hosts in state.drained.items() for h in hosts
-                if not any(p["metadata"]["name"] == h for p in state.workers(job)))
+    stale = sum(
+        1
+        for job, hosts in state.drained.items()
+        for h in hosts
+        if not any(p["metadata"]["name"] == h for p in state.workers(job))
+    )
     return Report(state.violations, state.notices, stale)

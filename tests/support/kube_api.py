@@ -72,8 +72,16 @@ from .kube_schema import load_crd
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient  # type: ignore[import-untyped]
 
-__all__ = ["ApiError", "KubeApiServer", "RequestRecord", "Resource", "json_patch", "merge_patch",
-           "parse_field_selector", "parse_label_selector"]
+__all__ = [
+    "ApiError",
+    "KubeApiServer",
+    "RequestRecord",
+    "Resource",
+    "json_patch",
+    "merge_patch",
+    "parse_field_selector",
+    "parse_label_selector",
+]
 _VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
 
 
@@ -110,9 +118,16 @@ def custom_resource(crd: str) -> Resource:
     """The resource a CRD file defines (tests/support/crds/<file> or an absolute path).
     With a status subresource the real server drops status on create."""
     v = load_crd(crd)
-    return Resource(v.group, v.version, v.plural, v.kind, v.namespaced,
-                    status_subresource=v.status_subresource,
-                    initial_status={} if v.status_subresource else None, crd=crd)
+    return Resource(
+        v.group,
+        v.version,
+        v.plural,
+        v.kind,
+        v.namespaced,
+        status_subresource=v.status_subresource,
+        initial_status={} if v.status_subresource else None,
+        crd=crd,
+    )
 
 
 def _default_resources() -> list[Resource]:
@@ -120,10 +135,25 @@ def _default_resources() -> list[Resource]:
     workload: Obj = {"namespaced": True, "initial_status": {}, "scale": True}
     return [
         Resource("", "v1", "nodes", "Node", False, field_labels=("spec.unschedulable",)),
-        Resource("", "v1", "pods", "Pod", True, initial_status={"phase": "Pending"},
-                 returns_deleted_object=True, field_labels=POD_FIELDS),
-        Resource("", "v1", "namespaces", "Namespace", False, initial_status={"phase": "Active"},
-                 field_labels=("status.phase",)),
+        Resource(
+            "",
+            "v1",
+            "pods",
+            "Pod",
+            True,
+            initial_status={"phase": "Pending"},
+            returns_deleted_object=True,
+            field_labels=POD_FIELDS,
+        ),
+        Resource(
+            "",
+            "v1",
+            "namespaces",
+            "Namespace",
+            False,
+            initial_status={"phase": "Active"},
+            field_labels=("status.phase",),
+        ),
         Resource("", "v1", "events", "Event", field_labels=EVENT_FIELDS, **no_status),
         Resource("", "v1", "configmaps", "ConfigMap", **no_status),
         Resource("", "v1", "services", "Service", True, initial_status={"loadBalancer": {}}),
@@ -131,8 +161,9 @@ def _default_resources() -> list[Resource]:
         Resource("apps", "v1", "replicasets", "ReplicaSet", **workload),
         Resource("apps", "v1", "statefulsets", "StatefulSet", **workload),
         Resource("coordination.k8s.io", "v1", "leases", "Lease", **no_status),
-        Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True,
-                 initial_status={}),
+        Resource(
+            "policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True, initial_status={}
+        ),
         Resource("events.k8s.io", "v1", "events", "Event", **no_status),
         custom_resource("kai.alibabacloud.com_trainingjobs.yaml"),
         custom_resource("kai.alibabacloud.com_scaleins.yaml"),
@@ -175,16 +206,23 @@ class KubeApiServer(PodWorkloads):
         for res in _default_resources():
             self.register(res)
         for ns in ("default", "kube-system", "kube-public", "kube-node-lease"):
-            self.seed({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns},
-                       "status": {"phase": "Active"}})
+            self.seed(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Namespace",
+                    "metadata": {"name": ns},
+                    "status": {"phase": "Active"},
+                }
+            )
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> KubeApiServer:
         handler = type("Handler", (_Handler,), {"api": self})
         self._httpd = _HTTPServer(("127.0.0.1", 0), handler)
         self._httpd.daemon_threads = True
-        threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                         daemon=True).start()
+        threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        ).start()
         self._kubelet.start()
         return self
 
@@ -216,11 +254,16 @@ class KubeApiServer(PodWorkloads):
 
     def kubeconfig(self, path: str) -> str:
         """Write a kubeconfig (JSON is valid YAML) pointing at this server, without auth."""
-        cfg = {"apiVersion": "v1", "kind": "Config", "current-context": "emulator",
-               "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
-               "users": [{"name": "emulator", "user": {}}],
-               "contexts": [{"name": "emulator",
-                             "context": {"cluster": "emulator", "user": "emulator"}}]}
+        cfg = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "emulator",
+            "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
+            "users": [{"name": "emulator", "user": {}}],
+            "contexts": [
+                {"name": "emulator", "context": {"cluster": "emulator", "user": "emulator"}}
+            ],
+        }
         with open(path, "w") as f:
             json.dump(cfg, f)
         return path
@@ -266,8 +309,13 @@ class KubeApiServer(PodWorkloads):
     def served(self, ref: str) -> bool:
         return self.resource(ref).key not in self._unserved
 
-    def fail_next(self, n: int = 1, status: int = 500, path_contains: str | None = None,
-                  method: str | None = None) -> None:
+    def fail_next(
+        self,
+        n: int = 1,
+        status: int = 500,
+        path_contains: str | None = None,
+        method: str | None = None,
+    ) -> None:
         """Answer the next ``n`` matching requests with ``status``; ``path_contains`` is a
         substring of the request target, query included (e.g. ``"watch="``)."""
         with self._lock:
@@ -292,15 +340,21 @@ class KubeApiServer(PodWorkloads):
     def resource_version(self) -> int:
         return self._rv
 
-    def requests(self, method: str | None = None, path_contains: str | None = None,
-                 watch: bool | None = None) -> list[RequestRecord]:
+    def requests(
+        self, method: str | None = None, path_contains: str | None = None, watch: bool | None = None
+    ) -> list[RequestRecord]:
         with self._lock:
-            return [r for r in self.request_log if method in (None, r.method)
-                    and (path_contains is None or path_contains in r.path)
-                    and watch in (None, r.watch)]
+            return [
+                r
+                for r in self.request_log
+                if method in (None, r.method)
+                and (path_contains is None or path_contains in r.path)
+                and watch in (None, r.watch)
+            ]
 
-    def count(self, method: str | None = None, path_contains: str | None = None,
-              watch: bool | None = None) -> int:
+    def count(
+        self, method: str | None = None, path_contains: str | None = None, watch: bool | None = None
+    ) -> int:
         return len(self.requests(method, path_contains, watch))
 
     def clear_requests(self) -> None:
@@ -354,8 +408,11 @@ class KubeApiServer(PodWorkloads):
                 if res.crd and load_crd(res.crd).prunes:
                     load_crd(res.crd).schema.default(obj)
                 old = self._objects.get(key)
-                out.append(self._commit(res, key, old, obj) if old else
-                           self._insert(res, key, obj, keep=("uid", "creationTimestamp")))
+                out.append(
+                    self._commit(res, key, old, obj)
+                    if old
+                    else self._insert(res, key, obj, keep=("uid", "creationTimestamp"))
+                )
         return out
 
     def get(self, ref: str, name: str, namespace: str | None = None) -> Obj | None:
@@ -409,10 +466,21 @@ class KubeApiServer(PodWorkloads):
         obj["apiVersion"], obj["kind"] = res.api_version, res.kind
         self._rv += 1
         given = {k: meta[k] for k in keep if meta.get(k)}
-        meta.update({"uid": str(uuid.uuid4()), "creationTimestamp": self._timestamp(),
-                     "resourceVersion": str(self._rv), "generation": 1, **given})
-        for server_owned in ("deletionTimestamp", "deletionGracePeriodSeconds", "selfLink",
-                             "managedFields"):
+        meta.update(
+            {
+                "uid": str(uuid.uuid4()),
+                "creationTimestamp": self._timestamp(),
+                "resourceVersion": str(self._rv),
+                "generation": 1,
+                **given,
+            }
+        )
+        for server_owned in (
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "selfLink",
+            "managedFields",
+        ):
             meta.pop(server_owned, None)
         self._objects[key] = obj
         self._index.setdefault(res.key, set()).add(key)
@@ -443,8 +511,12 @@ class KubeApiServer(PodWorkloads):
         meta["resourceVersion"] = str(self._rv)
         self._objects[key] = new
         self._emit(res, "MODIFIED", new, old)
-        if meta.get("deletionTimestamp") and not meta.get("finalizers") \
-                and meta.get("deletionGracePeriodSeconds", 0) == 0 and key in self._objects:
+        if (
+            meta.get("deletionTimestamp")
+            and not meta.get("finalizers")
+            and meta.get("deletionGracePeriodSeconds", 0) == 0
+            and key in self._objects
+        ):
             self._remove(res, key, new)  # the last finalizer is gone: deletion completes
         return copy.deepcopy(new)
 
@@ -496,21 +568,38 @@ class KubeApiServer(PodWorkloads):
     def _take_fault(self, method: str, target: str) -> None:
         with self._lock:
             for f in self._faults:
-                if f.remaining > 0 and f.method in (None, method) \
-                        and (f.path_contains or "") in target:
+                if (
+                    f.remaining > 0
+                    and f.method in (None, method)
+                    and (f.path_contains or "") in target
+                ):
                     f.remaining -= 1
                     raise ApiError(f.status, f"injected failure ({f.status})")
 
-    def _route(self, h: _Handler, path: str, query: dict[str, str],
-               body: Any) -> tuple[int, Obj | None]:
+    def _route(
+        self, h: _Handler, path: str, query: dict[str, str], body: Any
+    ) -> tuple[int, Obj | None]:
         parts = [p for p in path.split("/") if p]
         if parts[:1] == ["version"]:
-            return 200, {"major": "1", "minor": "30", "gitVersion": "v1.30.0-emulator",
-                         "gitCommit": "", "gitTreeState": "clean", "buildDate": "",
-                         "goVersion": "", "compiler": "gc", "platform": "linux/amd64"}
+            return 200, {
+                "major": "1",
+                "minor": "30",
+                "gitVersion": "v1.30.0-emulator",
+                "gitCommit": "",
+                "gitTreeState": "clean",
+                "buildDate": "",
+                "goVersion": "",
+                "compiler": "gc",
+                "platform": "linux/amd64",
+            }
         if parts == ["api"]:
-            return 200, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs":
-                         [{"clientCIDR": "0.0.0.0/0", "serverAddress": self.url[7:]}]}
+            return 200, {
+                "kind": "APIVersions",
+                "versions": ["v1"],
+                "serverAddressByClientCIDRs": [
+                    {"clientCIDR": "0.0.0.0/0", "serverAddress": self.url[7:]}
+                ],
+            }
         if parts == ["apis"]:
             return 200, self._group_list()
         if parts[:1] == ["apis"] and len(parts) == 2:
@@ -529,15 +618,21 @@ class KubeApiServer(PodWorkloads):
         res = self._served_resource(group, version, rest[0])
         name = rest[1] if len(rest) > 1 else None
         sub = rest[2] if len(rest) > 2 else None
-        if (namespace is not None and not res.namespaced) or len(rest) > 3 \
-                or (res.namespaced and namespace is None and name is not None):
+        if (
+            (namespace is not None and not res.namespaced)
+            or len(rest) > 3
+            or (res.namespaced and namespace is None and name is not None)
+        ):
             raise ApiError(404, NOT_FOUND, details={}) if res.builtin else PlainNotFound()
         method = h.command
         if res.key == "pods" and sub == "eviction" and method == "POST" and namespace:
             return 201, self._evict(namespace, str(name), body)
         if sub is not None and (sub != "status" or not res.status_subresource):
-            raise not_found(res, str(name)) if not res.builtin else ApiError(
-                404, NOT_FOUND, details={})
+            raise (
+                not_found(res, str(name))
+                if not res.builtin
+                else ApiError(404, NOT_FOUND, details={})
+            )
         if method == "GET" and name is None and truthy(query.get("watch")):
             self._watch(h, res, namespace, query)
             return 200, None
@@ -555,8 +650,9 @@ class KubeApiServer(PodWorkloads):
         if method == "DELETE" and name is not None and sub is None:
             return 200, self._delete(res, namespace, name, self._delete_options(body, query))
         if method == "DELETE" and name is None:
-            return 200, self._delete_collection(res, namespace, query,
-                                                self._delete_options(body, query))
+            return 200, self._delete_collection(
+                res, namespace, query, self._delete_options(body, query)
+            )
         raise ApiError(405, f"{method} is not supported on this path")
 
     def _served_resource(self, group: str, version: str, plural: str) -> Resource:
@@ -566,8 +662,10 @@ class KubeApiServer(PodWorkloads):
         res = self._resources.get((group, version, plural))
         if res is not None and res.key not in self._unserved:
             return res
-        builtin_gv = any((r.group, r.version) == (group, version) and r.builtin
-                         and r.key not in self._unserved for r in self._resources.values())
+        builtin_gv = any(
+            (r.group, r.version) == (group, version) and r.builtin and r.key not in self._unserved
+            for r in self._resources.values()
+        )
         if builtin_gv:
             raise ApiError(404, NOT_FOUND, details={})
         raise PlainNotFound
@@ -593,14 +691,18 @@ class KubeApiServer(PodWorkloads):
 
     @staticmethod
     def _group_obj(name: str, versions: list[str]) -> Obj:
-        return {"name": name,
-                "versions": [{"groupVersion": f"{name}/{v}", "version": v} for v in versions],
-                "preferredVersion": {"groupVersion": f"{name}/{versions[0]}",
-                                     "version": versions[0]}}
+        return {
+            "name": name,
+            "versions": [{"groupVersion": f"{name}/{v}", "version": v} for v in versions],
+            "preferredVersion": {"groupVersion": f"{name}/{versions[0]}", "version": versions[0]},
+        }
 
     def _group_list(self) -> Obj:
-        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
-            self._group_obj(g, vs) for g, vs in self._served_groups().items()]}
+        return {
+            "kind": "APIGroupList",
+            "apiVersion": "v1",
+            "groups": [self._group_obj(g, vs) for g, vs in self._served_groups().items()],
+        }
 
     def _group(self, group: str) -> Obj:
         versions = self._served_groups().get(group)
@@ -614,25 +716,50 @@ class KubeApiServer(PodWorkloads):
             if (res.group, res.version) != (group, version) or res.key in self._unserved:
                 continue
             base = {"namespaced": res.namespaced, "kind": res.kind}
-            resources.append({"name": res.plural, "singularName": res.kind.lower(),
-                              "verbs": _VERBS, **base})
+            resources.append(
+                {"name": res.plural, "singularName": res.kind.lower(), "verbs": _VERBS, **base}
+            )
             if res.status_subresource:
-                resources.append({"name": f"{res.plural}/status", "singularName": "",
-                                  "verbs": ["get", "patch", "update"], **base})
+                resources.append(
+                    {
+                        "name": f"{res.plural}/status",
+                        "singularName": "",
+                        "verbs": ["get", "patch", "update"],
+                        **base,
+                    }
+                )
             if res.scale:
-                resources.append({"name": f"{res.plural}/scale", "singularName": "",
-                                  "group": "autoscaling", "version": "v1",
-                                  "verbs": ["get", "patch", "update"],
-                                  "namespaced": res.namespaced, "kind": "Scale"})
+                resources.append(
+                    {
+                        "name": f"{res.plural}/scale",
+                        "singularName": "",
+                        "group": "autoscaling",
+                        "version": "v1",
+                        "verbs": ["get", "patch", "update"],
+                        "namespaced": res.namespaced,
+                        "kind": "Scale",
+                    }
+                )
             if res.key == "pods":
-                resources.append({"name": "pods/eviction", "singularName": "",
-                                  "group": "policy", "version": "v1", "verbs": ["create"],
-                                  "namespaced": True, "kind": "Eviction"})
+                resources.append(
+                    {
+                        "name": "pods/eviction",
+                        "singularName": "",
+                        "group": "policy",
+                        "version": "v1",
+                        "verbs": ["create"],
+                        "namespaced": True,
+                        "kind": "Eviction",
+                    }
+                )
         if not resources:
             raise PlainNotFound
-        return {"kind": "APIResourceList", "apiVersion": "v1",
-                "groupVersion": f"{group}/{version}" if group else version,
-                "resources": resources}
+        return {
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": f"{group}/{version}" if group else version,
+            "resources": resources,
+        }
 
     # ------------------------------------------------------------ verbs
     def _existing(self, res: Resource, namespace: str | None, name: str) -> tuple[Key, Obj]:
@@ -641,36 +768,57 @@ class KubeApiServer(PodWorkloads):
             raise not_found(res, name)
         return key, self._objects[key]
 
-    def _matcher(self, res: Resource, namespace: str | None,
-                 query: dict[str, str]) -> Callable[[Obj], bool]:
+    def _matcher(
+        self, res: Resource, namespace: str | None, query: dict[str, str]
+    ) -> Callable[[Obj], bool]:
         labels = parse_label_selector(query.get("labelSelector", ""))
         fields = parse_field_selector(query.get("fieldSelector", ""), res)
-        return lambda o: (namespace in (None, o["metadata"].get("namespace"))
-                          and labels(o["metadata"].get("labels") or {}) and fields(o))
+        return lambda o: (
+            namespace in (None, o["metadata"].get("namespace"))
+            and labels(o["metadata"].get("labels") or {})
+            and fields(o)
+        )
 
-    def _check_body(self, res: Resource, namespace: str | None, body: Any,
-                    name: str | None = None) -> Obj:
+    def _check_body(
+        self, res: Resource, namespace: str | None, body: Any, name: str | None = None
+    ) -> Obj:
         if not isinstance(body, dict):
             raise ApiError(400, "the request body must be a JSON object")
         if not res.builtin and not (body.get("kind") and body.get("apiVersion")):
             raise ApiError(400, f"Object 'Kind' or 'apiVersion' is missing in {json.dumps(body)}")
-        if (body.get("kind", res.kind), body.get("apiVersion", res.api_version)) \
-                != (res.kind, res.api_version):
+        if (body.get("kind", res.kind), body.get("apiVersion", res.api_version)) != (
+            res.kind,
+            res.api_version,
+        ):
             raise ApiError(400, f"the body is not {res.api_version}, Kind={res.kind}")
         meta = body.setdefault("metadata", {})
         if namespace is not None and meta.get("namespace") not in (None, "", namespace):
-            raise ApiError(400, "the namespace of the provided object does not match the "
-                                "namespace sent on the request")
+            raise ApiError(
+                400,
+                "the namespace of the provided object does not match the "
+                "namespace sent on the request",
+            )
         if name is not None and meta.get("name") != name:
-            raise ApiError(400, f"the name of the object ({meta.get('name')}) does not match "
-                                f"the name on the URL ({name})")
+            raise ApiError(
+                400,
+                f"the name of the object ({meta.get('name')}) does not match "
+                f"the name on the URL ({name})",
+            )
         for k, v in (meta.get("labels") or {}).items():
             prefix, _, short = k.rpartition("/")
-            if (len(short) > 63 or not LABEL_RE.match(short)
-                    or (prefix and not NAME_RE.match(prefix)) or not isinstance(v, str)
-                    or len(v) > 63 or (v and not LABEL_RE.match(v))):
-                raise ApiError(422, f'{res.kind} "{meta.get("name", "")}" is invalid: '
-                                    f"metadata.labels: Invalid value: {k!r}: {v!r}")
+            if (
+                len(short) > 63
+                or not LABEL_RE.match(short)
+                or (prefix and not NAME_RE.match(prefix))
+                or not isinstance(v, str)
+                or len(v) > 63
+                or (v and not LABEL_RE.match(v))
+            ):
+                raise ApiError(
+                    422,
+                    f'{res.kind} "{meta.get("name", "")}" is invalid: '
+                    f"metadata.labels: Invalid value: {k!r}: {v!r}",
+                )
         return body
 
     def _decode(self, res: Resource, obj: Obj, query: dict[str, str]) -> Obj:
@@ -687,8 +835,11 @@ class KubeApiServer(PodWorkloads):
         mode = query.get("fieldValidation", "Warn")
         if unknown and mode == "Strict":
             found = ", ".join(f'unknown field "{p}"' for p in unknown)
-            raise ApiError(400, f'{res.kind} in version "{res.version}" cannot be handled as a '
-                                f"{res.kind}: strict decoding error: {found}")
+            raise ApiError(
+                400,
+                f'{res.kind} in version "{res.version}" cannot be handled as a '
+                f"{res.kind}: strict decoding error: {found}",
+            )
         if mode != "Ignore":
             self._tls.warnings.extend(f'unknown field "{p}"' for p in unknown)
         schema.default(obj)
@@ -717,8 +868,11 @@ class KubeApiServer(PodWorkloads):
         start = json.loads(base64.b64decode(token))["start"] if token else None
         limit = int(query.get("limit") or 0)
         with self._lock:
-            items = [self._objects[k] for k in self._keys(res, namespace)
-                     if match(self._objects[k]) and (not start or [k[1], k[2]] > start)]
+            items = [
+                self._objects[k]
+                for k in self._keys(res, namespace)
+                if match(self._objects[k]) and (not start or [k[1], k[2]] > start)
+            ]
             meta: Obj = {"resourceVersion": str(self._rv)}
         if limit and len(items) > limit:
             items, last = items[:limit], items[limit - 1]["metadata"]
@@ -726,12 +880,16 @@ class KubeApiServer(PodWorkloads):
             meta["continue"] = base64.b64encode(json.dumps({"start": start}).encode()).decode()
         # Built-in (typed) lists omit kind/apiVersion on items; custom-resource lists keep them.
         strip = ("kind", "apiVersion") if res.builtin else ()
-        return {"kind": f"{res.kind}List", "apiVersion": res.api_version, "metadata": meta,
-                "items": [{k: copy.deepcopy(v) for k, v in o.items() if k not in strip}
-                          for o in items]}
+        return {
+            "kind": f"{res.kind}List",
+            "apiVersion": res.api_version,
+            "metadata": meta,
+            "items": [{k: copy.deepcopy(v) for k, v in o.items() if k not in strip} for o in items],
+        }
 
-    def _create(self, res: Resource, namespace: str | None, body: Any,
-                query: dict[str, str]) -> Obj:
+    def _create(
+        self, res: Resource, namespace: str | None, body: Any, query: dict[str, str]
+    ) -> Obj:
         obj = copy.deepcopy(self._check_body(res, namespace, body))
         if res.initial_status is not None and res.status_subresource:
             obj.pop("status", None)
@@ -750,13 +908,20 @@ class KubeApiServer(PodWorkloads):
             name = meta.get("name") or ""
             pattern = DNS_LABEL_RE if res.plural == "namespaces" else NAME_RE
             if not name or len(name) > 253 or not pattern.match(name):
-                raise ApiError(422, f'{res.kind} "{name}" is invalid: metadata.name: Invalid '
-                                    "value: a lowercase RFC 1123 name is required")
+                raise ApiError(
+                    422,
+                    f'{res.kind} "{name}" is invalid: metadata.name: Invalid '
+                    "value: a lowercase RFC 1123 name is required",
+                )
             self._validate(res, obj, None)
             key = (res.key, namespace or "", name)
             if key in self._objects:
-                raise ApiError(409, f'{res.key} "{name}" already exists', "AlreadyExists",
-                               details_of(res, name))
+                raise ApiError(
+                    409,
+                    f'{res.key} "{name}" already exists',
+                    "AlreadyExists",
+                    details_of(res, name),
+                )
             return self._insert(res, key, obj)
 
     def _with_subresource(self, res: Resource, old: Obj, new: Obj, sub: str | None) -> Obj:
@@ -769,10 +934,16 @@ class KubeApiServer(PodWorkloads):
             base["status"] = copy.deepcopy(source["status"])
         return base
 
-    def _update(self, res: Resource, namespace: str | None, name: str, body: Any,
-                sub: str | None, query: dict[str, str]) -> Obj:
-        body = self._decode(res, copy.deepcopy(self._check_body(res, namespace, body, name)),
-                            query)
+    def _update(
+        self,
+        res: Resource,
+        namespace: str | None,
+        name: str,
+        body: Any,
+        sub: str | None,
+        query: dict[str, str],
+    ) -> Obj:
+        body = self._decode(res, copy.deepcopy(self._check_body(res, namespace, body, name)), query)
         with self._lock:
             key, old = self._existing(res, namespace, name)
             rv = body["metadata"].get("resourceVersion")
@@ -782,8 +953,16 @@ class KubeApiServer(PodWorkloads):
             self._validate(res, new, old)
             return self._commit(res, key, old, new)
 
-    def _patch(self, res: Resource, namespace: str | None, name: str, body: Any, ctype: str,
-               sub: str | None, query: dict[str, str]) -> Obj:
+    def _patch(
+        self,
+        res: Resource,
+        namespace: str | None,
+        name: str,
+        body: Any,
+        ctype: str,
+        sub: str | None,
+        query: dict[str, str],
+    ) -> Obj:
         ctype = ctype.split(";")[0].strip()
         with self._lock:
             key, old = self._existing(res, namespace, name)
@@ -791,13 +970,19 @@ class KubeApiServer(PodWorkloads):
                 patched = json_patch(old, body)
             elif ctype == "application/merge-patch+json" and isinstance(body, dict):
                 patched = merge_patch(copy.deepcopy(old), body)
-            elif ctype == "application/strategic-merge-patch+json" and isinstance(body, dict) \
-                    and res.builtin:  # the real server refuses strategic patches on CRs
+            elif (
+                ctype == "application/strategic-merge-patch+json"
+                and isinstance(body, dict)
+                and res.builtin
+            ):  # the real server refuses strategic patches on CRs
                 patched = merge_patch(copy.deepcopy(old), body, strategic=True)
             else:
-                raise ApiError(415, "the body of the request was in an unknown format - "
-                                    "accepted media types include: application/json-patch+json, "
-                                    "application/merge-patch+json")
+                raise ApiError(
+                    415,
+                    "the body of the request was in an unknown format - "
+                    "accepted media types include: application/json-patch+json, "
+                    "application/merge-patch+json",
+                )
             if not isinstance(patched, dict):
                 raise ApiError(422, "the patch result is not an object")
             # A resourceVersion inside the patch is a precondition, exactly as for PUT.
@@ -823,31 +1008,46 @@ class KubeApiServer(PodWorkloads):
                 marked["metadata"]["deletionGracePeriodSeconds"] = 0
                 return self._commit(res, key, old, marked, deleting=True)
             self._remove(res, key, old)
-        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                "details": {**details_of(res, name), "uid": old["metadata"]["uid"]}}
+        return {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Success",
+            "details": {**details_of(res, name), "uid": old["metadata"]["uid"]},
+        }
 
     @staticmethod
     def _check_preconditions(old: Obj, options: Obj) -> None:
         for k, want in (options.get("preconditions") or {}).items():  # resourceVersion, uid
             if want and want != old["metadata"].get(k):
-                raise ApiError(409, f"Precondition failed: {k} in precondition: {want}, "
-                                    f"{k} in object meta: {old['metadata'].get(k)}")
+                raise ApiError(
+                    409,
+                    f"Precondition failed: {k} in precondition: {want}, "
+                    f"{k} in object meta: {old['metadata'].get(k)}",
+                )
 
-    def _delete_collection(self, res: Resource, namespace: str | None,
-                           query: dict[str, str], options: Obj) -> Obj:
+    def _delete_collection(
+        self, res: Resource, namespace: str | None, query: dict[str, str], options: Obj
+    ) -> Obj:
         match = self._matcher(res, namespace, query)
         with self._lock:
-            victims = [(k, self._objects[k]) for k in self._keys(res, namespace)
-                       if match(self._objects[k])]
+            victims = [
+                (k, self._objects[k]) for k in self._keys(res, namespace) if match(self._objects[k])
+            ]
             for (_, ns, name), _obj in victims:
                 self._delete(res, ns or None, name, options)
             meta = {"resourceVersion": str(self._rv)}
-        return {"kind": f"{res.kind}List", "apiVersion": res.api_version, "metadata": meta,
-                "items": [o for _, o in victims]}
+        return {
+            "kind": f"{res.kind}List",
+            "apiVersion": res.api_version,
+            "metadata": meta,
+            "items": [o for _, o in victims],
+        }
 
     # ------------------------------------------------------------ watch
-    def _watch(self, h: _Handler, res: Resource, namespace: str | None,
-               query: dict[str, str]) -> None:
+    def _watch(
+        self, h: _Handler, res: Resource, namespace: str | None, query: dict[str, str]
+    ) -> None:
         match = self._matcher(res, namespace, query)
         timeout = float(query.get("timeoutSeconds") or 0)
         deadline = time.monotonic() + timeout if timeout else float("inf")
@@ -856,8 +1056,11 @@ class KubeApiServer(PodWorkloads):
         with self._lock:
             if rv_param in ("", "0"):  # "start at most recent": synthetic ADDED for the state
                 cursor = self._rv
-                out = [{"type": "ADDED", "object": copy.deepcopy(self._objects[k])}
-                       for k in self._keys(res) if match(self._objects[k])]
+                out = [
+                    {"type": "ADDED", "object": copy.deepcopy(self._objects[k])}
+                    for k in self._keys(res)
+                    if match(self._objects[k])
+                ]
             elif rv_param.isdigit():
                 cursor, out = int(rv_param), []
             else:
@@ -890,11 +1093,21 @@ class KubeApiServer(PodWorkloads):
                             break
                         floor = max(floor, self._compacted_rv)
                         if cursor < floor:  # events owed are gone: 410, like the watch cache
-                            out = [{"type": "ERROR", "object": ApiError(
-                                410, f"too old resource version: {cursor} ({floor})").status()}]
+                            out = [
+                                {
+                                    "type": "ERROR",
+                                    "object": ApiError(
+                                        410, f"too old resource version: {cursor} ({floor})"
+                                    ).status(),
+                                }
+                            ]
                             break
-                        out = [e for ev in self._history if ev.rv > cursor and ev.key == res.key
-                               for e in self._translate(ev, match)]
+                        out = [
+                            e
+                            for ev in self._history
+                            if ev.rv > cursor and ev.key == res.key
+                            for e in self._translate(ev, match)
+                        ]
                         cursor = max(cursor, self._rv)
                         now = time.monotonic()
                         if out:
@@ -906,9 +1119,19 @@ class KubeApiServer(PodWorkloads):
                             raise ConnectionResetError
                         self._lock.wait(min(deadline, next_bookmark, now + 0.2) - now)
                 if bookmark_due:  # lets the client resume from here (periodically, at timeout)
-                    h.write_chunk(json.dumps({"type": "BOOKMARK", "object": {
-                        "kind": res.kind, "apiVersion": res.api_version,
-                        "metadata": {"resourceVersion": str(cursor)}}}).encode() + b"\n")
+                    h.write_chunk(
+                        json.dumps(
+                            {
+                                "type": "BOOKMARK",
+                                "object": {
+                                    "kind": res.kind,
+                                    "apiVersion": res.api_version,
+                                    "metadata": {"resourceVersion": str(cursor)},
+                                },
+                            }
+                        ).encode()
+                        + b"\n"
+                    )
                     next_bookmark = time.monotonic() + self.bookmark_interval
                 if finished:
                     break
@@ -958,8 +1181,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     do_POST = do_PUT = do_PATCH = do_DELETE = do_GET
 
-    def send_json(self, code: int, payload: Obj, headers: dict[str, str] | None = None,
-                  warnings: list[str] | None = None) -> None:
+    def send_json(
+        self,
+        code: int,
+        payload: Obj,
+        headers: dict[str, str] | None = None,
+        warnings: list[str] | None = None,
+    ) -> None:
         data = json.dumps(payload).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")

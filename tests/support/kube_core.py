@@ -14,20 +14,53 @@ Key = tuple[str, str, str]  # (resource key, namespace or "", name)
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 LABEL_RE = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
-_REASONS = {400: "BadRequest", 403: "Forbidden", 404: "NotFound", 405: "MethodNotAllowed",
-            409: "Conflict", 410: "Expired", 415: "UnsupportedMediaType", 422: "Invalid",
-            429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable",
-            504: "Timeout"}
+_REASONS = {
+    400: "BadRequest",
+    403: "Forbidden",
+    404: "NotFound",
+    405: "MethodNotAllowed",
+    409: "Conflict",
+    410: "Expired",
+    415: "UnsupportedMediaType",
+    422: "Invalid",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+    504: "Timeout",
+}
 BUILTIN_GROUPS = {"", "apps", "coordination.k8s.io", "events.k8s.io", "policy"}
 # Strategic merge patch: these lists merge by key instead of being replaced.
-_SMP_MERGE_KEYS = {"conditions": "type", "containers": "name", "initContainers": "name",
-                   "volumes": "name", "env": "name", "ownerReferences": "uid", "addresses": "type"}
-POD_FIELDS = ("spec.nodeName", "spec.restartPolicy", "spec.schedulerName",
-              "spec.serviceAccountName", "spec.hostNetwork", "status.phase", "status.podIP",
-              "status.nominatedNodeName")
-EVENT_FIELDS = tuple(f"involvedObject.{f}" for f in (
-    "kind", "namespace", "name", "uid", "apiVersion", "resourceVersion", "fieldPath",
-)) + ("reason", "reportingComponent", "source", "type")
+_SMP_MERGE_KEYS = {
+    "conditions": "type",
+    "containers": "name",
+    "initContainers": "name",
+    "volumes": "name",
+    "env": "name",
+    "ownerReferences": "uid",
+    "addresses": "type",
+}
+POD_FIELDS = (
+    "spec.nodeName",
+    "spec.restartPolicy",
+    "spec.schedulerName",
+    "spec.serviceAccountName",
+    "spec.hostNetwork",
+    "status.phase",
+    "status.podIP",
+    "status.nominatedNodeName",
+)
+EVENT_FIELDS = tuple(
+    f"involvedObject.{f}"
+    for f in (
+        "kind",
+        "namespace",
+        "name",
+        "uid",
+        "apiVersion",
+        "resourceVersion",
+        "fieldPath",
+    )
+) + ("reason", "reportingComponent", "source", "type")
 NOT_FOUND = "the server could not find the requested resource"
 
 
@@ -71,9 +104,15 @@ class Resource:
 class ApiError(Exception):
     """A failed request, answered with a metav1.Status (or ``body`` verbatim)."""
 
-    def __init__(self, code: int, message: str, reason: str | None = None,
-                 details: Obj | None = None, headers: dict[str, str] | None = None,
-                 body: Obj | None = None) -> None:
+    def __init__(
+        self,
+        code: int,
+        message: str,
+        reason: str | None = None,
+        details: Obj | None = None,
+        headers: dict[str, str] | None = None,
+        body: Obj | None = None,
+    ) -> None:
         super().__init__(message)
         self.code, self.message, self.details = code, message, details
         self.reason = _REASONS.get(code, "Unknown") if reason is None else reason
@@ -83,8 +122,15 @@ class ApiError(Exception):
     def status(self) -> Obj:
         if self.body is not None:
             return self.body
-        body: Obj = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                     "message": self.message, "reason": self.reason, "code": self.code}
+        body: Obj = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        }
         if self.details is not None:
             body["details"] = self.details
         return body
@@ -112,17 +158,24 @@ def not_found(res: Resource, name: str) -> ApiError:
 
 
 def conflict(res: Resource, name: str) -> ApiError:
-    return ApiError(409, f'Operation cannot be fulfilled on {res.key} "{name}": the object has '
-                         "been modified; please apply your changes to the latest version and "
-                         "try again", details=details_of(res, name))
+    return ApiError(
+        409,
+        f'Operation cannot be fulfilled on {res.key} "{name}": the object has '
+        "been modified; please apply your changes to the latest version and "
+        "try again",
+        details=details_of(res, name),
+    )
 
 
 def invalid(res: Resource, name: str, errors: list[Any]) -> ApiError:
     """errors.NewInvalid: 422 with one cause per field.Error (see kube_schema.FieldError)."""
     listed = str(errors[0]) if len(errors) == 1 else "[" + ", ".join(map(str, errors)) + "]"
-    return ApiError(422, f'{res.qualified_kind} "{name}" is invalid: {listed}', "Invalid",
-                    {"name": name, "group": res.group, "kind": res.kind,
-                     "causes": [e.cause() for e in errors]})
+    return ApiError(
+        422,
+        f'{res.qualified_kind} "{name}" is invalid: {listed}',
+        "Invalid",
+        {"name": name, "group": res.group, "kind": res.kind, "causes": [e.cause() for e in errors]},
+    )
 
 
 # ---------------------------------------------------------------- selectors
@@ -175,8 +228,9 @@ def selector_test(selector: Obj | None) -> LabelTest | None:
     None for a nil selector. metav1.LabelSelectorAsSelector: an empty one selects everything."""
     if selector is None:
         return None
-    reqs: list[LabelTest] = [_equals(k, v, False)
-                             for k, v in (selector.get("matchLabels") or {}).items()]
+    reqs: list[LabelTest] = [
+        _equals(k, v, False) for k, v in (selector.get("matchLabels") or {}).items()
+    ]
     for expr in selector.get("matchExpressions") or ():
         key, op, values = expr.get("key", ""), expr.get("operator"), set(expr.get("values") or ())
         if op in ("In", "NotIn"):
@@ -219,12 +273,22 @@ def merge_patch(target: Any, patch: Any, strategic: bool = False) -> Any:
     for k, v in patch.items():
         if v is None:
             result.pop(k, None)
-        elif strategic and k in _SMP_MERGE_KEYS and isinstance(v, list) \
-                and isinstance(result.get(k), list):
+        elif (
+            strategic
+            and k in _SMP_MERGE_KEYS
+            and isinstance(v, list)
+            and isinstance(result.get(k), list)
+        ):
             mk, merged = _SMP_MERGE_KEYS[k], list(result[k])
             for item in v:
-                idx = next((i for i, o in enumerate(merged)
-                            if isinstance(o, dict) and o.get(mk) == item.get(mk)), None)
+                idx = next(
+                    (
+                        i
+                        for i, o in enumerate(merged)
+                        if isinstance(o, dict) and o.get(mk) == item.get(mk)
+                    ),
+                    None,
+                )
                 if idx is None:
                     merged.append(copy.deepcopy(item))
                 else:
@@ -237,6 +301,7 @@ def merge_patch(target: Any, patch: Any, strategic: bool = False) -> Any:
 
 def json_patch(doc: Any, ops: list[Obj]) -> Any:
     """RFC 6902 (add/remove/replace/move/copy/test); failures are 422 like the real server."""
+
     def tokens(path: str) -> list[str]:
         if path and not path.startswith("/"):
             raise ApiError(422, f"invalid JSON pointer {path!r}")
@@ -286,4 +351,3 @@ def json_patch(doc: Any, ops: list[Obj]) -> Any:
         elif kind not in ("remove", "test"):
             raise ApiError(422, f"json patch: unsupported operation {kind!r}")
     return doc
-

@@ -34,10 +34,18 @@ DELETION_TIMEOUT = timedelta(minutes=2)  # disruption.go DeletionTimeout for dis
 _EVICTION_MESSAGE = "Cannot evict pod as it would violate the pod's disruption budget."
 # The DefaultTolerationSeconds admission plugin adds these to every pod that lacks them.
 _DEFAULT_TOLERATIONS = [
-    {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute",
-     "tolerationSeconds": 300},
-    {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute",
-     "tolerationSeconds": 300},
+    {
+        "key": "node.kubernetes.io/not-ready",
+        "operator": "Exists",
+        "effect": "NoExecute",
+        "tolerationSeconds": 300,
+    },
+    {
+        "key": "node.kubernetes.io/unreachable",
+        "operator": "Exists",
+        "effect": "NoExecute",
+        "tolerationSeconds": 300,
+    },
 ]
 
 
@@ -54,14 +62,21 @@ def default_pod(pod: Obj) -> None:
     """What API defaulting (pkg/apis/core/v1/defaults.go) and the default admission plugins add
     to a pod created through the API, in place. Seeded pods are taken as stored."""
     spec = pod.setdefault("spec", {})
-    for k, v in (("restartPolicy", "Always"), ("terminationGracePeriodSeconds", DEFAULT_GRACE),
-                 ("dnsPolicy", "ClusterFirst"), ("schedulerName", "default-scheduler"),
-                 ("securityContext", {}), ("enableServiceLinks", True), ("priority", 0)):
+    for k, v in (
+        ("restartPolicy", "Always"),
+        ("terminationGracePeriodSeconds", DEFAULT_GRACE),
+        ("dnsPolicy", "ClusterFirst"),
+        ("schedulerName", "default-scheduler"),
+        ("securityContext", {}),
+        ("enableServiceLinks", True),
+        ("priority", 0),
+    ):
         spec.setdefault(k, v)
     tolerations = spec.setdefault("tolerations", [])
     for t in _DEFAULT_TOLERATIONS:
-        if not any(x.get("key") == t["key"] and x.get("effect") in (None, t["effect"])
-                   for x in tolerations):
+        if not any(
+            x.get("key") == t["key"] and x.get("effect") in (None, t["effect"]) for x in tolerations
+        ):
             tolerations.append(copy.deepcopy(t))
     for c in [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]:
         image = str(c.get("image", ""))
@@ -78,8 +93,9 @@ def grace_period(pod: Obj, options: Obj) -> int:
     a terminal phase (deleted at once); a negative value counts as 1 (BeforeDelete)."""
     spec, status = pod.get("spec") or {}, pod.get("status") or {}
     given = options.get("gracePeriodSeconds")
-    period = int(given if given is not None
-                 else spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE))
+    period = int(
+        given if given is not None else spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE)
+    )
     if not spec.get("nodeName") or status.get("phase") in TERMINAL:
         period = 0
     return 1 if period < 0 else period
@@ -102,18 +118,33 @@ def _container_state(value: Any, now: str, old: Obj | None) -> tuple[Obj, bool]:
     if value == "terminated":
         value = 0
     if isinstance(value, int) and not isinstance(value, bool):
-        return {"terminated": {"exitCode": value, "reason": "Completed" if value == 0 else "Error",
-                               "startedAt": started, "finishedAt": now}}, False
-    if isinstance(value, dict) and len(value) == 1 and next(iter(value)) in (
-            "running", "waiting", "terminated"):
+        return {
+            "terminated": {
+                "exitCode": value,
+                "reason": "Completed" if value == 0 else "Error",
+                "startedAt": started,
+                "finishedAt": now,
+            }
+        }, False
+    if (
+        isinstance(value, dict)
+        and len(value) == 1
+        and next(iter(value)) in ("running", "waiting", "terminated")
+    ):
         return copy.deepcopy(value), "running" in value
     raise ValueError(f"not a container state: {value!r}")
 
 
 def _status_entry(name: str, image: str, state: Obj, ready: bool, old: Obj | None) -> Obj:
-    entry: Obj = {"name": name, "image": image, "imageID": "", "ready": ready,
-                  "restartCount": (old or {}).get("restartCount", 0),
-                  "started": "running" in state, "state": state}
+    entry: Obj = {
+        "name": name,
+        "image": image,
+        "imageID": "",
+        "ready": ready,
+        "restartCount": (old or {}).get("restartCount", 0),
+        "started": "running" in state,
+        "state": state,
+    }
     previous = old or {}
     old_state = previous.get("state") or {}
     if "terminated" in old_state and "terminated" not in state:
@@ -134,8 +165,13 @@ def kubelet_phase(pod: Obj, terminal: bool = False) -> str:
     ``terminal``: the pod is being deleted and its containers will not be restarted."""
     spec, status = pod.get("spec") or {}, pod.get("status") or {}
     policy = spec.get("restartPolicy") or "Always"
-    statuses = {s["name"]: s for s in [*(status.get("initContainerStatuses") or ()),
-                                       *(status.get("containerStatuses") or ())]}
+    statuses = {
+        s["name"]: s
+        for s in [
+            *(status.get("initContainerStatuses") or ()),
+            *(status.get("containerStatuses") or ()),
+        ]
+    }
     pending_init = failed_init = 0
     unknown = running = waiting = stopped = succeeded = 0
     for c in spec.get("initContainers") or ():
@@ -197,8 +233,9 @@ def kubelet_phase(pod: Obj, terminal: bool = False) -> str:
     return "Pending"
 
 
-def _set_condition(conditions: list[Obj], ctype: str, value: bool, now: str,
-                   reason: str | None = None) -> None:
+def _set_condition(
+    conditions: list[Obj], ctype: str, value: bool, now: str, reason: str | None = None
+) -> None:
     text = "True" if value else "False"
     for c in conditions:
         if c.get("type") == ctype:
@@ -227,10 +264,22 @@ def container_statuses(pod: Obj, states: dict[str, Any], now: str) -> Obj:
     spec = pod.get("spec") or {}
     status = copy.deepcopy(pod.get("status") or {})
     policy = spec.get("restartPolicy") or "Always"
-    old = {s["name"]: s for s in [*(status.get("initContainerStatuses") or ()),
-                                  *(status.get("containerStatuses") or ())]}
-    unknown = [n for n in states if n not in {c["name"] for c in [
-        *(spec.get("initContainers") or ()), *(spec.get("containers") or ())]}]
+    old = {
+        s["name"]: s
+        for s in [
+            *(status.get("initContainerStatuses") or ()),
+            *(status.get("containerStatuses") or ()),
+        ]
+    }
+    unknown = [
+        n
+        for n in states
+        if n
+        not in {
+            c["name"]
+            for c in [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]
+        }
+    ]
     if unknown:
         raise ValueError(f"no such containers in the pod: {unknown}")
     regular, inits = spec.get("containers") or [], spec.get("initContainers") or []
@@ -238,12 +287,14 @@ def container_statuses(pod: Obj, states: dict[str, Any], now: str) -> Obj:
     for c in [*inits, *regular]:
         if c["name"] in states:
             state, ready = _container_state(states[c["name"]], now, old.get(c["name"]))
-            new[c["name"]] = _status_entry(c["name"], c.get("image", ""), state, ready,
-                                           old.get(c["name"]))
+            new[c["name"]] = _status_entry(
+                c["name"], c.get("image", ""), state, ready, old.get(c["name"])
+            )
         elif c["name"] in old:
             new[c["name"]] = old[c["name"]]
-    began = any("waiting" not in (new.get(c["name"], {}).get("state") or {"waiting": 1})
-                for c in regular)
+    began = any(
+        "waiting" not in (new.get(c["name"], {}).get("state") or {"waiting": 1}) for c in regular
+    )
     for c in inits:
         if c["name"] not in new:
             value: Any = ("running" if is_sidecar(c) else 0) if began else "waiting"
@@ -254,13 +305,20 @@ def container_statuses(pod: Obj, states: dict[str, Any], now: str) -> Obj:
             state, ready = _container_state("waiting", now, None)
             new[c["name"]] = _status_entry(c["name"], c.get("image", ""), state, ready, None)
     done = [((new[c["name"]]["state"].get("terminated")) or {}) for c in regular]
-    if regular and all(done) and (policy == "Never" or (
-            policy == "OnFailure" and all(t.get("exitCode") == 0 for t in done))):
+    if (
+        regular
+        and all(done)
+        and (
+            policy == "Never"
+            or (policy == "OnFailure" and all(t.get("exitCode") == 0 for t in done))
+        )
+    ):
         for c in inits:  # the kubelet terminates the native sidecars, last one first
             if is_sidecar(c) and "terminated" not in new[c["name"]]["state"]:
                 state, _ = _container_state(0, now, new[c["name"]])
-                new[c["name"]] = _status_entry(c["name"], c.get("image", ""), state, False,
-                                               new[c["name"]])
+                new[c["name"]] = _status_entry(
+                    c["name"], c.get("image", ""), state, False, new[c["name"]]
+                )
     status["initContainerStatuses"] = [new[c["name"]] for c in inits]
     status["containerStatuses"] = [new[c["name"]] for c in regular]
     if not inits:
@@ -275,9 +333,17 @@ def terminated_statuses(pod: Obj, exit_code: int, now: str) -> Obj:
     spec = pod.get("spec") or {}
     states = {}
     for c in [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]:
-        s = next((x for x in [*((pod.get("status") or {}).get("initContainerStatuses") or ()),
-                              *((pod.get("status") or {}).get("containerStatuses") or ())]
-                  if x.get("name") == c["name"]), None)
+        s = next(
+            (
+                x
+                for x in [
+                    *((pod.get("status") or {}).get("initContainerStatuses") or ()),
+                    *((pod.get("status") or {}).get("containerStatuses") or ()),
+                ]
+                if x.get("name") == c["name"]
+            ),
+            None,
+        )
         terminated = ((s or {}).get("state") or {}).get("terminated")
         states[c["name"]] = terminated["exitCode"] if terminated else exit_code
     status = container_statuses(pod, states, now)
@@ -291,19 +357,35 @@ def _with_phase(pod: Obj, status: Obj, now: str, terminal: bool) -> Obj:
     status.setdefault("startTime", now)
     conditions = status.setdefault("conditions", [])
     regular = status.get("containerStatuses") or []
-    sidecars = [s for s, c in zip(status.get("initContainerStatuses") or (),
-                                  spec.get("initContainers") or (), strict=False) if is_sidecar(c)]
-    initialized = all("terminated" in (s.get("state") or {}) and
-                      s["state"]["terminated"].get("exitCode") == 0
-                      for s, c in zip(status.get("initContainerStatuses") or (),
-                                      spec.get("initContainers") or (), strict=False)
-                      if not is_sidecar(c)) and all(s.get("started") for s in sidecars)
+    sidecars = [
+        s
+        for s, c in zip(
+            status.get("initContainerStatuses") or (),
+            spec.get("initContainers") or (),
+            strict=False,
+        )
+        if is_sidecar(c)
+    ]
+    initialized = all(
+        "terminated" in (s.get("state") or {}) and s["state"]["terminated"].get("exitCode") == 0
+        for s, c in zip(
+            status.get("initContainerStatuses") or (),
+            spec.get("initContainers") or (),
+            strict=False,
+        )
+        if not is_sidecar(c)
+    ) and all(s.get("started") for s in sidecars)
     ready = phase == "Running" and all(s.get("ready") for s in [*regular, *sidecars])
     reason = "PodCompleted" if phase in TERMINAL else (None if ready else "ContainersNotReady")
     if spec.get("nodeName"):
         _set_condition(conditions, "PodScheduled", True, now)
-    _set_condition(conditions, "Initialized", initialized or phase in TERMINAL, now,
-                   "PodCompleted" if phase in TERMINAL else None)
+    _set_condition(
+        conditions,
+        "Initialized",
+        initialized or phase in TERMINAL,
+        now,
+        "PodCompleted" if phase in TERMINAL else None,
+    )
     _set_condition(conditions, "ContainersReady", ready, now, reason)
     _set_condition(conditions, "Ready", ready, now, reason)
     return status
@@ -311,8 +393,10 @@ def _with_phase(pod: Obj, status: Obj, now: str, terminal: bool) -> Obj:
 
 def is_ready(pod: Obj) -> bool:
     """podutil.IsPodReady: the Ready condition is True."""
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (pod.get("status") or {}).get("conditions") or ())
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or ()
+    )
 
 
 # ---------------------------------------------------------------- disruption budgets
@@ -320,8 +404,10 @@ def scaled_value(value: Any, total: int, round_up: bool) -> int:
     """intstr.GetScaledValueFromIntOrPercent."""
     if isinstance(value, str):
         if not value.endswith("%") or not value[:-1].isdigit():
-            raise ValueError(f"invalid value for IntOrString: invalid type: string is not a "
-                             f"percentage: {value!r}")
+            raise ValueError(
+                f"invalid value for IntOrString: invalid type: string is not a "
+                f"percentage: {value!r}"
+            )
         exact = int(value[:-1]) * total / 100
         return math.ceil(exact) if round_up else math.floor(exact)
     return int(value)
@@ -333,8 +419,11 @@ def validate_pdb(pdb: Obj) -> list[FieldError]:
     spec = pdb.get("spec") or {}
     problems = []
     if spec.get("minAvailable") is not None and spec.get("maxUnavailable") is not None:
-        problems.append(FieldError("Invalid", "spec", "object",
-                                   "minAvailable and maxUnavailable cannot be both set"))
+        problems.append(
+            FieldError(
+                "Invalid", "spec", "object", "minAvailable and maxUnavailable cannot be both set"
+            )
+        )
     for key in ("minAvailable", "maxUnavailable"):
         value = spec.get(key)
         if isinstance(value, str):
@@ -343,12 +432,18 @@ def validate_pdb(pdb: Obj) -> list[FieldError]:
             except ValueError:
                 ok = False
             if not ok:
-                problems.append(FieldError("Invalid", f"spec.{key}", value,
-                                           "must be an integer or a percentage between 0% and "
-                                           "100%"))
+                problems.append(
+                    FieldError(
+                        "Invalid",
+                        f"spec.{key}",
+                        value,
+                        "must be an integer or a percentage between 0% and 100%",
+                    )
+                )
         elif isinstance(value, int) and value < 0:
-            problems.append(FieldError("Invalid", f"spec.{key}", value,
-                                       "must be greater than or equal to 0"))
+            problems.append(
+                FieldError("Invalid", f"spec.{key}", value, "must be greater than or equal to 0")
+            )
     return problems
 
 
@@ -359,15 +454,19 @@ def pdb_selects(pdb: Obj, pod: Obj, for_eviction: bool = False) -> bool:
     if pdb["metadata"].get("namespace") != pod["metadata"].get("namespace"):
         return False
     selector = (pdb.get("spec") or {}).get("selector")
-    if for_eviction and not (selector or {}).get("matchLabels") \
-            and not (selector or {}).get("matchExpressions"):
+    if (
+        for_eviction
+        and not (selector or {}).get("matchLabels")
+        and not (selector or {}).get("matchExpressions")
+    ):
         return False
     test = selector_test(selector)
     return test is not None and test(pod["metadata"].get("labels") or {})
 
 
-def pdb_status(pdb: Obj, pods: list[Obj], expected_scale: Callable[[list[Obj]], int],
-               now: datetime) -> Obj:
+def pdb_status(
+    pdb: Obj, pods: list[Obj], expected_scale: Callable[[list[Obj]], int], now: datetime
+) -> Obj:
     """disruption.go trySync + updatePdbStatus (or failSafe when the expected count cannot be
     worked out: raised as ValueError by ``expected_scale`` or the percentage)."""
     spec, old = pdb.get("spec") or {}, copy.deepcopy(pdb.get("status") or {})
@@ -391,20 +490,34 @@ def pdb_status(pdb: Obj, pods: list[Obj], expected_scale: Callable[[list[Obj]], 
     disrupted: dict[str, str] = {}
     for pod in pods:  # buildDisruptedPodMap
         at = (old.get("disruptedPods") or {}).get(pod["metadata"]["name"])
-        if at and not pod["metadata"].get("deletionTimestamp") \
-                and parse_stamp(at) + DELETION_TIMEOUT >= now:
+        if (
+            at
+            and not pod["metadata"].get("deletionTimestamp")
+            and parse_stamp(at) + DELETION_TIMEOUT >= now
+        ):
             disrupted[pod["metadata"]["name"]] = at
-    healthy = sum(1 for p in pods if not p["metadata"].get("deletionTimestamp")
-                  and p["metadata"]["name"] not in disrupted and is_ready(p)
-                  and (p.get("status") or {}).get("phase") == "Running")
+    healthy = sum(
+        1
+        for p in pods
+        if not p["metadata"].get("deletionTimestamp")
+        and p["metadata"]["name"] not in disrupted
+        and is_ready(p)
+        and (p.get("status") or {}).get("phase") == "Running"
+    )
     allowed = healthy - desired if expected > 0 and healthy > desired else 0
-    status = {"observedGeneration": generation, "disruptionsAllowed": allowed,
-              "currentHealthy": healthy, "desiredHealthy": desired, "expectedPods": expected,
-              "conditions": old.get("conditions") or []}
+    status = {
+        "observedGeneration": generation,
+        "disruptionsAllowed": allowed,
+        "currentHealthy": healthy,
+        "desiredHealthy": desired,
+        "expectedPods": expected,
+        "conditions": old.get("conditions") or [],
+    }
     if disrupted:
         status["disruptedPods"] = disrupted
-    _pdb_condition(status, allowed > 0, "SufficientPods" if allowed > 0 else "InsufficientPods",
-                   "", now)
+    _pdb_condition(
+        status, allowed > 0, "SufficientPods" if allowed > 0 else "InsufficientPods", "", now
+    )
     return status
 
 
@@ -419,8 +532,14 @@ def _pdb_condition(status: Obj, allowed: bool, reason: str, message: str, now: d
         conditions.append(current)
     elif current.get("status") != text:
         current["lastTransitionTime"] = stamp(now)
-    current.update({"status": text, "reason": reason, "message": message,
-                    "observedGeneration": status.get("observedGeneration", 0)})
+    current.update(
+        {
+            "status": text,
+            "reason": reason,
+            "message": message,
+            "observedGeneration": status.get("observedGeneration", 0),
+        }
+    )
     status["conditions"] = conditions
 
 
@@ -465,8 +584,9 @@ class PodWorkloads:
         self._kubelet = threading.Thread(target=self._kubelet_loop, daemon=True)
 
     # ------------------------------------------------------------ test controls
-    def finish_terminating(self, name: str | None = None, namespace: str | None = None,
-                           exit_code: int | None = None) -> list[str]:
+    def finish_terminating(
+        self, name: str | None = None, namespace: str | None = None, exit_code: int | None = None
+    ) -> list[str]:
         """The kubelet is done with Terminating pods (all, or those named): their containers
         end (``exit_code``, default ``kubelet_exit_code``), the phase turns terminal (a
         MODIFIED event), then the pod goes (DELETED; it stays, grace 0, while finalizers
@@ -476,14 +596,16 @@ class PodWorkloads:
             res = self.resource("pods")
             for key in self._keys(res):
                 meta = self._objects[key]["metadata"]
-                if meta.get("deletionTimestamp") and name in (None, meta["name"]) \
-                        and namespace in (None, meta.get("namespace")):
+                if (
+                    meta.get("deletionTimestamp")
+                    and name in (None, meta["name"])
+                    and namespace in (None, meta.get("namespace"))
+                ):
                     self._kubelet_finish(res, key, exit_code)
                     done.append(meta["name"])
         return done
 
-    def set_container_states(self, name: str, namespace: str | None,
-                             states: dict[str, Any]) -> Obj:
+    def set_container_states(self, name: str, namespace: str | None, states: dict[str, Any]) -> Obj:
         """Report container states as the kubelet would (see ``container_statuses``): values
         are "running", ("running", False) for not ready, "waiting", an exit code (terminated)
         or a ContainerState object. status.phase follows like the kubelet's getPhase and the
@@ -501,8 +623,9 @@ class PodWorkloads:
             res = self.resource("pods")
             key, old = self._existing(res, namespace or "default", name)
             if not (old.get("spec") or {}).get("nodeName"):
-                old = self._commit(res, key, old, {**old, "spec": {**old["spec"],
-                                                                   "nodeName": node}})
+                old = self._commit(
+                    res, key, old, {**old, "spec": {**old["spec"], "nodeName": node}}
+                )
             names = [c["name"] for c in old["spec"].get("containers") or ()]
             return self.set_container_states(name, namespace, dict.fromkeys(names, "running"))
 
@@ -572,8 +695,9 @@ class PodWorkloads:
                         due = start + min(self.kubelet_delay, grace)
                         if due <= now:
                             killed = self.kubelet_delay >= grace  # SIGKILL at the deadline
-                            self._kubelet_finish(self.resource("pods"), key,
-                                                 137 if killed else None)
+                            self._kubelet_finish(
+                                self.resource("pods"), key, 137 if killed else None
+                            )
                         else:
                             wait = min(wait, due - now)
                 self._lock.wait(max(wait, 0.001))
@@ -582,8 +706,11 @@ class PodWorkloads:
     def _evict(self, namespace: str, name: str, body: Any) -> Obj:
         """EvictionREST.Create: 201 and a Success Status when the pod may go (it gets the
         DisruptionTarget condition and is deleted gracefully), 429 when a budget forbids it."""
-        if not isinstance(body, dict) or body.get("kind") != "Eviction" or body.get(
-                "apiVersion") not in ("policy/v1", "policy/v1beta1"):
+        if (
+            not isinstance(body, dict)
+            or body.get("kind") != "Eviction"
+            or body.get("apiVersion") not in ("policy/v1", "policy/v1beta1")
+        ):
             raise ApiError(400, "the body of the request was not a policy/v1 Eviction")
         if (body.get("metadata") or {}).get("name") != name:
             raise ApiError(400, "name in URL does not match name in Eviction object")
@@ -594,52 +721,76 @@ class PodWorkloads:
             self._check_preconditions(pod, options)
             phase = (pod.get("status") or {}).get("phase")
             if phase not in (*TERMINAL, "Pending") and not pod["metadata"].get(
-                    "deletionTimestamp"):  # canIgnorePDB otherwise
+                "deletionTimestamp"
+            ):  # canIgnorePDB otherwise
                 self._check_budgets(pod, options)
             if not options.get("dryRun"):
                 self._disruption_target(res, key)
-                self._delete_pod(res, key, {k: v for k, v in options.items()
-                                            if k != "preconditions"})
+                self._delete_pod(
+                    res, key, {k: v for k, v in options.items() if k != "preconditions"}
+                )
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}
 
     def _check_budgets(self, pod: Obj, options: Obj) -> None:
         pdb_res = self.resource("poddisruptionbudgets")
-        pdbs = [self._objects[k] for k in self._keys(pdb_res, pod["metadata"]["namespace"])
-                if pdb_selects(self._objects[k], pod, for_eviction=True)]
+        pdbs = [
+            self._objects[k]
+            for k in self._keys(pdb_res, pod["metadata"]["namespace"])
+            if pdb_selects(self._objects[k], pod, for_eviction=True)
+        ]
         if len(pdbs) > 1:
-            message = ("This pod has more than one PodDisruptionBudget, which the eviction "
-                       "subresource does not support.")
-            raise ApiError(500, message, body={"kind": "Status", "apiVersion": "v1",
-                                               "metadata": {}, "status": "Failure",
-                                               "message": message, "code": 500})
+            message = (
+                "This pod has more than one PodDisruptionBudget, which the eviction "
+                "subresource does not support."
+            )
+            raise ApiError(
+                500,
+                message,
+                body={
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "metadata": {},
+                    "status": "Failure",
+                    "message": message,
+                    "code": 500,
+                },
+            )
         if not pdbs:
             return
         pdb = pdbs[0]
         name, status = pdb["metadata"]["name"], pdb.get("status") or {}
         unhealthy = not is_ready(pod)
-        if unhealthy and ((pdb.get("spec") or {}).get("unhealthyPodEvictionPolicy") ==
-                          "AlwaysAllow" or (status.get("currentHealthy", 0) >=
-                                            status.get("desiredHealthy", 0) > 0)):
+        if unhealthy and (
+            (pdb.get("spec") or {}).get("unhealthyPodEvictionPolicy") == "AlwaysAllow"
+            or (status.get("currentHealthy", 0) >= status.get("desiredHealthy", 0) > 0)
+        ):
             return  # not counted as healthy anyway: it may go without a decrement
         if status.get("observedGeneration", 0) < pdb["metadata"].get("generation", 1):
-            raise too_many_requests(f"The disruption budget {name} is still being processed "
-                                    "by the server.", retry_after=10)
+            raise too_many_requests(
+                f"The disruption budget {name} is still being processed by the server.",
+                retry_after=10,
+            )
         allowed = status.get("disruptionsAllowed", 0)
         if allowed < 0:
-            raise ApiError(403, f'poddisruptionbudgets.policy "{name}" is forbidden: pdb '
-                                "disruptions allowed is negative", "Forbidden",
-                           {"name": name, "group": "policy", "kind": "poddisruptionbudgets"})
+            raise ApiError(
+                403,
+                f'poddisruptionbudgets.policy "{name}" is forbidden: pdb '
+                "disruptions allowed is negative",
+                "Forbidden",
+                {"name": name, "group": "policy", "kind": "poddisruptionbudgets"},
+            )
         if allowed == 0:
-            raise too_many_requests(f"The disruption budget {name} needs "
-                                    f"{status.get('desiredHealthy', 0)} healthy pods and has "
-                                    f"{status.get('currentHealthy', 0)} currently")
-        if (options.get("dryRun") or []):
+            raise too_many_requests(
+                f"The disruption budget {name} needs "
+                f"{status.get('desiredHealthy', 0)} healthy pods and has "
+                f"{status.get('currentHealthy', 0)} currently"
+            )
+        if options.get("dryRun") or []:
             return
         new = copy.deepcopy(pdb)
         new_status = new.setdefault("status", {})
         new_status["disruptionsAllowed"] = allowed - 1
-        new_status.setdefault("disruptedPods", {})[pod["metadata"]["name"]] = \
-            stamp(self.now())
+        new_status.setdefault("disruptedPods", {})[pod["metadata"]["name"]] = stamp(self.now())
         if allowed - 1 == 0:
             _pdb_condition(new_status, False, "InsufficientPods", "", self.now())
         self._commit(pdb_res, self._key_of(pdb_res, pdb), pdb, new)
@@ -649,10 +800,16 @@ class PodWorkloads:
         new = copy.deepcopy(pod)
         conditions = new.setdefault("status", {}).setdefault("conditions", [])
         conditions[:] = [c for c in conditions if c.get("type") != "DisruptionTarget"]
-        conditions.append({"type": "DisruptionTarget", "status": "True",
-                           "reason": "EvictionByEvictionAPI",
-                           "message": "Eviction API: evicting",
-                           "lastProbeTime": None, "lastTransitionTime": self._timestamp()})
+        conditions.append(
+            {
+                "type": "DisruptionTarget",
+                "status": "True",
+                "reason": "EvictionByEvictionAPI",
+                "message": "Eviction API: evicting",
+                "lastProbeTime": None,
+                "lastTransitionTime": self._timestamp(),
+            }
+        )
         self._commit(res, key, pod, new)
 
     def _delete_pod(self, res: Resource, key: Key, options: Obj) -> Obj:
@@ -679,14 +836,18 @@ class PodWorkloads:
             self._sync_pdbs(namespace, [obj["metadata"]["name"]])
             return
         pdb_res = self.resource("poddisruptionbudgets")
-        names = [self._objects[k]["metadata"]["name"] for k in self._keys(pdb_res, namespace)
-                 if pdb_selects(self._objects[k], obj)
-                 or (old is not None and pdb_selects(self._objects[k], old))]
+        names = [
+            self._objects[k]["metadata"]["name"]
+            for k in self._keys(pdb_res, namespace)
+            if pdb_selects(self._objects[k], obj)
+            or (old is not None and pdb_selects(self._objects[k], old))
+        ]
         if names:
             self._sync_pdbs(namespace, names)
 
-    def _sync_pdbs(self, namespace: str | None, names: list[str] | None,
-                   force: bool = False) -> None:
+    def _sync_pdbs(
+        self, namespace: str | None, names: list[str] | None, force: bool = False
+    ) -> None:
         if self._pdb_syncing or not (self.pdb_controller or force):
             return
         pdb_res, pod_res = self.resource("poddisruptionbudgets"), self.resource("pods")
@@ -696,8 +857,11 @@ class PodWorkloads:
                 pdb = self._objects.get(key)
                 if pdb is None or (names is not None and key[2] not in names):
                     continue
-                pods = [self._objects[k] for k in self._keys(pod_res, key[1])
-                        if pdb_selects(pdb, self._objects[k])]
+                pods = [
+                    self._objects[k]
+                    for k in self._keys(pod_res, key[1])
+                    if pdb_selects(pdb, self._objects[k])
+                ]
                 status = pdb_status(pdb, pods, self._expected_scale, self.now())
                 if status != (pdb.get("status") or {}):
                     self._commit(pdb_res, key, pdb, {**pdb, "status": status})
@@ -710,23 +874,32 @@ class PodWorkloads:
         sync (failSafe): et-operator's TrainingJob has none."""
         scales: dict[str, int] = {}
         for pod in pods:
-            ref = next((r for r in pod["metadata"].get("ownerReferences") or ()
-                        if r.get("controller")), None)
+            ref = next(
+                (r for r in pod["metadata"].get("ownerReferences") or () if r.get("controller")),
+                None,
+            )
             if ref is None or ref.get("uid") in scales:
                 continue
             owner, owner_res = self._owner(ref, pod["metadata"]["namespace"])
             if owner_res is not None and owner_res.kind == "ReplicaSet" and owner is not None:
-                parent = next((r for r in owner["metadata"].get("ownerReferences") or ()
-                               if r.get("controller") and r.get("kind") == "Deployment"), None)
+                parent = next(
+                    (
+                        r
+                        for r in owner["metadata"].get("ownerReferences") or ()
+                        if r.get("controller") and r.get("kind") == "Deployment"
+                    ),
+                    None,
+                )
                 if parent is not None:
                     owner, owner_res = self._owner(parent, pod["metadata"]["namespace"])
             if owner_res is None:
-                raise ValueError(f"no matches for kind \"{ref.get('kind')}\" in version "
-                                 f"\"{ref.get('apiVersion')}\"")
+                raise ValueError(
+                    f'no matches for kind "{ref.get("kind")}" in version "{ref.get("apiVersion")}"'
+                )
             if not owner_res.scale:
                 raise ValueError(f"{owner_res.key} does not implement the scale subresource")
             if owner is None:
-                raise ValueError(f"found no controllers for pod \"{pod['metadata']['name']}\"")
+                raise ValueError(f'found no controllers for pod "{pod["metadata"]["name"]}"')
             scales[owner["metadata"]["uid"]] = int((owner.get("spec") or {}).get("replicas", 1))
         return sum(scales.values())
 
@@ -741,5 +914,8 @@ class PodWorkloads:
         return obj, res
 
     def _key_of(self, res: Resource, obj: Obj) -> Key:
-        return (res.key, obj["metadata"].get("namespace", "") if res.namespaced else "",
-                obj["metadata"]["name"])
+        return (
+            res.key,
+            obj["metadata"].get("namespace", "") if res.namespaced else "",
+            obj["metadata"]["name"],
+        )

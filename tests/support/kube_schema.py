@@ -43,14 +43,32 @@ CRD_DIR = Path(__file__).resolve().parent / "crds"
 _MISSING: Any = object()
 _META_FIELDS = ("apiVersion", "kind", "metadata")
 # metav1.ObjectMeta's JSON fields: a custom resource's metadata keeps only these.
-_OBJECT_META = frozenset({
-    "name", "generateName", "namespace", "selfLink", "uid", "resourceVersion", "generation",
-    "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "labels",
-    "annotations", "ownerReferences", "finalizers", "managedFields",
-})
-_CAUSES = {"Required": "FieldValueRequired", "Invalid": "FieldValueInvalid",
-           "TypeInvalid": "FieldValueTypeInvalid", "NotSupported": "FieldValueNotSupported",
-           "Duplicate": "FieldValueDuplicate"}
+_OBJECT_META = frozenset(
+    {
+        "name",
+        "generateName",
+        "namespace",
+        "selfLink",
+        "uid",
+        "resourceVersion",
+        "generation",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "labels",
+        "annotations",
+        "ownerReferences",
+        "finalizers",
+        "managedFields",
+    }
+)
+_CAUSES = {
+    "Required": "FieldValueRequired",
+    "Invalid": "FieldValueInvalid",
+    "TypeInvalid": "FieldValueTypeInvalid",
+    "NotSupported": "FieldValueNotSupported",
+    "Duplicate": "FieldValueDuplicate",
+}
 _RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
 
 
@@ -146,8 +164,9 @@ class StructuralSchema:
         self._prune(obj, self.root, "", pruned, root=True)
         return pruned
 
-    def _prune(self, x: Any, s: Obj | None, path: str, pruned: list[str],
-               root: bool = False) -> None:
+    def _prune(
+        self, x: Any, s: Obj | None, path: str, pruned: list[str], root: bool = False
+    ) -> None:
         preserve = s is not None and bool(s.get("x-kubernetes-preserve-unknown-fields"))
         if isinstance(x, dict):
             if s is None:
@@ -209,20 +228,32 @@ class StructuralSchema:
                 errors.append(FieldError("Required", k))
         return errors
 
-    def _validate(self, x: Any, s: Obj | None, path: str, old: Any,
-                  errors: list[FieldError]) -> None:
+    def _validate(
+        self, x: Any, s: Obj | None, path: str, old: Any, errors: list[FieldError]
+    ) -> None:
         if s is None or (old is not _MISSING and x == old):
             return  # undeclared (preserved) value, or an unchanged subtree (ratcheting)
         if x is None:
             if not s.get("nullable"):
-                errors.append(FieldError("TypeInvalid", path, "null",
-                                         f"{path} in body must be of type {s.get('type')}: "
-                                         '"null"'))
+                errors.append(
+                    FieldError(
+                        "TypeInvalid",
+                        path,
+                        "null",
+                        f'{path} in body must be of type {s.get("type")}: "null"',
+                    )
+                )
             return
         if not _is_type(x, s):
             want = "integer or string" if s.get("x-kubernetes-int-or-string") else s["type"]
-            errors.append(FieldError("TypeInvalid", path, json_type(x),
-                                     f'{path} in body must be of type {want}: "{json_type(x)}"'))
+            errors.append(
+                FieldError(
+                    "TypeInvalid",
+                    path,
+                    json_type(x),
+                    f'{path} in body must be of type {want}: "{json_type(x)}"',
+                )
+            )
             return
         if "enum" in s and x not in s["enum"]:
             supported = ", ".join(_go_repr(v) for v in s["enum"])
@@ -241,11 +272,14 @@ class StructuralSchema:
         if isinstance(x, int | float) and not isinstance(x, bool):
             lo, hi = s.get("minimum"), s.get("maximum")
             if lo is not None and (x <= lo if s.get("exclusiveMinimum") else x < lo):
-                fail(f"should be greater than {'' if s.get('exclusiveMinimum') else 'or equal to '}"
-                     f"{lo}")
+                fail(
+                    f"should be greater than {'' if s.get('exclusiveMinimum') else 'or equal to '}"
+                    f"{lo}"
+                )
             if hi is not None and (x >= hi if s.get("exclusiveMaximum") else x > hi):
-                fail(f"should be less than {'' if s.get('exclusiveMaximum') else 'or equal to '}"
-                     f"{hi}")
+                fail(
+                    f"should be less than {'' if s.get('exclusiveMaximum') else 'or equal to '}{hi}"
+                )
         elif isinstance(x, str):
             if "maxLength" in s and len(x) > s["maxLength"]:
                 fail(f"should be at most {s['maxLength']} chars long")
@@ -261,8 +295,9 @@ class StructuralSchema:
             if "minItems" in s and len(x) < s["minItems"]:
                 fail(f"should have at least {s['minItems']} items")
 
-    def _validate_object(self, x: Obj, s: Obj, path: str, old: Any,
-                         errors: list[FieldError]) -> None:
+    def _validate_object(
+        self, x: Obj, s: Obj, path: str, old: Any, errors: list[FieldError]
+    ) -> None:
         props, extra = s.get("properties") or {}, s.get("additionalProperties")
         old_map = old if isinstance(old, dict) else {}
         for k in s.get("required") or ():
@@ -273,8 +308,9 @@ class StructuralSchema:
             key_path = _join(path, k) if k in props else f"{path}[{k}]"
             self._validate(v, sub, key_path, old_map.get(k, _MISSING), errors)
 
-    def _validate_list(self, x: list[Any], s: Obj, path: str, old: Any,
-                       errors: list[FieldError]) -> None:
+    def _validate_list(
+        self, x: list[Any], s: Obj, path: str, old: Any, errors: list[FieldError]
+    ) -> None:
         list_type = s.get("x-kubernetes-list-type", "atomic")
         keys = s.get("x-kubernetes-list-map-keys") or []
         old_list = old if isinstance(old, list) else []
@@ -286,8 +322,14 @@ class StructuralSchema:
                 correlated = item if item in old_list else _MISSING
             elif list_type == "map" and isinstance(item, dict):
                 ident = {k: item.get(k) for k in keys}
-                correlated = next((o for o in old_list if isinstance(o, dict)
-                                   and {k: o.get(k) for k in keys} == ident), _MISSING)
+                correlated = next(
+                    (
+                        o
+                        for o in old_list
+                        if isinstance(o, dict) and {k: o.get(k) for k in keys} == ident
+                    ),
+                    _MISSING,
+                )
             else:
                 ident = _MISSING
             if ident is not _MISSING:
@@ -328,19 +370,28 @@ def load_crd(filename: str) -> CrdVersion:
     global (``spec.validation``), and they prune (and default) only with
     ``spec.preserveUnknownFields: false``, which v1beta1 defaulted to true."""
     with open(CRD_DIR / filename) as f:
-        crd = next(d for d in yaml.load_all(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-                   if d and d.get("kind") == "CustomResourceDefinition")
+        crd = next(
+            d
+            for d in yaml.load_all(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+            if d and d.get("kind") == "CustomResourceDefinition"
+        )
     spec = crd["spec"]
     versions = spec.get("versions") or [{"name": spec.get("version"), "storage": True}]
     version = next(v for v in versions if v.get("storage"))
-    schema = ((version.get("schema") or spec.get("validation") or {}).get("openAPIV3Schema")
-              or {"type": "object", "x-kubernetes-preserve-unknown-fields": True})
+    schema = (version.get("schema") or spec.get("validation") or {}).get("openAPIV3Schema") or {
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": True,
+    }
     subresources = version.get("subresources") or spec.get("subresources") or {}
     v1 = crd.get("apiVersion") == "apiextensions.k8s.io/v1"
     return CrdVersion(
-        group=spec["group"], version=version["name"], plural=spec["names"]["plural"],
-        kind=spec["names"]["kind"], namespaced=spec.get("scope", "Namespaced") == "Namespaced",
-        status_subresource="status" in subresources, schema=StructuralSchema(schema),
+        group=spec["group"],
+        version=version["name"],
+        plural=spec["names"]["plural"],
+        kind=spec["names"]["kind"],
+        namespaced=spec.get("scope", "Namespaced") == "Namespaced",
+        status_subresource="status" in subresources,
+        schema=StructuralSchema(schema),
         prunes=v1 or spec.get("preserveUnknownFields") is False,
     )
 

@@ -56,20 +56,30 @@ class MpiOperator:
             self._sync(job)
 
     def workers(self, job: str) -> list[Obj]:
-        return [p for p in self.server.objects("pods", self.namespace)
-                if (p["metadata"].get("labels") or {}).get(JOB_LABEL) == job
-                and p["metadata"]["labels"].get(ROLE_LABEL) == "worker"]
+        return [
+            p
+            for p in self.server.objects("pods", self.namespace)
+            if (p["metadata"].get("labels") or {}).get(JOB_LABEL) == job
+            and p["metadata"]["labels"].get(ROLE_LABEL) == "worker"
+        ]
 
     def run_pending(self, node: str) -> None:
         """The scheduler and kubelet: bind every Pending worker to `node` and start it."""
         for pod in self.server.objects("pods", self.namespace):
             labels = pod["metadata"].get("labels") or {}
             if ROLE_LABEL in labels and (pod.get("status") or {}).get("phase") == "Pending":
-                self.server.patch("pods", pod["metadata"]["name"], {
-                    "spec": {"nodeName": node},
-                    "status": {"phase": "Running",
-                               "conditions": [{"type": "Ready", "status": "True"}]}},
-                    self.namespace)
+                self.server.patch(
+                    "pods",
+                    pod["metadata"]["name"],
+                    {
+                        "spec": {"nodeName": node},
+                        "status": {
+                            "phase": "Running",
+                            "conditions": [{"type": "Ready", "status": "True"}],
+                        },
+                    },
+                    self.namespace,
+                )
 
     def script(self, job: str) -> str:
         cm = self.server.get("configmaps", f"{job}-config", self.namespace) or {}
@@ -83,8 +93,9 @@ class MpiOperator:
         replicas = int(worker.get("replicas", 1))
         self._workers(job, worker, replicas, bool(spec.get("runLauncherAsWorker")))
         pods = self.workers(name)
-        running = [p["metadata"]["name"] for p in pods
-                   if (p.get("status") or {}).get("phase") == "Running"]
+        running = [
+            p["metadata"]["name"] for p in pods if (p.get("status") or {}).get("phase") == "Running"
+        ]
         self._config_map(name, running)
         self._status(job, pods)
 
@@ -106,18 +117,35 @@ class MpiOperator:
         """newWorker."""
         name = job["metadata"]["name"]
         template = copy.deepcopy(worker.get("template") or {})
-        labels = {**(template.get("metadata") or {}).get("labels", {}),
-                  OPERATOR_LABEL: "mpi-operator", JOB_LABEL: name, ROLE_LABEL: "worker",
-                  INDEX_LABEL: str(index + 1 if launcher_too else index)}
-        pod_spec = {**(template.get("spec") or {"containers": [{"name": "worker", "image": "x"}]}),
-                    "hostname": worker_name(name, index), "subdomain": name}
+        labels = {
+            **(template.get("metadata") or {}).get("labels", {}),
+            OPERATOR_LABEL: "mpi-operator",
+            JOB_LABEL: name,
+            ROLE_LABEL: "worker",
+            INDEX_LABEL: str(index + 1 if launcher_too else index),
+        }
+        pod_spec = {
+            **(template.get("spec") or {"containers": [{"name": "worker", "image": "x"}]}),
+            "hostname": worker_name(name, index),
+            "subdomain": name,
+        }
         return {
-            "apiVersion": "v1", "kind": "Pod",
+            "apiVersion": "v1",
+            "kind": "Pod",
             "metadata": {
-                "name": worker_name(name, index), "namespace": self.namespace, "labels": labels,
-                "ownerReferences": [{"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob",
-                                     "name": name, "uid": job["metadata"].get("uid", ""),
-                                     "controller": True, "blockOwnerDeletion": True}],
+                "name": worker_name(name, index),
+                "namespace": self.namespace,
+                "labels": labels,
+                "ownerReferences": [
+                    {
+                        "apiVersion": "kubeflow.org/v2beta1",
+                        "kind": "MPIJob",
+                        "name": name,
+                        "uid": job["metadata"].get("uid", ""),
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
             },
             "spec": pod_spec,
             "status": {"phase": "Pending"},
@@ -129,8 +157,14 @@ class MpiOperator:
         name = f"{job}-config"
         current = self.server.get("configmaps", name, self.namespace)
         if current is None:
-            self.server.seed({"apiVersion": "v1", "kind": "ConfigMap", "data": data,
-                              "metadata": {"name": name, "namespace": self.namespace}})
+            self.server.seed(
+                {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "data": data,
+                    "metadata": {"name": name, "namespace": self.namespace},
+                }
+            )
         elif current.get("data") != data:
             self.server.patch("configmaps", name, {"data": data}, self.namespace)
 
@@ -154,5 +188,9 @@ class MpiOperator:
         elif pods and all(s.get("phase") == "Running" for s in phases) and not held("Running"):
             add("Running", "MPIJobRunning")
         if conditions != before:
-            self.server.patch("mpijobs", job["metadata"]["name"],
-                              {"status": {"conditions": conditions}}, self.namespace)
+            self.server.patch(
+                "mpijobs",
+                job["metadata"]["name"],
+                {"status": {"conditions": conditions}},
+                self.namespace,
+            )

@@ -132,10 +132,13 @@ class CloudMonitorPoller:
             )
             request.set_method("POST")
             for key, value in (
-                ("Product", "ECS"), ("EventType", "StatusNotification"), ("Name", EVENT_NAME),
+                ("Product", "ECS"),
+                ("EventType", "StatusNotification"),
+                ("Name", EVENT_NAME),
                 ("StartTime", str(int(start.timestamp() * 1000))),
                 ("EndTime", str(int(end.timestamp() * 1000))),
-                ("PageNumber", str(page)), ("PageSize", str(_PAGE)),
+                ("PageNumber", str(page)),
+                ("PageSize", str(_PAGE)),
             ):
                 request.add_query_param(key, value)
             reply = call(self._client, request)

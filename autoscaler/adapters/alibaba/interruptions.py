@@ -35,8 +35,11 @@ class InterruptionReporter:
             self.log.info("instance_unknown", instance=instance_id)
             return False
         notice = Notice(
-            node=node, kind=NoticeKind.INTERRUPTION, source=SOURCE,
+            node=node,
+            kind=NoticeKind.INTERRUPTION,
+            source=SOURCE,
             id=f"interruption/{instance_id}",
-            deadline=noticed_at + RECLAIM_LEAD_TIME, received_at=now,
+            deadline=noticed_at + RECLAIM_LEAD_TIME,
+            received_at=now,
         )
         return post_notice(self._board, self._wake, notice, self.counts, self.log)

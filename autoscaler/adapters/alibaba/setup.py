@@ -37,20 +37,49 @@ def alibaba_sources(
     out: list[NamedSource] = [("alibaba-ecs", poller)]
     monitor = settings.cloudmonitor
     if monitor.enabled:
-        out.append(("alibaba-cloudmonitor", CloudMonitorPoller(
-            client, board, wake, nodes, interval=monitor.poll_interval, lookback=monitor.lookback,
-        )))
+        out.append(
+            (
+                "alibaba-cloudmonitor",
+                CloudMonitorPoller(
+                    client,
+                    board,
+                    wake,
+                    nodes,
+                    interval=monitor.poll_interval,
+                    lookback=monitor.lookback,
+                ),
+            )
+        )
     hook = settings.webhook
     if hook.enabled:
-        out.append(("alibaba-webhook", CloudMonitorWebhook(
-            board, wake, nodes, host=hook.host, port=hook.port, path=hook.path,
-            token=_token(hook.token_env),
-        )))
+        out.append(
+            (
+                "alibaba-webhook",
+                CloudMonitorWebhook(
+                    board,
+                    wake,
+                    nodes,
+                    host=hook.host,
+                    port=hook.port,
+                    path=hook.path,
+                    token=_token(hook.token_env),
+                ),
+            )
+        )
     if settings.prices.enabled:
         fetch = ecs_spot_prices(client)
-        out.append(("alibaba-prices", SpotPriceFeed(
-            "alibaba-prices", fetch, book, instance_types, settings.prices.refresh,
-        )))
+        out.append(
+            (
+                "alibaba-prices",
+                SpotPriceFeed(
+                    "alibaba-prices",
+                    fetch,
+                    book,
+                    instance_types,
+                    settings.prices.refresh,
+                ),
+            )
+        )
     return out
 
 

@@ -56,8 +56,10 @@ class CloudMonitorWebhook:
         self._server = ThreadingHTTPServer(self._address, handler)
         self._server.daemon_threads = True
         threading.Thread(  # a short poll interval keeps stop() quick
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
-            name="cloudmonitor-webhook", daemon=True,
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.1},
+            name="cloudmonitor-webhook",
+            daemon=True,
         ).start()
         self._reporter.log.info(
             "webhook_listening", host=self._address[0], port=self.port, path=self._path

@@ -57,16 +57,30 @@ def parse_message(body: str) -> list[InstanceEvent]:
         raise Unparsable("no detail object")
 
     if detail_type == INTERRUPTION:
-        return [InstanceEvent(event_id, _instance(detail), NoticeKind.INTERRUPTION, time,
-                              time + ITN_LEAD_TIME, detail_type)]
+        return [
+            InstanceEvent(
+                event_id,
+                _instance(detail),
+                NoticeKind.INTERRUPTION,
+                time,
+                time + ITN_LEAD_TIME,
+                detail_type,
+            )
+        ]
     if detail_type == REBALANCE:
-        return [InstanceEvent(event_id, _instance(detail), NoticeKind.REBALANCE, time, None,
-                              detail_type)]
+        return [
+            InstanceEvent(
+                event_id, _instance(detail), NoticeKind.REBALANCE, time, None, detail_type
+            )
+        ]
     if detail_type == STATE_CHANGE:
         if detail.get("state") not in LEAVING_STATES:
             return []  # pending/running: nothing is going away
-        return [InstanceEvent(event_id, _instance(detail), NoticeKind.STATE_CHANGE, time, time,
-                              detail_type)]
+        return [
+            InstanceEvent(
+                event_id, _instance(detail), NoticeKind.STATE_CHANGE, time, time, detail_type
+            )
+        ]
     if detail_type == HEALTH:
         return _health(event, detail, event_id, time)
     return []
@@ -87,8 +101,10 @@ def _health(
     if not ids:  # older payloads list the instances only in `resources`
         ids = [r.rsplit("/", 1)[-1] for r in event.get("resources") or [] if isinstance(r, str)]
     instances = sorted({i for i in ids if isinstance(i, str) and i.startswith("i-")})
-    return [InstanceEvent(event_id, i, NoticeKind.MAINTENANCE, time, deadline, HEALTH)
-            for i in instances]
+    return [
+        InstanceEvent(event_id, i, NoticeKind.MAINTENANCE, time, deadline, HEALTH)
+        for i in instances
+    ]
 
 
 def _str(obj: dict[str, Any], key: str) -> str:

@@ -100,7 +100,9 @@ class SqsNoticeSource:
                 # timeout rather than lose a notice. Events already posted dedup on redelivery.
                 self.counts["deferred"] += 1
                 self._log.warning(
-                    "message_deferred", message_id=message_id, instance=event.instance_id,
+                    "message_deferred",
+                    message_id=message_id,
+                    instance=event.instance_id,
                     error=describe_error(exc),
                 )
                 return False
@@ -112,22 +114,31 @@ class SqsNoticeSource:
         if newest is not None and event.time < newest:
             self.counts["stale"] += 1
             self._log.info(
-                "event_stale", instance=event.instance_id, kind=event.kind.value,
-                event_time=event.time.isoformat(), newest=newest.isoformat(),
+                "event_stale",
+                instance=event.instance_id,
+                kind=event.kind.value,
+                event_time=event.time.isoformat(),
+                newest=newest.isoformat(),
             )
             return
         node = self._nodes.node_for_instance(event.instance_id)
         if node is None:
             self.counts["unknown_instance"] += 1
             self._log.info(
-                "instance_unknown", instance=event.instance_id, detail_type=event.detail_type,
+                "instance_unknown",
+                instance=event.instance_id,
+                detail_type=event.detail_type,
                 event_id=event.event_id,
             )
             return
         self._newest[key] = (event.time, now)
         notice = Notice(
-            node=node, kind=event.kind, source=SOURCE, id=event.notice_id,
-            deadline=event.deadline, received_at=now,
+            node=node,
+            kind=event.kind,
+            source=SOURCE,
+            id=event.notice_id,
+            deadline=event.deadline,
+            received_at=now,
         )
         post_notice(self._board, self._wake, notice, self.counts, self._log)
 

@@ -29,14 +29,33 @@ def aws_sources(
     sqs, ec2 = clients or aws_clients(settings)
     out: list[NamedSource] = []
     if settings.queue_url:
-        out.append((SOURCE, SqsNoticeSource(
-            sqs, settings.queue_url, board, wake, Ec2Nodes(ec2, index),
-            wait_time=settings.wait_time, max_messages=settings.max_messages,
-            visibility_timeout=settings.visibility_timeout,
-        )))
+        out.append(
+            (
+                SOURCE,
+                SqsNoticeSource(
+                    sqs,
+                    settings.queue_url,
+                    board,
+                    wake,
+                    Ec2Nodes(ec2, index),
+                    wait_time=settings.wait_time,
+                    max_messages=settings.max_messages,
+                    visibility_timeout=settings.visibility_timeout,
+                ),
+            )
+        )
     if settings.prices.enabled:
         fetch = ec2_spot_prices(ec2, settings.product_description)
-        out.append(("aws-prices", SpotPriceFeed(
-            "aws-prices", fetch, book, instance_types, settings.prices.refresh,
-        )))
+        out.append(
+            (
+                "aws-prices",
+                SpotPriceFeed(
+                    "aws-prices",
+                    fetch,
+                    book,
+                    instance_types,
+                    settings.prices.refresh,
+                ),
+            )
+        )
     return out

@@ -35,22 +35,44 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--exit-with-container until that container of its own pod has terminated.",
     )
     p.add_argument("--job", required=True, type=_job_ref, metavar="NAMESPACE/NAME")
-    p.add_argument("--kind", default=KINDS[0].backend, choices=[k.backend for k in KINDS],
-                   help=f"the operator the job belongs to (default {KINDS[0].backend})")
-    p.add_argument("--dir", type=Path, default=defaults.dir,
-                   help=f"shared directory (default {defaults.dir})")
-    p.add_argument("--drain-file", default=defaults.drain_file,
-                   help=f"file name in DIR (default {defaults.drain_file})")
-    p.add_argument("--assigned-file", default=ASSIGNED_FILE,
-                   help=f"file name in DIR written by discover_hosts.sh (default {ASSIGNED_FILE})")
-    p.add_argument("--exit-with-container", metavar="NAME",
-                   help="exit 0 once container NAME of this pod has terminated (needs the env "
-                   "POD_NAME and POD_NAMESPACE); for clusters without native sidecars")
+    p.add_argument(
+        "--kind",
+        default=KINDS[0].backend,
+        choices=[k.backend for k in KINDS],
+        help=f"the operator the job belongs to (default {KINDS[0].backend})",
+    )
+    p.add_argument(
+        "--dir", type=Path, default=defaults.dir, help=f"shared directory (default {defaults.dir})"
+    )
+    p.add_argument(
+        "--drain-file",
+        default=defaults.drain_file,
+        help=f"file name in DIR (default {defaults.drain_file})",
+    )
+    p.add_argument(
+        "--assigned-file",
+        default=ASSIGNED_FILE,
+        help=f"file name in DIR written by discover_hosts.sh (default {ASSIGNED_FILE})",
+    )
+    p.add_argument(
+        "--exit-with-container",
+        metavar="NAME",
+        help="exit 0 once container NAME of this pod has terminated (needs the env "
+        "POD_NAME and POD_NAMESPACE); for clusters without native sidecars",
+    )
     p.add_argument("--kubeconfig", help="default: the pod's service account (in-cluster)")
-    p.add_argument("--watch-timeout", type=parse_duration, default=defaults.watch_timeout,
-                   help="server-side watch timeout before resuming (default 5m)")
-    p.add_argument("--backoff-max", type=parse_duration, default=defaults.backoff_max,
-                   help="longest pause between retries after API errors (default 30s)")
+    p.add_argument(
+        "--watch-timeout",
+        type=parse_duration,
+        default=defaults.watch_timeout,
+        help="server-side watch timeout before resuming (default 5m)",
+    )
+    p.add_argument(
+        "--backoff-max",
+        type=parse_duration,
+        default=defaults.backoff_max,
+        help="longest pause between retries after API errors (default 30s)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=cmd_discovery_sidecar)
 
@@ -77,8 +99,10 @@ def cmd_discovery_sidecar(args: argparse.Namespace) -> int:
     configure(level=args.log_level)
     try:
         settings = DiscoverySettings(
-            dir=args.dir, drain_file=args.drain_file,
-            watch_timeout=args.watch_timeout, backoff_max=args.backoff_max,
+            dir=args.dir,
+            drain_file=args.drain_file,
+            watch_timeout=args.watch_timeout,
+            backoff_max=args.backoff_max,
         )
         exit_with = _own_container(args.exit_with_container)
         api = api_client(args.kubeconfig)
@@ -87,8 +111,13 @@ def cmd_discovery_sidecar(args: argparse.Namespace) -> int:
         return 1
     job = replace(args.job, resource=next(k.jobs for k in KINDS if k.backend == args.kind))
     run_sidecar(
-        api, job, settings.drain_path, settings.dir / args.assigned_file, exit_with,
-        settings.watch_timeout, settings.backoff_max,
+        api,
+        job,
+        settings.drain_path,
+        settings.dir / args.assigned_file,
+        exit_with,
+        settings.watch_timeout,
+        settings.backoff_max,
     )  # SIGTERM ends the process: every write is atomic, nothing to flush
     return 0
 

@@ -89,9 +89,13 @@ class ObjectWatch:
 
     def _watch(self, version: str) -> str:
         response = self._lister(
-            field_selector=self._selector, watch=True, resource_version=version,
-            allow_watch_bookmarks=True, timeout_seconds=self._watch_timeout,
-            _preload_content=False, _request_timeout=(10, self._watch_timeout + 30),
+            field_selector=self._selector,
+            watch=True,
+            resource_version=version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=self._watch_timeout,
+            _preload_content=False,
+            _request_timeout=(10, self._watch_timeout + 30),
         )
         try:
             for line in iter_resp_lines(response):

@@ -119,12 +119,18 @@ class KubeActuator:
         hosts = frozenset(decision.hosts)
         drain = decision.action is Action.DRAIN
         result = update_drained(
-            self._objects, resource, job,
+            self._objects,
+            resource,
+            job,
             (lambda held: held | hosts) if drain else (lambda held: held - hosts),
         )
         if result is None:
-            log.info("drain_unchanged", job=decision.job, action=decision.action.value,
-                     hosts=sorted(hosts))
+            log.info(
+                "drain_unchanged",
+                job=decision.job,
+                action=decision.action.value,
+                hosts=sorted(hosts),
+            )
             return
         patched, before, after = result
         self._cache.assume(resource, patched)

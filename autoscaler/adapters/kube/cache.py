@@ -69,7 +69,13 @@ class KubeCache:
             for scope in [None] if resource in _CLUSTER_WIDE else scopes:
                 keep = _keeper(resource, scope, label_matcher(selector) if selector else None)
                 self._reflectors.setdefault(resource, {})[scope] = Reflector(
-                    api_client, resource, scope, keep, trimmer(resource), self._changed, self._stop,
+                    api_client,
+                    resource,
+                    scope,
+                    keep,
+                    trimmer(resource),
+                    self._changed,
+                    self._stop,
                     label_selector=selector,
                     field_selector=NOT_TERMINATED_SELECTOR if resource is PODS else "",
                     watch_timeout=settings.watch_timeout.total_seconds(),
@@ -193,10 +199,15 @@ class KubeCache:
             before, self._backends_logged = self._backends_logged, backends
         if backends == before:
             return
-        log.info("backends", live=sorted(b for b, on in backends.items() if on),
-                 not_served=sorted(b for b, on in backends.items() if not on))
-        if before is not None and self._wake is not None and any(
-            on and not before.get(b) for b, on in backends.items()
+        log.info(
+            "backends",
+            live=sorted(b for b, on in backends.items() if on),
+            not_served=sorted(b for b, on in backends.items() if not on),
+        )
+        if (
+            before is not None
+            and self._wake is not None
+            and any(on and not before.get(b) for b, on in backends.items())
         ):
             self._wake("backend served")
 

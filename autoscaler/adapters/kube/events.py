@@ -46,8 +46,12 @@ class _Sender:
         try:
             self._queue.put_nowait((namespace, body, fence))
         except queue.Full:
-            log.warning("event_dropped", reason=body["reason"], why="queue full",
-                        object=body["involvedObject"]["name"])
+            log.warning(
+                "event_dropped",
+                reason=body["reason"],
+                why="queue full",
+                object=body["involvedObject"]["name"],
+            )
 
     def flush(self, timeout: float) -> bool:
         """Wait until every queued Event was sent or given up; False on timeout."""
@@ -76,8 +80,12 @@ class _Sender:
         except NotLeader as exc:
             log.info("event_not_sent", object=name, reason=reason, why=str(exc))
         except Exception as exc:
-            log.warning("event_failed", object=name, reason=reason,
-                        error=f"{type(exc).__name__}: {getattr(exc, 'status', exc)}")
+            log.warning(
+                "event_failed",
+                object=name,
+                reason=reason,
+                error=f"{type(exc).__name__}: {getattr(exc, 'status', exc)}",
+            )
 
 
 class EventRecorder:
@@ -117,8 +125,12 @@ class EventRecorder:
             )
             obj = json.loads(pod.data)
         except Exception as exc:
-            log.warning("event_failed", object=name, reason=reason,
-                        error=f"{type(exc).__name__}: {getattr(exc, 'status', exc)}")
+            log.warning(
+                "event_failed",
+                object=name,
+                reason=reason,
+                error=f"{type(exc).__name__}: {getattr(exc, 'status', exc)}",
+            )
             return
         self.unfenced().record(obj, reason, message, now, warning=True)
 

@@ -49,10 +49,14 @@ def desired_guard(job: Obj, workers: dict[str, str]) -> Obj:
             "name": guard_name(meta["name"]),
             "namespace": meta["namespace"],
             "labels": {MANAGED_BY_LABEL: MANAGER},
-            "ownerReferences": [{
-                "apiVersion": job.get("apiVersion", ""), "kind": job.get("kind", ""),
-                "name": meta["name"], "uid": meta.get("uid", ""),
-            }],
+            "ownerReferences": [
+                {
+                    "apiVersion": job.get("apiVersion", ""),
+                    "kind": job.get("kind", ""),
+                    "name": meta["name"],
+                    "uid": meta.get("uid", ""),
+                }
+            ],
         },
         "spec": {
             "selector": {"matchLabels": workers},
@@ -101,14 +105,19 @@ class EvictionGuard:
                 raise
             return
         self._cache.assume(PDBS, done)
-        log.info("eviction_guard_written", job=meta["ownerReferences"][0]["name"],
-                 namespace=meta["namespace"], budget=meta["name"])
+        log.info(
+            "eviction_guard_written",
+            job=meta["ownerReferences"][0]["name"],
+            namespace=meta["namespace"],
+            budget=meta["name"],
+        )
 
     def _delete(self, held: Obj) -> None:
         meta = held["metadata"]
         try:
-            self._objects.delete(PDBS, meta["namespace"], meta["name"],
-                                 str(meta.get("resourceVersion", "")))
+            self._objects.delete(
+                PDBS, meta["namespace"], meta["name"], str(meta.get("resourceVersion", ""))
+            )
         except ApiException as exc:
             if exc.status not in (404, 409):
                 raise

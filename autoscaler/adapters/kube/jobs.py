@@ -45,8 +45,15 @@ def workers_of(pods: Iterable[PodFacts]) -> tuple[Worker, ...]:
     """A job's worker pods as the core's Workers, by replica index."""
     ordered = sorted(pods, key=lambda p: (p.index, p.name))
     return tuple(
-        Worker(pod=p.name, node=p.node, host=p.name, index=p.index, pending=p.phase != "Running",
-               ready_since=p.ready_since, terminating=p.terminating)
+        Worker(
+            pod=p.name,
+            node=p.node,
+            host=p.name,
+            index=p.index,
+            pending=p.phase != "Running",
+            ready_since=p.ready_since,
+            terminating=p.terminating,
+        )
         for p in ordered
     )
 

@@ -40,7 +40,10 @@ POD_SHAPE: Shape = {
     # no uid: nothing reads it. creationTimestamp tells a pod from an older one of the same name
     # (et-operator reuses indices): et_operator.py `_named_before`
     "metadata": {
-        "name": KEEP, "namespace": KEEP, "resourceVersion": KEEP, "deletionTimestamp": KEEP,
+        "name": KEEP,
+        "namespace": KEEP,
+        "resourceVersion": KEEP,
+        "deletionTimestamp": KEEP,
         "creationTimestamp": KEEP,
         "labels": KEEP,  # et-operator's worker labels, the replica index
         "ownerReferences": [  # the controller: whose worker it is
@@ -64,7 +67,10 @@ NODE_SHAPE: Shape = {
     "apiVersion": KEEP,
     "kind": KEEP,
     "metadata": {
-        "name": KEEP, "uid": KEEP, "resourceVersion": KEEP, "creationTimestamp": KEEP,
+        "name": KEEP,
+        "uid": KEEP,
+        "resourceVersion": KEEP,
+        "creationTimestamp": KEEP,
         "deletionTimestamp": KEEP,
         # capacity type, zone, instance type; the core's policies may match on any label
         "labels": KEEP,

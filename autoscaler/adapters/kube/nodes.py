@@ -78,7 +78,9 @@ def node_notices(node: Obj, settings: KubernetesSettings) -> list[Notice]:
             value = taint.get("value") or ""  # NTH puts its event id here
             out.append(
                 Notice(
-                    node=name, kind=settings.notice_taints[key], source="k8s-taint",
+                    node=name,
+                    kind=settings.notice_taints[key],
+                    source="k8s-taint",
                     id=f"{key}={value}" if value else key,
                     received_at=parse_time(taint.get("timeAdded")),
                 )
@@ -88,8 +90,13 @@ def node_notices(node: Obj, settings: KubernetesSettings) -> list[Notice]:
         if kind is not None and cond.get("status") == "True":
             since = cond.get("lastTransitionTime")
             out.append(
-                Notice(node=name, kind=kind, source="k8s-condition", id=f"{cond['type']}@{since}",
-                       received_at=parse_time(since))
+                Notice(
+                    node=name,
+                    kind=kind,
+                    source="k8s-condition",
+                    id=f"{cond['type']}@{since}",
+                    received_at=parse_time(since),
+                )
             )
     # with eviction guards a drain waits for us: the cordon that starts it must make us act
     cordon_counts = settings.cordon_is_notice or settings.guard_evictions

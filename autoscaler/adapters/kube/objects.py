@@ -35,15 +35,25 @@ class ObjectApi:
         if resource is NODES:
             return self._call(f"get node {name}", self._core.read_node, name, urgent=urgent)
         return self._call(
-            f"get {resource.plural} {namespace}/{name}", self._custom.get_namespaced_custom_object,
-            resource.group, resource.version, namespace, resource.plural, name, urgent=urgent,
+            f"get {resource.plural} {namespace}/{name}",
+            self._custom.get_namespaced_custom_object,
+            resource.group,
+            resource.version,
+            namespace,
+            resource.plural,
+            name,
+            urgent=urgent,
         )
 
     def create(self, resource: Resource, namespace: str, body: Obj) -> Obj:
         return self._write(
             f"create {resource.plural} {namespace}/{body['metadata']['name']}",
             self._custom.create_namespaced_custom_object,
-            resource.group, resource.version, namespace, resource.plural, body,
+            resource.group,
+            resource.version,
+            namespace,
+            resource.plural,
+            body,
         )
 
     def merge_patch(
@@ -51,13 +61,20 @@ class ObjectApi:
     ) -> Obj:
         # The client would pick JSON patch for a dict body on core kinds: say merge patch outright.
         if resource is NODES:
-            return self._write(f"patch node {name}", self._core.patch_node, name, patch,
-                              _content_type=MERGE_PATCH)
+            return self._write(
+                f"patch node {name}", self._core.patch_node, name, patch, _content_type=MERGE_PATCH
+            )
         return self._write(
             f"patch {resource.plural} {namespace}/{name}",
             self._custom.patch_namespaced_custom_object,
-            resource.group, resource.version, namespace, resource.plural, name, patch,
-            _content_type=MERGE_PATCH, urgent=urgent,
+            resource.group,
+            resource.version,
+            namespace,
+            resource.plural,
+            name,
+            patch,
+            _content_type=MERGE_PATCH,
+            urgent=urgent,
         )
 
     def delete(self, resource: Resource, namespace: str, name: str, resource_version: str) -> Obj:
@@ -67,7 +84,12 @@ class ObjectApi:
         return self._write(
             f"delete {resource.plural} {namespace}/{name}",
             self._custom.delete_namespaced_custom_object,
-            resource.group, resource.version, namespace, resource.plural, name, body=options,
+            resource.group,
+            resource.version,
+            namespace,
+            resource.plural,
+            name,
+            body=options,
         )
 
     def _call(self, what: str, fn: Any, *args: Any, urgent: bool = False, **kwargs: Any) -> Obj:

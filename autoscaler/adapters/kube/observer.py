@@ -86,7 +86,8 @@ class KubeObserver:
         # the scaler objects of kinds that have them (et-operator's ScaleOut and ScaleIn)
         self._scalers = {
             r: _Derived(functools.partial(_read_scaler, rejects, r))
-            for kind in KINDS for r in kind.helpers
+            for kind in KINDS
+            for r in kind.helpers
         }
         self._gpu_nodes: dict[str, tuple[NodeFacts, GpuNode]] = {}  # the last snapshot's
         self._built: _Built = {}  # the last snapshot's jobs
@@ -128,8 +129,12 @@ class KubeObserver:
             if node.bad_notice_annotation:
                 obj = self._cache.get(NODES, node.name)
                 if obj is not None:
-                    self._rejects.reject("Node", obj, "bad_notice_annotation",
-                                         "the spot-autoscaler.io/notice annotation is unreadable")
+                    self._rejects.reject(
+                        "Node",
+                        obj,
+                        "bad_notice_annotation",
+                        "the spot-autoscaler.io/notice annotation is unreadable",
+                    )
             if node.gpus.whole <= 0:
                 continue
             requested, memory = self._pods.held(node.name)
@@ -161,13 +166,23 @@ class KubeObserver:
     def _gpu_node(self, node: NodeFacts, requested: float, price: float | None) -> GpuNode:
         """The last snapshot's GpuNode if nothing in it changed: most never do between ticks."""
         hit = self._gpu_nodes.get(node.name)
-        if (hit is not None and hit[0] is node and hit[1].gpus_requested == requested
-                and hit[1].price_per_hour == price):
+        if (
+            hit is not None
+            and hit[0] is node
+            and hit[1].gpus_requested == requested
+            and hit[1].price_per_hour == price
+        ):
             return hit[1]
         return GpuNode(
-            name=node.name, gpus_allocatable=node.gpus.whole, gpus_requested=requested,
-            capacity_type=node.capacity_type, price_per_hour=price, schedulable=node.schedulable,
-            zone=node.zone, instance_type=node.instance_type, labels=node.labels,
+            name=node.name,
+            gpus_allocatable=node.gpus.whole,
+            gpus_requested=requested,
+            capacity_type=node.capacity_type,
+            price_per_hour=price,
+            schedulable=node.schedulable,
+            zone=node.zone,
+            instance_type=node.instance_type,
+            labels=node.labels,
             shared_gpu=node.shared_gpu,
         )
 
@@ -194,7 +209,11 @@ class KubeObserver:
         return jobs
 
     def _job(
-        self, built: _Built, kind: JobKind, obj: Obj, inputs: JobInputs,
+        self,
+        built: _Built,
+        kind: JobKind,
+        obj: Obj,
+        inputs: JobInputs,
         memory_per_gpu: float | None,
     ) -> Job:
         """The job built from its object and inputs; the last snapshot's if they were equal (the
@@ -215,6 +234,7 @@ class KubeObserver:
             names = tuple(s.name for s in in_flight)
             if (job, *names) not in self._warned:  # once per set, not every tick
                 self._warned.add((job, *names))
-                log.warning("several_scalers_in_flight", job=job, scalers=list(names),
-                            reported=names[-1])
+                log.warning(
+                    "several_scalers_in_flight", job=job, scalers=list(names), reported=names[-1]
+                )
         return in_flight[-1].as_scaler()

@@ -26,9 +26,7 @@ _NOTHING = (0.0, 0.0)
 
 
 class PodIndex:
-    def __init__(
-        self, cache: KubeCache, settings: KubernetesSettings, rejects: Rejections
-    ) -> None:
+    def __init__(self, cache: KubeCache, settings: KubernetesSettings, rejects: Rejections) -> None:
         self._cache = cache
         self._rejects = rejects
         self._settings = settings

@@ -212,8 +212,11 @@ class Reflector:
                 self._on_change(self.resource, [(o, None) for o in old.values()])
             self.synced.set()
         if changed:
-            self._log.debug("kind_served" if served else "kind_not_served",
-                           group=self.resource.group, version=self.resource.version)
+            self._log.debug(
+                "kind_served" if served else "kind_not_served",
+                group=self.resource.group,
+                version=self.resource.version,
+            )
             if self._on_served is not None:
                 self._on_served()
         return served
@@ -222,8 +225,12 @@ class Reflector:
         items: dict[str, Obj] = {}
         token: str | None = None
         while True:
-            kwargs: dict[str, Any] = dict(self._selectors, limit=_PAGE, _preload_content=False,
-                                          _request_timeout=(_CONNECT_TIMEOUT, 60.0))
+            kwargs: dict[str, Any] = dict(
+                self._selectors,
+                limit=_PAGE,
+                _preload_content=False,
+                _request_timeout=(_CONNECT_TIMEOUT, 60.0),
+            )
             if token:
                 kwargs["_continue"] = token
             page = json.loads(self._list_fn(**kwargs).data)

@@ -59,8 +59,14 @@ class Rejections:
             message = f"{kind} {key} skipped: {reason}: {detail}"[:500]
             if len(self._untold) < _MOST_UNTOLD:  # no leader to tell (dry run): stay bounded
                 self._untold.append((obj, message))
-        log.warning("object_rejected", kind=kind, object=key, reason=reason, detail=detail[:300],
-                    resource_version=seen[2])
+        log.warning(
+            "object_rejected",
+            kind=kind,
+            object=key,
+            reason=reason,
+            detail=detail[:300],
+            resource_version=seen[2],
+        )
 
     def counts(self) -> dict[tuple[str, str], int]:
         with self._lock:

@@ -40,7 +40,10 @@ def _delay(exc: Exception, attempt: int, base: float, most: float) -> float:
 
 
 def with_retries(
-    call: Callable[[], T], what: str, retries: int, base: float = _BASE_DELAY,
+    call: Callable[[], T],
+    what: str,
+    retries: int,
+    base: float = _BASE_DELAY,
     most: float = _MAX_DELAY,
 ) -> T:
     attempt = 0
@@ -51,8 +54,12 @@ def with_retries(
             if attempt >= retries or not _transient(exc):
                 raise
             delay = _delay(exc, attempt, base, most)
-            log.warning("api_retry", call=what, attempt=attempt + 1, retry_in=delay,
-                        error=f"{type(exc).__name__}: {getattr(exc, 'status', '')}")
+            log.warning(
+                "api_retry",
+                call=what,
+                attempt=attempt + 1,
+                retry_in=delay,
+                error=f"{type(exc).__name__}: {getattr(exc, 'status', '')}",
+            )
             time.sleep(delay)
             attempt += 1
-

@@ -32,19 +32,27 @@ class NodeAnnotator:
         True if a patch was sent. API errors propagate (the agent's loop retries with backoff)."""
         if self._held is None:  # after a restart, the Node remembers what we reported
             self._held = self._answer(
-                self._core.read_node(self.node, _request_timeout=_REQUEST_TIMEOUT_S,
-                                     _preload_content=False)
+                self._core.read_node(
+                    self.node, _request_timeout=_REQUEST_TIMEOUT_S, _preload_content=False
+                )
             )
         patch = notice_patch(self._held, notice)
         if patch is None:
             return False
-        self._held = self._answer(self._core.patch_node(
-            self.node, patch, _content_type="application/merge-patch+json",
-            _request_timeout=_REQUEST_TIMEOUT_S, _preload_content=False,
-        ))
+        self._held = self._answer(
+            self._core.patch_node(
+                self.node,
+                patch,
+                _content_type="application/merge-patch+json",
+                _request_timeout=_REQUEST_TIMEOUT_S,
+                _preload_content=False,
+            )
+        )
         self.patches += 1
         self._log.info(
-            "notice_annotated", kind=notice.kind.value, notice_id=notice.id,
+            "notice_annotated",
+            kind=notice.kind.value,
+            notice_id=notice.id,
             deadline=notice.deadline.isoformat() if notice.deadline else None,
         )
         return True

@@ -21,7 +21,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "to the Node's spot-autoscaler.io/notice annotation, once per notice.",
     )
     p.add_argument(
-        "--node", default=os.environ.get("NODE_NAME"),
+        "--node",
+        default=os.environ.get("NODE_NAME"),
         help="this Node's name (default: $NODE_NAME, from the downward API)",
     )
     p.add_argument("--provider", choices=["aws", "alibaba", "auto"], default="auto")
@@ -55,11 +56,13 @@ def cmd_node_agent(args: argparse.Namespace) -> int:
     except MetadataError as exc:
         log.error("metadata_unavailable", error=str(exc))
         return 1
-    agent = NodeAgent(metadata, NodeAnnotator(api_client(args.kubeconfig), args.node),
-                      interval=args.interval)
+    agent = NodeAgent(
+        metadata, NodeAnnotator(api_client(args.kubeconfig), args.node), interval=args.interval
+    )
     stop = stop_on_signals(log)
     log.info(
-        "node_agent_started", provider=type(metadata).__name__,
+        "node_agent_started",
+        provider=type(metadata).__name__,
         interval_s=args.interval.total_seconds(),
     )
     agent.run(stop)

@@ -76,18 +76,28 @@ class AwsImds:
         action = self._get_json("/latest/meta-data/spot/instance-action")
         if action is not None:
             when = _time(action.get("time"))
-            out.append(Notice(
-                node=node, kind=NoticeKind.INTERRUPTION, source=self.SOURCE,
-                id=f"{action.get('action', 'terminate')}@{when.isoformat()}", deadline=when,
-                received_at=now,
-            ))
+            out.append(
+                Notice(
+                    node=node,
+                    kind=NoticeKind.INTERRUPTION,
+                    source=self.SOURCE,
+                    id=f"{action.get('action', 'terminate')}@{when.isoformat()}",
+                    deadline=when,
+                    received_at=now,
+                )
+            )
         rebalance = self._get_json("/latest/meta-data/events/recommendations/rebalance")
         if rebalance is not None:
             when = _time(rebalance.get("noticeTime"))
-            out.append(Notice(
-                node=node, kind=NoticeKind.REBALANCE, source=self.SOURCE,
-                id=f"rebalance@{when.isoformat()}", received_at=now,
-            ))
+            out.append(
+                Notice(
+                    node=node,
+                    kind=NoticeKind.REBALANCE,
+                    source=self.SOURCE,
+                    id=f"rebalance@{when.isoformat()}",
+                    received_at=now,
+                )
+            )
         return out
 
     def _get_json(self, path: str) -> dict[str, object] | None:
@@ -114,7 +124,8 @@ class AwsImds:
     def _fresh_token(self, force: bool = False) -> str:
         if force or self._token is None or time.monotonic() >= self._token_until:
             status, body = _request(
-                self._base + "/latest/api/token", method="PUT",
+                self._base + "/latest/api/token",
+                method="PUT",
                 headers={"X-aws-ec2-metadata-token-ttl-seconds": str(_TOKEN_TTL_S)},
             )
             if status != 200 or not body:
@@ -143,10 +154,16 @@ class AlibabaMetadata:
         if status != 200:
             raise MetadataError(f"termination-time: HTTP {status}")
         when = _time(body.strip())
-        return [Notice(
-            node=node, kind=NoticeKind.INTERRUPTION, source=self.SOURCE,
-            id=f"termination@{when.isoformat()}", deadline=when, received_at=now,
-        )]
+        return [
+            Notice(
+                node=node,
+                kind=NoticeKind.INTERRUPTION,
+                source=self.SOURCE,
+                id=f"termination@{when.isoformat()}",
+                deadline=when,
+                received_at=now,
+            )
+        ]
 
 
 def detect(provider: str, metadata_url: str | None = None) -> AwsImds | AlibabaMetadata:

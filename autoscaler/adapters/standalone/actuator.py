@@ -56,5 +56,7 @@ class OwnedDiscoveryActuator:
         written = self.file.write(proposed, now)
         log.info(
             "discovery_file_written" if written.changed else "discovery_file_unchanged",
-            hosts=[h.line for h in written.hosts], kept=written.kept, **fields,
+            hosts=[h.line for h in written.hosts],
+            kept=written.kept,
+            **fields,
         )

@@ -96,9 +96,12 @@ def _entries(path: str) -> list[os.DirEntry[str]]:
     try:
         with os.scandir(path) as it:
             return [
-                e for e in it
-                if e.name.endswith(_SUFFIX) and not e.name.startswith(".")
-                and valid_host(e.name[: -len(_SUFFIX)]) and e.is_file()
+                e
+                for e in it
+                if e.name.endswith(_SUFFIX)
+                and not e.name.startswith(".")
+                and valid_host(e.name[: -len(_SUFFIX)])
+                and e.is_file()
             ]
     except FileNotFoundError:
         return []
@@ -121,8 +124,12 @@ def _read(path: str, host: str, mtime: datetime) -> Notice | None:
         if data.get("deadline") and deadline is None:
             raise ValueError(f"not a time: {data['deadline']!r}")
         return Notice(
-            node=host, kind=NoticeKind.parse(data.get("kind", NoticeKind.INTERRUPTION)),
-            source=SOURCE, id=str(data.get("id") or host), deadline=deadline, received_at=mtime,
+            node=host,
+            kind=NoticeKind.parse(data.get("kind", NoticeKind.INTERRUPTION)),
+            source=SOURCE,
+            id=str(data.get("id") or host),
+            deadline=deadline,
+            received_at=mtime,
         )
     except (ValueError, TypeError, AttributeError) as exc:
         log.warning("notice_file_unreadable", path=path, error=str(exc), treated_as="interruption")

@@ -44,18 +44,24 @@ class StandaloneObserver:
         used = {h.host: h.slots for h in hosts}
         nodes = tuple(
             GpuNode(
-                name=h.name, gpus_allocatable=float(h.slots),
+                name=h.name,
+                gpus_allocatable=float(h.slots),
                 gpus_requested=float(used.get(h.name, 0)),
-                capacity_type=h.capacity_type, price_per_hour=h.price_per_hour,
+                capacity_type=h.capacity_type,
+                price_per_hour=h.price_per_hour,
             )
             for h in self.settings.hosts
         )
         notices = self.board.active(now) + (self.notice_dir.notices() if self.notice_dir else ())
         spec = self.job
         job = Job(
-            namespace=spec.namespace, name=spec.name, min_workers=spec.min_workers,
-            max_workers=spec.max_workers, gpus_per_worker=float(spec.gpus_per_worker),
-            backend="standalone", labels=spec.labels,
+            namespace=spec.namespace,
+            name=spec.name,
+            min_workers=spec.min_workers,
+            max_workers=spec.max_workers,
+            gpus_per_worker=float(spec.gpus_per_worker),
+            backend="standalone",
+            labels=spec.labels,
             workers=workers_of(hosts, spec.gpus_per_worker, joined),
             last_scale_out_at=max(joined.values(), default=None),
             # a drained host leaves the file at once, with its workers: nothing stays drained

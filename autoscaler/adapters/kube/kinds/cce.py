@@ -57,9 +57,13 @@ def _worker_of(meta: Obj, name: str, labels: dict[str, str]) -> str | None:
 
 def _worker_spec(job: Obj) -> ReplicaSpec:
     spec = ((job.get("spec") or {}).get("replicaSpecs") or {}).get(WORKER_REPLICA) or {}
-    return ReplicaSpec(count(spec, "replicas"), count(spec, "minReplicas"),
-                       count(spec, "maxReplicas"), spec.get("template") or {},
-                       tuple(spec.get("scaleInpods") or ()))
+    return ReplicaSpec(
+        count(spec, "replicas"),
+        count(spec, "minReplicas"),
+        count(spec, "maxReplicas"),
+        spec.get("template") or {},
+        tuple(spec.get("scaleInpods") or ()),
+    )
 
 
 def is_elastic(job: Obj) -> bool:

@@ -81,9 +81,7 @@ class _Request:
 
 
 class EtOperatorActuator:
-    def __init__(
-        self, objects: ObjectApi, cache: KubeCache, recorder: EventRecorder
-    ) -> None:
+    def __init__(self, objects: ObjectApi, cache: KubeCache, recorder: EventRecorder) -> None:
         self._objects = objects
         self._cache = cache
         self._recorder = recorder
@@ -94,9 +92,15 @@ class EtOperatorActuator:
             return
         state = self._state(job)
         name = scaler_name(
-            job["metadata"]["name"], "out",
-            ["ScaleOut", decision.job, str(decision.from_workers), str(decision.to_workers),
-             state.latest_finished],
+            job["metadata"]["name"],
+            "out",
+            [
+                "ScaleOut",
+                decision.job,
+                str(decision.from_workers),
+                str(decision.to_workers),
+                state.latest_finished,
+            ],
         )
         spec = {
             "selector": {"name": job["metadata"]["name"]},
@@ -123,7 +127,8 @@ class EtOperatorActuator:
             return
         state = scaler_state(job, key_of(job), facts)
         name = scaler_name(
-            job["metadata"]["name"], "in",
+            job["metadata"]["name"],
+            "in",
             ["ScaleIn", decision.job, *victims, state.latest_finished],
         )
         spec = {"selector": {"name": job["metadata"]["name"]}, "toDelete": {"podNames": victims}}
@@ -144,8 +149,12 @@ class EtOperatorActuator:
             if not facts.ours or facts.started or alive:
                 continue  # not ours, picked up, or a victim is back: nothing to undo
             try:
-                self._objects.delete(SCALE_INS, namespace, facts.name,
-                                     str(obj["metadata"].get("resourceVersion", "")))
+                self._objects.delete(
+                    SCALE_INS,
+                    namespace,
+                    facts.name,
+                    str(obj["metadata"].get("resourceVersion", "")),
+                )
             except ApiException as exc:
                 if exc.status == 404:
                     continue  # gone already
@@ -155,13 +164,16 @@ class EtOperatorActuator:
                 raise
             self._cache.forget(SCALE_INS, obj)
             self._recorder.record(
-                job, "ScaleInCancelled",
+                job,
+                "ScaleInCancelled",
                 f"ScaleIn {facts.name} deleted before et-operator ran it: none of "
                 f"{', '.join(facts.pods)} is left, and an empty ScaleIn deletes every worker",
-                now, warning=True,
+                now,
+                warning=True,
             )
-            log.warning("scaler_cancelled", job=decision.job, scaler=facts.name,
-                        pods=list(facts.pods))
+            log.warning(
+                "scaler_cancelled", job=decision.job, scaler=facts.name, pods=list(facts.pods)
+            )
 
     def _facts(self, job: Obj) -> list[ScalerFacts]:
         key = key_of(job)
@@ -228,15 +240,23 @@ class EtOperatorActuator:
             if theirs.get(MANAGED_BY_LABEL) != MANAGER or any(
                 spec.get(k) != v for k, v in request.spec.items()
             ):
-                raise RuntimeError(f"{resource.kind} {namespace}/{name} exists and is not the "
-                                   "one this decision asks for") from exc
+                raise RuntimeError(
+                    f"{resource.kind} {namespace}/{name} exists and is not the "
+                    "one this decision asks for"
+                ) from exc
             self._cache.assume(resource, existing)
             already_done(decision, name)
             return
         self._cache.assume(resource, created)
         self._recorder.record(job, request.event_reason, request.message, now)
-        log.info("scaler_created", job=decision.job, kind=resource.kind, scaler=name,
-                 count=decision.count, pods=list(decision.pods))
+        log.info(
+            "scaler_created",
+            job=decision.job,
+            kind=resource.kind,
+            scaler=name,
+            count=decision.count,
+            pods=list(decision.pods),
+        )
 
 
 # --- reading TrainingJobs and their workers ------------------------------------------------------
@@ -252,8 +272,12 @@ def _worker_of(meta: Obj, name: str, labels: dict[str, str]) -> str | None:
 
 def _worker_spec(job: Obj) -> ReplicaSpec:
     spec = ((job.get("spec") or {}).get("etReplicaSpecs") or {}).get("worker") or {}
-    return ReplicaSpec(count(spec, "replicas"), count(spec, "minReplicas"),
-                       count(spec, "maxReplicas"), spec.get("template") or {})
+    return ReplicaSpec(
+        count(spec, "replicas"),
+        count(spec, "minReplicas"),
+        count(spec, "maxReplicas"),
+        spec.get("template") or {},
+    )
 
 
 def next_worker_index(job: Obj) -> int | None:
@@ -280,15 +304,17 @@ def with_unseen(
     unseen = [
         pod
         for f in scalers
-        if f.kind is ScalerKind.SCALE_OUT and f.outcome == SUCCEEDED
+        if f.kind is ScalerKind.SCALE_OUT
+        and f.outcome == SUCCEEDED
         and f.resource_version > pods_seen
         for pod in f.pods
         if pod not in known
     ]
     if not unseen:
         return workers
-    extra = (Worker(pod=p, node=None, host=p, index=name_index(p) or 0, pending=True)
-             for p in unseen)
+    extra = (
+        Worker(pod=p, node=None, host=p, index=name_index(p) or 0, pending=True) for p in unseen
+    )
     return (*workers, *extra)
 
 

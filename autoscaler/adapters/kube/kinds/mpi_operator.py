@@ -63,8 +63,10 @@ class MpiJobActuator(ReplicasActuator):
             return False
         # the operator deletes indices >= replicas: the victims must be exactly those
         replicas = _worker_spec(job).replicas or 0
-        top = {f"{job['metadata']['name']}-worker-{i}"
-               for i in range(replicas - len(victims), replicas)}
+        top = {
+            f"{job['metadata']['name']}-worker-{i}"
+            for i in range(replicas - len(victims), replicas)
+        }
         if set(victims) != top:
             refuse(decision, "not_highest_indices", pods=list(victims), replicas=replicas)
             return False
@@ -96,14 +98,21 @@ def _annotated(job: Obj, key: str) -> int | None:
 
 def _worker_spec(job: Obj) -> ReplicaSpec:
     spec = ((job.get("spec") or {}).get("mpiReplicaSpecs") or {}).get(WORKER) or {}
-    return ReplicaSpec(count(spec, "replicas"), _annotated(job, MIN_ANNOTATION),
-                       _annotated(job, MAX_ANNOTATION), spec.get("template") or {})
+    return ReplicaSpec(
+        count(spec, "replicas"),
+        _annotated(job, MIN_ANNOTATION),
+        _annotated(job, MAX_ANNOTATION),
+        spec.get("template") or {},
+    )
 
 
 def _phase(job: Obj) -> str:
     """The newest condition that holds, as a phase (the MPIJob has conditions, no phase)."""
-    held = [c.get("type") for c in (job.get("status") or {}).get("conditions") or ()
-            if isinstance(c, dict) and c.get("status") == "True" and c.get("type") in _STATES]
+    held = [
+        c.get("type")
+        for c in (job.get("status") or {}).get("conditions") or ()
+        if isinstance(c, dict) and c.get("status") == "True" and c.get("type") in _STATES
+    ]
     return str(held[-1]) if held else ""
 
 

@@ -84,5 +84,6 @@ class ReplicasActuator:
         reason = "ScaleInRequested" if victims else "ScaleOutRequested"
         message = f"{self.replicas_name} {decision.to_workers}: {what}, {summary(decision)}"
         self._recorder.record(patched, reason, message, now)
-        log.info("replicas_patched", job=decision.job, replicas=decision.to_workers,
-                 pods=list(victims))
+        log.info(
+            "replicas_patched", job=decision.job, replicas=decision.to_workers, pods=list(victims)
+        )
