@@ -73,6 +73,13 @@ def replicas(kube: Kube, name: str = "hvd") -> int:
     return int(job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"])
 
 
+def scale_in(pod: str) -> Decision:
+    """One worker of hvd's three out, by name (as a notice or a clamp to max decides it)."""
+    return Decision(
+        "ml/hvd", Action.SCALE_IN, Reason.PREEMPTION_NOTICE, "default", 3, 2, count=1, pods=(pod,)
+    )
+
+
 def drained(kube: Kube, name: str = "hvd") -> frozenset[str]:
     job = kube.server.get("mpijobs", name, NS)
     return decode_drained((job["metadata"].get("annotations") or {}).get(DRAINED_ANNOTATION))
@@ -209,29 +216,9 @@ def test_a_scale_in_naming_anything_but_the_top_indices_is_refused(
     kube.server.seed(node("a"))
     running(kube, mpi, mpi_job(replicas=3), on="a")
     actuator = kube.actuator(kube.cache())
-    middle = Decision(
-        "ml/hvd",
-        Action.SCALE_IN,
-        Reason.PREEMPTION_NOTICE,
-        "default",
-        3,
-        2,
-        count=1,
-        pods=("hvd-worker-1",),
-    )
-    actuator.apply(middle, now())
+    actuator.apply(scale_in("hvd-worker-1"), now())
     assert replicas(kube) == 3
-    top = Decision(
-        "ml/hvd",
-        Action.SCALE_IN,
-        Reason.CLAMP_MAX,
-        "default",
-        3,
-        2,
-        count=1,
-        pods=("hvd-worker-2",),
-    )
-    actuator.apply(top, now())
+    actuator.apply(scale_in("hvd-worker-2"), now())
     assert replicas(kube) == 2
 
 
@@ -252,17 +239,7 @@ def test_with_the_launcher_as_a_worker_a_scale_in_is_refused(kube: Kube, mpi: Mp
     )
     mpi.step()
     actuator = kube.actuator(kube.cache())
-    top = Decision(
-        "ml/hvd",
-        Action.SCALE_IN,
-        Reason.CLAMP_MAX,
-        "default",
-        3,
-        2,
-        count=1,
-        pods=("hvd-worker-2",),
-    )
-    actuator.apply(top, now())
+    actuator.apply(scale_in("hvd-worker-2"), now())
     assert replicas(kube) == 3
 
 

@@ -29,6 +29,11 @@ _QUEUE = 1000  # Events waiting to be sent; past this they are dropped (logged)
 _SEND_TIMEOUT = 10.0  # seconds for one Event's request
 
 
+def _failed(name: str, reason: str, exc: Exception) -> None:
+    error = f"{type(exc).__name__}: {getattr(exc, 'status', exc)}"
+    log.warning("event_failed", object=name, reason=reason, error=error)
+
+
 class _Sender:
     """One thread posting queued Events in order; started with the first."""
 
@@ -80,12 +85,7 @@ class _Sender:
         except NotLeader as exc:
             log.info("event_not_sent", object=name, reason=reason, why=str(exc))
         except Exception as exc:
-            log.warning(
-                "event_failed",
-                object=name,
-                reason=reason,
-                error=f"{type(exc).__name__}: {getattr(exc, 'status', exc)}",
-            )
+            _failed(name, reason, exc)
 
 
 class EventRecorder:
@@ -125,12 +125,7 @@ class EventRecorder:
             )
             obj = json.loads(pod.data)
         except Exception as exc:
-            log.warning(
-                "event_failed",
-                object=name,
-                reason=reason,
-                error=f"{type(exc).__name__}: {getattr(exc, 'status', exc)}",
-            )
+            _failed(name, reason, exc)
             return
         self.unfenced().record(obj, reason, message, now, warning=True)
 
