@@ -27,7 +27,8 @@ from autoscaler.adapters.aws.prices import ec2_spot_prices
 from autoscaler.adapters.aws.queue import SqsNoticeSource
 from autoscaler.adapters.aws.setup import aws_sources
 from autoscaler.adapters.cloud_sources import SpotPriceFeed
-from autoscaler.adapters.polling import Backoff, run_every
+from autoscaler.adapters.polling import run_every
+from autoscaler.backoff import Backoff
 from autoscaler.boards import NoticeBoard, PriceBook
 from autoscaler.config.cloud import AwsSettings
 from autoscaler.core import Action, CapacityType, GpuNode, NoticeKind, Reason, decide
@@ -320,7 +321,7 @@ def test_the_loop_backs_off_on_errors_and_never_dies() -> None:
         stop.set()
 
     with capture_logs() as logs:
-        run_every(step, stop, 0.0, "test", Backoff(base=0.01, cap=0.02))
+        run_every(step, stop, 0.0, "test", Backoff(base=0.01, cap=0.02, jitter=True))
     assert len(calls) == 3
     errors = [e for e in logs if e["event"] == "source_error"]
     assert [e["failures"] for e in errors] == [1, 2]
@@ -328,7 +329,7 @@ def test_the_loop_backs_off_on_errors_and_never_dies() -> None:
 
 
 def test_backoff_grows_with_jitter_up_to_its_cap() -> None:
-    backoff = Backoff(base=1, cap=8)
+    backoff = Backoff(base=1, cap=8, jitter=True)
     delays = [backoff.next_delay() for _ in range(6)]
     for n, delay in enumerate(delays):
         ceiling = min(8, 2**n)

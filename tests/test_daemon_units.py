@@ -280,3 +280,18 @@ def test_a_prober_that_hung_up_leaves_no_traceback(capfd: pytest.CaptureFixture[
     finally:
         endpoints.stop()
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_the_one_back_off_doubles_to_its_cap_honours_a_hint_and_resets() -> None:
+    from autoscaler.backoff import Backoff
+
+    b = Backoff(0.5, 3.0)
+    assert [b.next_delay() for _ in range(5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+    assert b.failures == 5
+    assert b.next_delay(hint=10) == 3.0 and b.next_delay(hint=1) == 1  # Retry-After, capped
+    b.reset()
+    assert b.next_delay() == 0.5
+    jittered = Backoff(1.0, 8.0, jitter=True)
+    for n in range(5):
+        ceiling = min(8.0, 2.0**n)
+        assert ceiling / 2 <= jittered.next_delay() <= ceiling

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from autoscaler.backoff import Backoff
 from autoscaler.core import PolicySet
 from autoscaler.daemon.leader import Leadership
 from autoscaler.daemon.metrics import Metrics
@@ -65,12 +66,11 @@ class ReconcileLoop:
         self._metrics = metrics
         self._logger = logger
         self._coalesce = coalesce
-        self._backoff_max = backoff_max
+        self._backoff = Backoff(1.0, backoff_max)
         self._stop = threading.Event()
         self._frozen = False
         self._thread: threading.Thread | None = None
         self._pending: PolicySet | None = None
-        self._failures = 0
         self.heartbeat = time.monotonic()  # when the loop last came round: /healthz
         self.passes = 0  # completed passes (tests and --once read it)
 
@@ -143,10 +143,11 @@ class ReconcileLoop:
                     "pass_skipped", why="standby: not the leader", wake=sorted(reasons)
                 )
                 continue
-            self._failures = 0 if self.run_pass(reasons) else self._failures + 1
-            if self._failures:
-                delay = min(2.0 ** (self._failures - 1), self._backoff_max)
-                self._logger.info("backing_off", seconds=delay, failures=self._failures)
+            if self.run_pass(reasons):
+                self._backoff.reset()
+            else:
+                delay = self._backoff.next_delay()
+                self._logger.info("backing_off", seconds=delay, failures=self._backoff.failures)
                 # A new event (a notice, a node going) ends the back-off at once: a drain must
                 # never wait behind the failure of some other write. Otherwise retry at its end.
                 if not self._wake.wait(delay) and not self._stop.is_set():

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from autoscaler.adapters.cloud_sources import NamedSource, Source
+from autoscaler.backoff import Backoff
 
 
 class Supervisor:
@@ -39,7 +40,7 @@ class Supervisor:
             thread.join(timeout)
 
     def _keep_running(self, name: str, source: Source) -> None:
-        failures = 0
+        backoff = Backoff(1.0, self._backoff_max)
         while not self._stop.is_set():
             started = time.monotonic()
             try:
@@ -53,5 +54,6 @@ class Supervisor:
                 )
             self._on_error(name)
             # a source that ran a good while before failing starts its back-off afresh
-            failures = 1 if time.monotonic() - started > self._backoff_max else failures + 1
-            self._stop.wait(min(2.0 ** (failures - 1), self._backoff_max))
+            if time.monotonic() - started > self._backoff_max:
+                backoff.reset()
+            self._stop.wait(backoff.next_delay())

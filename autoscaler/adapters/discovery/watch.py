@@ -18,6 +18,8 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 from structlog.typing import FilteringBoundLogger
 
+from autoscaler.backoff import Backoff
+
 _FIRST_RETRY = 0.5  # seconds; doubles per failure up to backoff_max
 
 Obj = dict[str, Any]
@@ -47,7 +49,7 @@ class ObjectWatch:
 
     def run(self) -> None:
         """Until `stop` is set; it is seen at the next event or watch timeout."""
-        delay = _FIRST_RETRY
+        backoff = Backoff(_FIRST_RETRY, self._backoff_max)
         version: str | None = None
         while not self._stop.is_set():
             try:
@@ -59,20 +61,22 @@ class ObjectWatch:
                     self.log.info("watch_expired", resource_version=version)
                     version = None
                     continue
+                delay = backoff.next_delay()
                 self.log.warning("api_error", status=exc.status, reason=exc.reason, retry_in=delay)
             except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
                 # a dropped stream or an unreachable server: resume from `version` after a pause
+                delay = backoff.next_delay()
                 self.log.warning(
                     "watch_broken", error=f"{type(exc).__name__}: {exc}", retry_in=delay
                 )
             except Exception as exc:  # an odd object must not end the sidecar: log, re-list
+                delay = backoff.next_delay()
                 self.log.error("watch_failed", error=f"{type(exc).__name__}: {exc}", retry_in=delay)
                 version = None
             else:  # the watch timed out as asked: resume at once
-                delay = _FIRST_RETRY
+                backoff.reset()
                 continue
             self._stop.wait(delay)
-            delay = min(delay * 2, self._backoff_max)
 
     def _relist(self) -> str:
         response = self._lister(field_selector=self._selector, _preload_content=False)

@@ -25,6 +25,7 @@ from kubernetes.client.exceptions import ApiException
 
 from autoscaler.adapters.kube.resources import Obj, Resource, key_of
 from autoscaler.adapters.kube.served import is_served
+from autoscaler.backoff import Backoff
 
 # (old, new) per changed object: old None = added, new None = deleted
 Changes = list[tuple[Obj | None, Obj | None]]
@@ -97,7 +98,7 @@ class Reflector:
         selectors = (("label_selector", label_selector), ("field_selector", field_selector))
         self._selectors = {k: v for k, v in selectors if v}
         self._watch_timeout = max(1, int(watch_timeout))
-        self._backoff = backoff
+        self._backoff = Backoff(*backoff)
         self._lock = threading.Lock()
         self._items: dict[str, Obj] = {}
         # weak: a tracker lives as long as its reader, and nobody has to unregister it
@@ -145,7 +146,6 @@ class Reflector:
     # --- the loop ------------------------------------------------------------------------------
     def run(self) -> None:
         rv: str | None = None
-        delay = self._backoff[0]
         resumed = 0.0  # when a broken watch was last resumed without a back-off
         while not self._stop.is_set():
             self._opened = False
@@ -156,7 +156,7 @@ class Reflector:
                         continue
                     rv = self._list()
                 rv = self._watch_once(rv)
-                delay = self._backoff[0]
+                self._backoff.reset()
             except ApiException as exc:
                 if exc.status == 410:  # expired: our resourceVersion is older than the server keeps
                     self._log.info("watch_expired_relisting")
@@ -164,7 +164,7 @@ class Reflector:
                     continue
                 if exc.status == 404 and self.resource.group:  # its CRD went away: look it up
                     self.served, rv = None, None
-                delay = self._failed(exc, delay)
+                self._failed(exc)
             except (urllib3.exceptions.ReadTimeoutError, TimeoutError):
                 # the server ignored timeoutSeconds and went quiet: just watch again
                 continue
@@ -179,7 +179,7 @@ class Reflector:
                     resumed = now
                     self._log.info("watch_broken_resuming", error=type(exc).__name__)
                     continue
-                delay = self._failed(exc, delay)
+                self._failed(exc)
 
     def stop_watch(self) -> None:
         """Unblock a watch waiting for data (the stop event must be set first)."""
@@ -187,14 +187,14 @@ class Reflector:
         if w is not None:
             w.stop()
 
-    def _failed(self, exc: Exception, delay: float) -> float:
+    def _failed(self, exc: Exception) -> None:
         if self._stop.is_set():  # stop_watch() broke the connection on purpose
-            return delay
+            return
         self.errors += 1
+        delay = self._backoff.next_delay()
         error = f"{type(exc).__name__}: {exc}"[:300]
         self._log.warning("watch_failed", error=error, retry_in=delay)
         self._stop.wait(delay)
-        return min(delay * 2, self._backoff[1])
 
     def _discover(self) -> bool:
         """Whether the kind is served (looked up unless known); an absent kind holds nothing and

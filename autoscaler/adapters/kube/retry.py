@@ -14,6 +14,8 @@ import structlog
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
+from autoscaler.backoff import Backoff
+
 T = TypeVar("T")
 
 _BASE_DELAY = 0.2
@@ -30,13 +32,11 @@ def _transient(exc: Exception) -> bool:
     return isinstance(exc, urllib3.exceptions.HTTPError)
 
 
-def _delay(exc: Exception, attempt: int, base: float, most: float) -> float:
-    retry_after = ""
-    if isinstance(exc, ApiException) and exc.headers:
-        retry_after = str(exc.headers.get("Retry-After") or "")
-    if retry_after.isdigit():
-        return min(float(retry_after), most)
-    return min(base * 2**attempt, most)
+def _retry_after(exc: Exception) -> float | None:
+    """The server's Retry-After (seconds), if it sent one."""
+    headers = exc.headers if isinstance(exc, ApiException) else None
+    value = str((headers or {}).get("Retry-After") or "")
+    return float(value) if value.isdigit() else None
 
 
 def with_retries(
@@ -46,20 +46,19 @@ def with_retries(
     base: float = _BASE_DELAY,
     most: float = _MAX_DELAY,
 ) -> T:
-    attempt = 0
+    backoff = Backoff(base, most)
     while True:
         try:
             return call()
         except Exception as exc:
-            if attempt >= retries or not _transient(exc):
+            if backoff.failures >= retries or not _transient(exc):
                 raise
-            delay = _delay(exc, attempt, base, most)
+            delay = backoff.next_delay(_retry_after(exc))
             log.warning(
                 "api_retry",
                 call=what,
-                attempt=attempt + 1,
+                attempt=backoff.failures,
                 retry_in=delay,
                 error=f"{type(exc).__name__}: {getattr(exc, 'status', '')}",
             )
             time.sleep(delay)
-            attempt += 1
