@@ -15,15 +15,15 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from autoscaler import __version__
-from autoscaler.adapters.discovery.command import add_parser as _add_discovery_sidecar
-from autoscaler.adapters.discovery.command import add_scripts_parser as _add_discovery_scripts
-from autoscaler.adapters.nodeagent.command import add_parser as _add_node_agent
 from autoscaler.atomic import atomic_write
 from autoscaler.bench.command import add_parser as _add_bench
 from autoscaler.config import Config, ConfigError, check_config, load_config
 from autoscaler.core.policy import parse_duration
 from autoscaler.daemon.command import add_parser as _add_run
 from autoscaler.decisionlog import Filter, ReadStats, parse_ts, read_decisions, render_table
+from autoscaler.programs.discovery_sidecar import add_parser as _add_discovery_sidecar
+from autoscaler.programs.discovery_sidecar import add_scripts_parser as _add_discovery_scripts
+from autoscaler.programs.node_agent import add_parser as _add_node_agent
 from autoscaler.sim.run import simulate
 from autoscaler.sim.trace import TraceError, read_trace, synthetic_trace
 

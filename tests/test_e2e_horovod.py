@@ -310,7 +310,7 @@ def _print(report: dict[str, Any], path: Path) -> None:
 
 
 # --- overlay mode: discover_hosts.sh over an in-place rewritten hostfile ------------------------
-# Try another script with E2E_DISCOVERY_SCRIPT (e.g. `git show main:autoscaler/discovery/...`).
+# Try another script with E2E_DISCOVERY_SCRIPT (`git show REV:autoscaler/adapters/discovery/...`).
 OVERLAY_SCRIPT_PATH = Path(os.environ.get("E2E_DISCOVERY_SCRIPT", script_path(OVERLAY_SCRIPT)))
 
 

@@ -12,7 +12,7 @@ OWNED_SCRIPT = "owned_hosts.sh"  # standalone: prints the file the daemon owns
 
 
 def script_path(name: str) -> Path:
-    return Path(str(resources.files("autoscaler").joinpath("discovery", name)))
+    return Path(str(resources.files("autoscaler.adapters.discovery").joinpath(name)))
 
 
 def install_scripts(dest: Path) -> list[Path]:
