@@ -471,7 +471,8 @@ def measure_kube(nodes: int, jobs: int, repeat: int, config: Any, out: dict[str,
     from kubernetes import client
 
     from autoscaler.adapters.kube import DryRunActuator, KubeCache, KubeObserver
-    from autoscaler.adapters.kube.resources import NODES, PODS, TRAINING_JOBS
+    from autoscaler.adapters.kube.kinds.et_operator import TRAINING_JOBS
+    from autoscaler.adapters.kube.resources import NODES, PODS
     from autoscaler.boards import NoticeBoard, PriceBook
     from autoscaler.reconcile import Reconciler
 

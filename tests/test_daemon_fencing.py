@@ -31,8 +31,9 @@ from support.waiting import wait_for
 from test_daemon_support import JOB, KUBE_CONFIG, node, worker
 
 from autoscaler.adapters.kube.events import EventRecorder
+from autoscaler.adapters.kube.kinds.et_operator import TRAINING_JOBS
 from autoscaler.adapters.kube.objects import ObjectApi
-from autoscaler.adapters.kube.resources import NODES, TRAINING_JOBS
+from autoscaler.adapters.kube.resources import NODES
 from autoscaler.config import parse_config
 from autoscaler.config.daemon import LeaderElectionSettings
 from autoscaler.daemon.leader import LeaderElector

@@ -14,7 +14,8 @@ from kube_fixtures import (
 )
 from support.waiting import wait_for
 
-from autoscaler.adapters.kube.resources import NODES, PODS, SCALE_OUTS, TRAINING_JOBS
+from autoscaler.adapters.kube.kinds.et_operator import SCALE_OUTS, TRAINING_JOBS
+from autoscaler.adapters.kube.resources import NODES, PODS
 
 
 def names(k: Kube, cache, resource) -> set[str]:  # noqa: ANN001

@@ -22,17 +22,15 @@ from support.waiting import wait_for
 
 from autoscaler.adapters.kube import KubeCache, KubeObserver
 from autoscaler.adapters.kube import cache as cache_module
+from autoscaler.adapters.kube.kinds.cce import AI_TRAINING_JOBS
+from autoscaler.adapters.kube.kinds.et_operator import SCALE_INS, SCALE_OUTS, TRAINING_JOBS
 from autoscaler.adapters.kube.lean import NODE_SHAPE, POD_SHAPE, project, trimmer
 from autoscaler.adapters.kube.nodes import instance_id, node_facts
 from autoscaler.adapters.kube.podindex import _recognise
 from autoscaler.adapters.kube.pods import pod_facts
 from autoscaler.adapters.kube.resources import (
-    AI_TRAINING_JOBS,
     NODES,
     PODS,
-    SCALE_INS,
-    SCALE_OUTS,
-    TRAINING_JOBS,
     Obj,
     Resource,
     key_of,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoscaler.adapters.kube.resources import TRAINING_JOBS, Resource
+from autoscaler.adapters.kube.kinds.et_operator import TRAINING_JOBS
+from autoscaler.adapters.kube.resources import Resource
 
 
 @dataclass(frozen=True, slots=True)

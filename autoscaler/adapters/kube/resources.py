@@ -52,14 +52,6 @@ class Resource:
 NODES = Resource("Node", "", "v1", "nodes", namespaced=False)
 PODS = Resource("Pod", "", "v1", "pods", namespaced=True)
 PDBS = Resource("PodDisruptionBudget", "policy", "v1", "poddisruptionbudgets", True)
-_KAI = "kai.alibabacloud.com"
-TRAINING_JOBS = Resource("TrainingJob", _KAI, "v1alpha1", "trainingjobs", True)
-SCALE_OUTS = Resource("ScaleOut", _KAI, "v1alpha1", "scaleouts", True)
-SCALE_INS = Resource("ScaleIn", _KAI, "v1alpha1", "scaleins", True)
-# The group's misspelling ("baiudbce") is the real one.
-AI_TRAINING_JOBS = Resource(
-    "AITrainingJob", "kongming.cce.baiudbce.com", "v1", "aitrainingjobs", True
-)
 
 
 def key_of(obj: Obj) -> str:

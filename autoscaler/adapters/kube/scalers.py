@@ -11,7 +11,6 @@ from autoscaler.adapters.kube.resources import (
     MANAGED_BY_LABEL,
     MANAGER,
     REASON_ANNOTATION,
-    SCALE_INS,
     Obj,
     Resource,
     parse_time,
@@ -60,7 +59,7 @@ def _last_condition(status: Obj) -> Obj | None:
 
 def scaler_facts(resource: Resource, obj: Obj) -> ScalerFacts:
     meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
-    kind = ScalerKind.SCALE_IN if resource is SCALE_INS else ScalerKind.SCALE_OUT
+    kind = ScalerKind(resource.kind)  # the kinds are named as the operator's: ScaleIn, ScaleOut
     frozen = status.get("toDeletePods") or ()
     if kind is ScalerKind.SCALE_IN:
         pods = frozen or ((spec.get("toDelete") or {}).get("podNames")) or ()

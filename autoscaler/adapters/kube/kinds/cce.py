@@ -17,9 +17,13 @@ from autoscaler.adapters.kube.kinds.base import (
     status_phase,
 )
 from autoscaler.adapters.kube.kinds.replicas import ReplicasActuator
-from autoscaler.adapters.kube.resources import AI_TRAINING_JOBS, Obj
+from autoscaler.adapters.kube.resources import Obj, Resource
 from autoscaler.core.model import Decision, Scaler, ScalerKind, Worker
 
+# The group's misspelling ("baiudbce") is the real one.
+AI_TRAINING_JOBS = Resource(
+    "AITrainingJob", "kongming.cce.baiudbce.com", "v1", "aitrainingjobs", True
+)
 WORKER_REPLICA = "trainer"
 
 

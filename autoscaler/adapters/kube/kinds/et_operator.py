@@ -31,9 +31,6 @@ from autoscaler.adapters.kube.resources import (
     MANAGED_BY_LABEL,
     MANAGER,
     REASON_ANNOTATION,
-    SCALE_INS,
-    SCALE_OUTS,
-    TRAINING_JOBS,
     Obj,
     Resource,
     key_of,
@@ -55,6 +52,11 @@ if TYPE_CHECKING:
     from autoscaler.adapters.kube.objects import ObjectApi
 
 log = structlog.get_logger()
+
+_KAI = "kai.alibabacloud.com"
+TRAINING_JOBS = Resource("TrainingJob", _KAI, "v1alpha1", "trainingjobs", True)
+SCALE_OUTS = Resource("ScaleOut", _KAI, "v1alpha1", "scaleouts", True)
+SCALE_INS = Resource("ScaleIn", _KAI, "v1alpha1", "scaleins", True)
 
 # et-operator's worker pod labels (pkg/controllers: GenLabels + labelTrainingRoleType)
 JOB_LABEL = "training-job-name"
