@@ -450,16 +450,18 @@ def measure(nodes: int, jobs: int, repeat: int, kube: bool) -> dict[str, Any]:
         "rss_baseline_mb": round(current_rss_mb(), 1),
     }
     snapshot = core_snapshot(nodes, jobs)
-    decisions = decide(snapshot, config, NOW)
+    decisions = decide(snapshot, config.policy_set, NOW)
     out["workers"] = sum(len(j.workers) for j in snapshot.jobs)
     out["decisions"] = {
         a: sum(1 for d in decisions if d.action.value == a)
         for a in ("scale_out", "scale_in", "drain", "noop")
     }
-    out["decide"] = cpu_and_wall(lambda: decide(snapshot, config, NOW), repeat)
+    out["decide"] = cpu_and_wall(lambda: decide(snapshot, config.policy_set, NOW), repeat)
     reconciler = measure_kube(nodes, jobs, repeat, config, out) if kube else None
     out["rss_peak_mb"] = rss_mb()
-    out["decide"]["alloc_peak_mb"] = traced_peak_mb(lambda: decide(snapshot, config, NOW))
+    out["decide"]["alloc_peak_mb"] = traced_peak_mb(
+        lambda: decide(snapshot, config.policy_set, NOW)
+    )
     if reconciler is not None:
         tick = reconciler.tick
         out["kube"]["tick"]["alloc_peak_mb"] = traced_peak_mb(lambda: tick(NOW + timedelta(days=1)))
