@@ -81,8 +81,8 @@ def add_scripts_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "discovery-scripts",
         help="copy the Horovod discovery scripts into a directory (e.g. from an init container)",
-        description="Install discover_hosts.sh (et-operator overlay) and owned_hosts.sh "
-        "(standalone) into DIR with mode 0755; prints their paths.",
+        description="Install discover_hosts.sh (overlay for et-operator and mpi-operator jobs) "
+        "and owned_hosts.sh (standalone) into DIR with mode 0755; prints their paths.",
     )
     p.add_argument("dir", type=Path)
     p.set_defaults(func=cmd_discovery_scripts)

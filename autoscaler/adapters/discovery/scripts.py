@@ -7,7 +7,7 @@ from pathlib import Path
 
 from autoscaler.adapters.discovery.files import write_if_changed
 
-OVERLAY_SCRIPT = "discover_hosts.sh"  # et-operator: the operator's hostfile minus drained hosts
+OVERLAY_SCRIPT = "discover_hosts.sh"  # the operator's hosts minus drained ones (et-/mpi-operator)
 OWNED_SCRIPT = "owned_hosts.sh"  # standalone: prints the file the daemon owns
 
 
