@@ -39,10 +39,11 @@ from autoscaler.adapters.alibaba.cloudmonitor import EVENT_NAME, CloudMonitorPol
 from autoscaler.adapters.alibaba.nodes import EcsNodes
 from autoscaler.adapters.alibaba.prices import ecs_spot_prices
 from autoscaler.adapters.alibaba.recycling import RecyclingPoller
-from autoscaler.adapters.alibaba.setup import alibaba_sources
 from autoscaler.adapters.alibaba.webhook import CloudMonitorWebhook
 from autoscaler.adapters.cloud_sources import SpotPriceFeed
+from autoscaler.adapters.sources import SourceContext, build_sources
 from autoscaler.boards import NoticeBoard, PriceBook
+from autoscaler.config import Config
 from autoscaler.config.cloud import AlibabaSettings
 from autoscaler.core import Action, CapacityType, GpuNode, NoticeKind, decide
 
@@ -466,15 +467,25 @@ def test_config_decides_which_sources_run(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     d = Daemonish()
-    args = (d.board, d.book, d.wake, Index(), lambda: [GPU_TYPE])
-    c = client(ali)
-    assert alibaba_sources(AlibabaSettings(), *args, client=c) == []
-    names = [n for n, _ in alibaba_sources(settings(ali), *args, client=c)]
-    assert names == ["alibaba-ecs", "alibaba-cloudmonitor", "alibaba-prices"]
+    index = Index()
+
+    def names(alibaba: AlibabaSettings) -> list[str]:
+        ctx = SourceContext(
+            d.board,
+            d.book,
+            d.wake,
+            index,
+            lambda: [GPU_TYPE],
+            shared={"alibaba": (client(ali), EcsNodes(index, REGION))},
+        )
+        return [name for name, _ in build_sources(Config(alibaba=alibaba), ctx)]
+
+    assert names(AlibabaSettings()) == []
+    assert names(settings(ali)) == ["alibaba-ecs", "alibaba-cloudmonitor", "alibaba-prices"]
     every = settings(ali, webhook={"enabled": True, "port": 0, "token_env": "HOOK_TOKEN"})
     with pytest.raises(ValueError, match="HOOK_TOKEN"):
-        alibaba_sources(every, *args, client=c)  # a configured token that is missing fails closed
+        names(every)  # a configured token that is missing fails closed
     monkeypatch.setenv("HOOK_TOKEN", "t")
-    assert "alibaba-webhook" in [n for n, _ in alibaba_sources(every, *args, client=c)]
+    assert "alibaba-webhook" in names(every)
     quiet = settings(ali, cloudmonitor={"enabled": False}, prices={"enabled": False})
-    assert [n for n, _ in alibaba_sources(quiet, *args, client=c)] == ["alibaba-ecs"]
+    assert names(quiet) == ["alibaba-ecs"]

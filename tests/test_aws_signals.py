@@ -25,11 +25,12 @@ from autoscaler.adapters.aws.clients import aws_clients
 from autoscaler.adapters.aws.nodes import Ec2Nodes
 from autoscaler.adapters.aws.prices import ec2_spot_prices
 from autoscaler.adapters.aws.queue import SqsNoticeSource
-from autoscaler.adapters.aws.setup import aws_sources
 from autoscaler.adapters.cloud_sources import SpotPriceFeed
 from autoscaler.adapters.polling import run_every
+from autoscaler.adapters.sources import SourceContext, build_sources
 from autoscaler.backoff import Backoff
 from autoscaler.boards import NoticeBoard, PriceBook
+from autoscaler.config import Config
 from autoscaler.config.cloud import AwsSettings
 from autoscaler.core import Action, CapacityType, GpuNode, NoticeKind, Reason, decide
 
@@ -371,13 +372,19 @@ def test_spot_prices_reach_the_nodes_and_the_price_cap(aws: Aws) -> None:
 
 
 def test_config_decides_which_sources_run(aws: Aws) -> None:
-    clients = (aws.sqs, aws.ec2)
-    args = (NoticeBoard(), PriceBook(), aws.wakes.append, Index(), lambda: [GPU_TYPE])
-    off = AwsSettings(enabled=False, queue_url=aws.queue_url)
-    assert aws_sources(off, *args, clients=clients) == []
-    both = aws_sources(AwsSettings(enabled=True, queue_url=aws.queue_url), *args, clients=clients)
-    assert [name for name, _ in both] == ["aws-sqs", "aws-prices"]
-    prices_only = AwsSettings(enabled=True, prices={"enabled": True})
-    assert [n for n, _ in aws_sources(prices_only, *args, clients=clients)] == ["aws-prices"]
+    def names(settings: AwsSettings) -> list[str]:
+        ctx = SourceContext(
+            NoticeBoard(),
+            PriceBook(),
+            aws.wakes.append,
+            Index(),
+            lambda: [GPU_TYPE],
+            shared={"aws": (aws.sqs, aws.ec2)},  # the clients every AWS source shares
+        )
+        return [name for name, _ in build_sources(Config(aws=settings), ctx)]
+
+    assert names(AwsSettings(enabled=False, queue_url=aws.queue_url)) == []
+    assert names(AwsSettings(enabled=True, queue_url=aws.queue_url)) == ["aws-sqs", "aws-prices"]
+    assert names(AwsSettings(enabled=True, prices={"enabled": True})) == ["aws-prices"]
     no_prices = AwsSettings(enabled=True, queue_url=aws.queue_url, prices={"enabled": False})
-    assert [n for n, _ in aws_sources(no_prices, *args, clients=clients)] == ["aws-sqs"]
+    assert names(no_prices) == ["aws-sqs"]

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from autoscaler.adapters.sources import SourceContext, build_sources
 from autoscaler.boards import NoticeBoard, PriceBook, Wake
 from autoscaler.config import Config
 from autoscaler.daemon.persist import PersistingBoard
@@ -56,8 +57,6 @@ def _kubernetes(
     kubeconfig: Path | None,
     dry_run: bool,
 ) -> Parts:
-    from autoscaler.adapters.alibaba.setup import alibaba_sources
-    from autoscaler.adapters.aws.setup import aws_sources
     from autoscaler.adapters.kube import (
         DryRunActuator,
         EventRecorder,
@@ -90,10 +89,7 @@ def _kubernetes(
     )
     board = PersistingBoard(actuator.persist_notice, logger, lambda: on_error("notices"))
     prices = PriceBook()
-    sources = [
-        *aws_sources(config.aws, board, prices, wake, cache, cache.instance_types),
-        *alibaba_sources(config.alibaba, board, prices, wake, cache, cache.instance_types),
-    ]
+    sources = build_sources(config, SourceContext(board, prices, wake, cache, cache.instance_types))
     lock = LeaseLock(
         api,
         election.lease_namespace or own_namespace(),

@@ -18,6 +18,9 @@ from aliyunsdkcore.auth.signers.signer import Signer
 from aliyunsdkcore.client import AcsClient
 from aliyunsdkcore.request import AcsRequest
 
+from autoscaler.adapters.alibaba.nodes import EcsNodes
+from autoscaler.adapters.sources import SourceContext
+from autoscaler.config import Config
 from autoscaler.config.cloud import AlibabaSettings
 
 _TIMEOUT_S = 10  # connect and read: a hung API call must not stall a 15 s poll loop for long
@@ -70,3 +73,12 @@ def call(client: AcsClient, request: AcsRequest) -> dict[str, Any]:
     if not isinstance(reply, dict):
         raise ValueError(f"{request.get_action_name()}: reply is not a JSON object")
     return reply
+
+
+def shared_client(config: Config, ctx: SourceContext) -> tuple[AcsClient, EcsNodes]:
+    """The client and the instance-name table every Alibaba source of the daemon shares (the
+    CloudMonitor sources reuse the IPs the Recycling poller learns)."""
+    settings = config.alibaba
+    return ctx.once(
+        "alibaba", lambda: (make_client(settings), EcsNodes(ctx.index, settings.region or ""))
+    )

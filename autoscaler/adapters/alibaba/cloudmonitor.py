@@ -14,11 +14,13 @@ from typing import Any
 from aliyunsdkcore.client import AcsClient
 from aliyunsdkcore.request import CommonRequest
 
-from autoscaler.adapters.alibaba.client import call
+from autoscaler.adapters.alibaba.client import call, shared_client
 from autoscaler.adapters.alibaba.interruptions import InterruptionReporter
 from autoscaler.adapters.cloud_sources import Clock, NodeIndex, utcnow
 from autoscaler.adapters.polling import run_every
+from autoscaler.adapters.sources import SourceContext
 from autoscaler.boards import NoticeBoard, Wake
+from autoscaler.config import Config
 
 EVENT_NAME = "Instance:PreemptibleInstanceInterruption"
 _PAGE = 100
@@ -150,3 +152,17 @@ class CloudMonitorPoller:
             yield from events
             if len(events) < _PAGE:
                 return
+
+
+def build(config: Config, ctx: SourceContext) -> CloudMonitorPoller:
+    """The `alibaba-cloudmonitor` source (adapters/sources.py)."""
+    client, nodes = shared_client(config, ctx)
+    monitor = config.alibaba.cloudmonitor
+    return CloudMonitorPoller(
+        client,
+        ctx.board,
+        ctx.wake,
+        nodes,
+        interval=monitor.poll_interval,
+        lookback=monitor.lookback,
+    )

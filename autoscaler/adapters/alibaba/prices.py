@@ -12,8 +12,10 @@ from aliyunsdkecs.request.v20140526.DescribeSpotPriceHistoryRequest import (
     DescribeSpotPriceHistoryRequest,
 )
 
-from autoscaler.adapters.alibaba.client import call
-from autoscaler.adapters.cloud_sources import FetchPrices
+from autoscaler.adapters.alibaba.client import call, shared_client
+from autoscaler.adapters.cloud_sources import FetchPrices, SpotPriceFeed
+from autoscaler.adapters.sources import SourceContext
+from autoscaler.config import Config
 
 _MAX_PAGES = 100
 
@@ -62,3 +64,15 @@ def _history(client: AcsClient, instance_type: str) -> list[dict[str, Any]]:
             return items
         offset = next_offset
     return items
+
+
+def build(config: Config, ctx: SourceContext) -> SpotPriceFeed:
+    """The `alibaba-prices` feed (adapters/sources.py)."""
+    client, _ = shared_client(config, ctx)
+    return SpotPriceFeed(
+        "alibaba-prices",
+        ecs_spot_prices(client),
+        ctx.prices,
+        ctx.instance_types,
+        config.alibaba.prices.refresh,
+    )

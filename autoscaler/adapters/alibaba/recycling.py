@@ -10,12 +10,14 @@ from typing import Any
 from aliyunsdkcore.client import AcsClient
 from aliyunsdkecs.request.v20140526.DescribeInstancesRequest import DescribeInstancesRequest
 
-from autoscaler.adapters.alibaba.client import call
+from autoscaler.adapters.alibaba.client import call, shared_client
 from autoscaler.adapters.alibaba.interruptions import InterruptionReporter
 from autoscaler.adapters.alibaba.nodes import EcsNodes
 from autoscaler.adapters.cloud_sources import Clock, utcnow
 from autoscaler.adapters.polling import run_every
+from autoscaler.adapters.sources import SourceContext
 from autoscaler.boards import NoticeBoard, Wake
+from autoscaler.config import Config
 
 _PAGE = 100  # DescribeInstances' MaxResults ceiling
 _MAX_PAGES = 1000  # a token that never ends is a server bug, not a reason to loop forever
@@ -81,3 +83,11 @@ class RecyclingPoller:
             if not next_token or next_token == token:
                 return
             token = next_token
+
+
+def build(config: Config, ctx: SourceContext) -> RecyclingPoller:
+    """The `alibaba-ecs` source (adapters/sources.py)."""
+    client, nodes = shared_client(config, ctx)
+    return RecyclingPoller(
+        client, ctx.board, ctx.wake, nodes, interval=config.alibaba.poll_interval
+    )

@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import hmac
 import json
+import os
 import threading
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
+from autoscaler.adapters.alibaba.client import shared_client
 from autoscaler.adapters.alibaba.cloudmonitor import BadEvent, parse_event
 from autoscaler.adapters.alibaba.interruptions import InterruptionReporter
 from autoscaler.adapters.cloud_sources import Clock, NodeIndex, utcnow
+from autoscaler.adapters.sources import SourceContext
 from autoscaler.boards import NoticeBoard, Wake
+from autoscaler.config import Config
 
 _MAX_BODY = 64 * 1024  # an event is a few hundred bytes
 
@@ -131,3 +135,27 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002
         """Silence the stderr access log: it would print the query, token included."""
+
+
+def build(config: Config, ctx: SourceContext) -> CloudMonitorWebhook:
+    """The `alibaba-webhook` source (adapters/sources.py)."""
+    _, nodes = shared_client(config, ctx)
+    hook = config.alibaba.webhook
+    return CloudMonitorWebhook(
+        ctx.board,
+        ctx.wake,
+        nodes,
+        host=hook.host,
+        port=hook.port,
+        path=hook.path,
+        token=_token(hook.token_env),
+    )
+
+
+def _token(env: str | None) -> str | None:
+    if env is None:
+        return None
+    token = os.environ.get(env)
+    if not token:  # fail closed: a configured but missing token must not open the endpoint
+        raise ValueError(f"alibaba.webhook.token_env: ${env} is not set")
+    return token

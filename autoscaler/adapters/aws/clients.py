@@ -9,6 +9,8 @@ from typing import Any
 import boto3
 from botocore.config import Config as BotoConfig
 
+from autoscaler.adapters.sources import SourceContext
+from autoscaler.config import Config
 from autoscaler.config.cloud import AwsSettings
 
 
@@ -25,3 +27,8 @@ def aws_clients(settings: AwsSettings, endpoint_url: str | None = None) -> tuple
         session.client("sqs", config=config, endpoint_url=endpoint_url),
         session.client("ec2", config=config, endpoint_url=endpoint_url),
     )
+
+
+def shared_clients(config: Config, ctx: SourceContext) -> tuple[Any, Any]:
+    """(sqs, ec2), built once for every AWS source of the daemon."""
+    return ctx.once("aws", lambda: aws_clients(config.aws))

@@ -8,7 +8,10 @@ from typing import Any
 
 import structlog
 
-from autoscaler.adapters.cloud_sources import FetchPrices
+from autoscaler.adapters.aws.clients import shared_clients
+from autoscaler.adapters.cloud_sources import FetchPrices, SpotPriceFeed
+from autoscaler.adapters.sources import SourceContext
+from autoscaler.config import Config
 
 
 def ec2_spot_prices(ec2: Any, product_description: str = "Linux/UNIX") -> FetchPrices:
@@ -36,3 +39,12 @@ def ec2_spot_prices(ec2: Any, product_description: str = "Linux/UNIX") -> FetchP
         return {key: price for key, (_, price) in newest.items()}
 
     return fetch
+
+
+def build(config: Config, ctx: SourceContext) -> SpotPriceFeed:
+    """The `aws-prices` feed (adapters/sources.py)."""
+    _, ec2 = shared_clients(config, ctx)
+    fetch = ec2_spot_prices(ec2, config.aws.product_description)
+    return SpotPriceFeed(
+        "aws-prices", fetch, ctx.prices, ctx.instance_types, config.aws.prices.refresh
+    )

@@ -15,10 +15,14 @@ from typing import Any
 import structlog
 from botocore.exceptions import BotoCoreError, ClientError
 
+from autoscaler.adapters.aws.clients import shared_clients
 from autoscaler.adapters.aws.events import InstanceEvent, Unparsable, parse_message
+from autoscaler.adapters.aws.nodes import Ec2Nodes
 from autoscaler.adapters.cloud_sources import Clock, NodeIndex, post_notice, utcnow
 from autoscaler.adapters.polling import describe_error, run_every
+from autoscaler.adapters.sources import SourceContext
 from autoscaler.boards import NoticeBoard, Wake
+from autoscaler.config import Config
 from autoscaler.core.model import Notice, NoticeKind
 
 SOURCE = "aws-sqs"
@@ -162,3 +166,20 @@ class SqsNoticeSource:
     def _forget_before(self, cutoff: datetime) -> None:
         for key in [k for k, (_, seen) in self._newest.items() if seen < cutoff]:
             del self._newest[key]
+
+
+def build(config: Config, ctx: SourceContext) -> SqsNoticeSource:
+    """The `aws-sqs` source (adapters/sources.py)."""
+    settings = config.aws
+    sqs, ec2 = shared_clients(config, ctx)
+    assert settings.queue_url is not None  # wanted only with a queue
+    return SqsNoticeSource(
+        sqs,
+        settings.queue_url,
+        ctx.board,
+        ctx.wake,
+        Ec2Nodes(ec2, ctx.index),
+        wait_time=settings.wait_time,
+        max_messages=settings.max_messages,
+        visibility_timeout=settings.visibility_timeout,
+    )
