@@ -225,24 +225,17 @@ def test_an_unexpected_error_is_logged_and_the_watch_starts_over() -> None:
     assert [e["event"] for e in logs if e["log_level"] == "error"] == ["watch_failed"]
 
 
+def sidecar_command(edl: Path, *extra: str) -> list[str]:
+    """`spot-autoscaler discovery-sidecar` for the test job, writing into `edl`."""
+    base = [sys.executable, "-m", "autoscaler.cli", "discovery-sidecar", "--job", f"{NS}/{JOB}"]
+    return [*base, "--dir", str(edl), *extra]
+
+
 def test_the_command_runs_the_sidecar(kube_api: KubeApiServer, tmp_path: Path) -> None:
     kube_api.seed(training_job(drained={"bert-worker-1"}))
     kubeconfig = kube_api.kubeconfig(str(tmp_path / "kubeconfig"))
     edl = tmp_path / "edl"
-    cmd = [
-        sys.executable,
-        "-m",
-        "autoscaler.cli",
-        "discovery-sidecar",
-        "--job",
-        f"{NS}/{JOB}",
-        "--dir",
-        str(edl),
-        "--kubeconfig",
-        kubeconfig,
-        "--watch-timeout",
-        "30s",
-    ]
+    cmd = sidecar_command(edl, "--kubeconfig", kubeconfig, "--watch-timeout", "30s")
     proc = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,
@@ -415,20 +408,7 @@ def test_the_command_exits_0_with_the_launcher_container(
     kube_api.seed(training_job(drained={"bert-worker-1"}), launcher_pod())
     kubeconfig = kube_api.kubeconfig(str(tmp_path / "kubeconfig"))
     edl = tmp_path / "edl"
-    cmd = [
-        sys.executable,
-        "-m",
-        "autoscaler.cli",
-        "discovery-sidecar",
-        "--job",
-        f"{NS}/{JOB}",
-        "--dir",
-        str(edl),
-        "--kubeconfig",
-        kubeconfig,
-        "--exit-with-container",
-        "launcher",
-    ]
+    cmd = sidecar_command(edl, "--kubeconfig", kubeconfig, "--exit-with-container", "launcher")
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "POD_NAME": LAUNCHER, "POD_NAMESPACE": NS}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
@@ -462,18 +442,7 @@ def test_the_command_exits_0_with_the_launcher_container(
 def test_exit_with_container_needs_the_downward_api(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("POD_NAME", "POD_NAMESPACE")}
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "autoscaler.cli",
-            "discovery-sidecar",
-            "--job",
-            f"{NS}/{JOB}",
-            "--dir",
-            str(tmp_path),
-            "--exit-with-container",
-            "launcher",
-        ],
+        sidecar_command(tmp_path, "--exit-with-container", "launcher"),
         capture_output=True,
         text=True,
         timeout=30,

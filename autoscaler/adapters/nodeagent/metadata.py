@@ -76,28 +76,12 @@ class AwsImds:
         action = self._get_json("/latest/meta-data/spot/instance-action")
         if action is not None:
             when = _time(action.get("time"))
-            out.append(
-                Notice(
-                    node=node,
-                    kind=NoticeKind.INTERRUPTION,
-                    source=self.SOURCE,
-                    id=f"{action.get('action', 'terminate')}@{when.isoformat()}",
-                    deadline=when,
-                    received_at=now,
-                )
-            )
+            what = action.get("action", "terminate")
+            out.append(_notice(node, NoticeKind.INTERRUPTION, self.SOURCE, what, when, now))
         rebalance = self._get_json("/latest/meta-data/events/recommendations/rebalance")
         if rebalance is not None:
             when = _time(rebalance.get("noticeTime"))
-            out.append(
-                Notice(
-                    node=node,
-                    kind=NoticeKind.REBALANCE,
-                    source=self.SOURCE,
-                    id=f"rebalance@{when.isoformat()}",
-                    received_at=now,
-                )
-            )
+            out.append(_notice(node, NoticeKind.REBALANCE, self.SOURCE, "rebalance", when, now))
         return out
 
     def _get_json(self, path: str) -> dict[str, object] | None:
@@ -154,16 +138,22 @@ class AlibabaMetadata:
         if status != 200:
             raise MetadataError(f"termination-time: HTTP {status}")
         when = _time(body.strip())
-        return [
-            Notice(
-                node=node,
-                kind=NoticeKind.INTERRUPTION,
-                source=self.SOURCE,
-                id=f"termination@{when.isoformat()}",
-                deadline=when,
-                received_at=now,
-            )
-        ]
+        return [_notice(node, NoticeKind.INTERRUPTION, self.SOURCE, "termination", when, now)]
+
+
+def _notice(
+    node: str, kind: NoticeKind, source: str, what: object, when: datetime, now: datetime
+) -> Notice:
+    """`what@when` identifies it; a rebalance recommendation has no deadline."""
+    deadline = None if kind is NoticeKind.REBALANCE else when
+    return Notice(
+        node=node,
+        kind=kind,
+        source=source,
+        id=f"{what}@{when.isoformat()}",
+        deadline=deadline,
+        received_at=now,
+    )
 
 
 def detect(provider: str, metadata_url: str | None = None) -> AwsImds | AlibabaMetadata:
