@@ -49,15 +49,21 @@ def _ours(obj: dict, pods_frozen: list[str] | None = None) -> dict:
     return obj
 
 
-def test_no_scale_in_names_a_pod_that_is_already_terminating(kube: Kube) -> None:
-    # NTH evicted bert-worker-0 (Terminating for its grace period) before we saw the taint
+def _bert_with_a_notice_on_a(kube: Kube, *more: dict) -> None:
+    """bert's worker-0 on node a (an NTH interruption taint), worker-1 on b; and `more`."""
     kube.server.seed(
         node("a", taints=[NTH_ITN]),
         node("b"),
         training_job("bert"),
         worker("bert", 0, "a"),
         worker("bert", 1, "b"),
+        *more,
     )
+
+
+def test_no_scale_in_names_a_pod_that_is_already_terminating(kube: Kube) -> None:
+    # NTH evicted bert-worker-0 (Terminating for its grace period) before we saw the taint
+    _bert_with_a_notice_on_a(kube)
     _evict_slowly(kube, "bert-worker-0")
     assert kube.server.get("Pod", "bert-worker-0", NS)["metadata"]["deletionTimestamp"]
     decisions = kube.reconciler().tick(now())
@@ -174,14 +180,7 @@ def test_a_pod_an_earlier_scale_in_of_ours_named_is_never_named_again(kube: Kube
         ),
         pods_frozen=["bert-worker-0"],
     )
-    kube.server.seed(
-        node("a", taints=[NTH_ITN]),
-        node("b"),
-        training_job("bert"),
-        worker("bert", 0, "a"),
-        worker("bert", 1, "b"),
-        done,
-    )
+    _bert_with_a_notice_on_a(kube, done)
     kube.reconciler().tick(now())
     assert [s["metadata"]["name"] for s in kube.objects("ScaleIn")] == ["bert-in-1"]
 
@@ -199,14 +198,7 @@ def test_a_reused_pod_name_may_be_named_again(kube: Kube) -> None:
         ),
         pods_frozen=["bert-worker-0"],
     )
-    kube.server.seed(
-        node("a", taints=[NTH_ITN]),
-        node("b"),
-        training_job("bert"),
-        worker("bert", 0, "a"),
-        worker("bert", 1, "b"),
-        old,
-    )
+    _bert_with_a_notice_on_a(kube, old)
     kube.reconciler().tick(now())
     assert len(kube.objects("ScaleIn")) == 2
 
@@ -218,14 +210,7 @@ def test_already_exists_is_success_only_for_our_own_identical_scaler(kube: Kube)
     squatter = scaler(
         "ScaleIn", name, "gpt", pods=["gpt-worker-1"], outcome="ScaleSucceeded", at=now()
     )
-    kube.server.seed(
-        node("a", taints=[NTH_ITN]),
-        node("b"),
-        training_job("bert"),
-        worker("bert", 0, "a"),
-        worker("bert", 1, "b"),
-        squatter,
-    )
+    _bert_with_a_notice_on_a(kube, squatter)
     rec = kube.reconciler()
     rec.tick(now())
     assert rec.errors == 1 and len(kube.objects("ScaleIn")) == 1
