@@ -17,7 +17,8 @@ from functools import partial
 import structlog
 from kubernetes import client
 
-from autoscaler.adapters.discovery.watch import Obj, ObjectWatch
+from autoscaler.adapters.discovery.watch import ObjectWatch
+from autoscaler.adapters.kube.resources import Obj
 
 log = structlog.get_logger("autoscaler.discovery.podexit")
 

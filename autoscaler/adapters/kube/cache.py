@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 
 import structlog
 from kubernetes import client
@@ -31,6 +32,7 @@ from autoscaler.adapters.kube.resources import (
     key_of,
     labels_of,
 )
+from autoscaler.adapters.kube.served import is_served
 from autoscaler.adapters.kube.wakes import signature
 from autoscaler.boards import Wake
 from autoscaler.config.kubernetes import KubernetesSettings
@@ -69,28 +71,30 @@ class KubeCache:
             for scope in [None] if resource in _CLUSTER_WIDE else scopes:
                 keep = _keeper(resource, scope, label_matcher(selector) if selector else None)
                 self._reflectors.setdefault(resource, {})[scope] = Reflector(
-                    api_client,
-                    resource,
-                    scope,
+                    resource.lister(api_client, scope),
                     keep,
-                    trimmer(resource),
-                    self._changed,
+                    _ingester(resource),
+                    partial(self._changed, resource),
                     self._stop,
+                    log.bind(kind=resource.kind, namespace=scope or "*"),
                     label_selector=selector,
                     field_selector=NOT_TERMINATED_SELECTOR if resource is PODS else "",
                     watch_timeout=settings.watch_timeout.total_seconds(),
                     backoff=backoff,
+                    # built-in kinds are always served; an operator's CRD may not be installed
+                    is_served=partial(is_served, api_client, resource) if resource.group else None,
                     rediscover=settings.discovery_interval.total_seconds(),
                     on_served=self._served_looked_up,
                 )
 
     # --- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
-        for reflector in self._all():
-            name = f"kube-{reflector.resource.plural}-{reflector.namespace or 'all'}"
-            thread = threading.Thread(target=reflector.run, name=name, daemon=True)
-            thread.start()
-            self._threads.append((reflector, thread))
+        for resource, scopes in self._reflectors.items():
+            for scope, reflector in scopes.items():
+                name = f"kube-{resource.plural}-{scope or 'all'}"
+                thread = threading.Thread(target=reflector.run, name=name, daemon=True)
+                thread.start()
+                self._threads.append((reflector, thread))
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
@@ -224,6 +228,19 @@ class KubeCache:
                 except Exception as exc:  # the daemon's callback must not kill a watch thread
                     log.warning("wake_failed", error=f"{type(exc).__name__}: {exc}")
                 return
+
+
+def _ingester(resource: Resource) -> Callable[[Obj], Obj]:
+    """What the cache holds of each object: trimmed (lean.py), and with its kind (typed lists
+    omit it on items)."""
+    trim = trimmer(resource)
+
+    def ingest(obj: Obj) -> Obj:
+        lean = trim(obj)
+        lean.setdefault("kind", resource.kind)
+        return lean
+
+    return ingest
 
 
 def _keeper(

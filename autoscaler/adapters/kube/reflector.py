@@ -1,12 +1,15 @@
 """List, then watch from the list's resourceVersion, forever: one kind in one scope, one thread.
 
-Errors back off (doubling, capped) and resume the watch where it stopped; 410 Gone means the
-server forgot that far back, so the reflector lists again. Watches carry a server timeout and a
-slightly longer client read timeout, so a silent connection cannot hang the thread.
+The one list-then-watch loop: the watch cache runs one per kind and scope, the discovery sidecar
+one per followed object (discovery/watch.py). Errors back off (doubling, capped) and resume the
+watch where it stopped; 410 Gone means the server forgot that far back, so the reflector lists
+again, as it does after an unexpected error (an odd object). Watches carry a server timeout and
+a slightly longer client read timeout, so a silent connection cannot hang the thread.
 
-A kind from an operator's CRD may not be served at all (not installed, or removed): it is looked up
-in API discovery first, holds nothing and counts as synced while absent, and is looked up again
-every `rediscover` seconds, so a CRD installed later is picked up without a restart.
+A kind from an operator's CRD may not be served at all (not installed, or removed): given an
+`is_served` lookup, the reflector asks API discovery first, holds nothing and counts as synced
+while the kind is absent, and asks again every `rediscover` seconds, so a CRD installed later is
+picked up without a restart.
 """
 
 from __future__ import annotations
@@ -18,26 +21,28 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import structlog
 import urllib3
-from kubernetes import client, watch
+from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
+from structlog.typing import FilteringBoundLogger
 
-from autoscaler.adapters.kube.resources import Obj, Resource, key_of
-from autoscaler.adapters.kube.served import is_served
+from autoscaler.adapters.kube.resources import Obj, key_of
 from autoscaler.backoff import Backoff
 
+# The client's list call for one kind in one scope (Resource.lister); called with selectors and
+# list/watch keyword arguments.
+Lister = Callable[..., Any]
 # (old, new) per changed object: old None = added, new None = deleted
 Changes = list[tuple[Obj | None, Obj | None]]
-OnChange = Callable[[Resource, Changes], None]
+# Called after every (re)list with what it changed (everything on the first, maybe nothing), and
+# after every change a watch event or `_discover` makes.
+OnChange = Callable[[Changes], None]
 OnServed = Callable[[], None]  # a kind's served state was looked up (it may have changed)
 
 _PAGE = 500
 _CONNECT_TIMEOUT = 10.0
 _READ_GRACE = 15.0  # client read timeout = server watch timeout + this
 _RESUME_EVERY = 1.0  # at most one immediate resume of a broken watch per this many seconds
-
-log = structlog.get_logger()
 
 
 def _rv(obj: Obj) -> str:
@@ -72,49 +77,48 @@ class KeyTracker:
 class Reflector:
     def __init__(
         self,
-        api: client.ApiClient,
-        resource: Resource,
-        namespace: str | None,
+        lister: Lister,
         keep: Callable[[Obj], bool],
         transform: Callable[[Obj], Obj],
         on_change: OnChange,
         stop: threading.Event,
+        log: FilteringBoundLogger,
         *,
         label_selector: str = "",
         field_selector: str = "",
         watch_timeout: float = 300.0,
-        backoff: tuple[float, float] = (0.5, 30.0),
+        backoff: tuple[float, float] = (0.5, 30.0),  # first and most seconds between retries
+        is_served: Callable[[], bool] | None = None,  # None: the kind is always served
         rediscover: float = 60.0,
         on_served: OnServed | None = None,
     ) -> None:
-        self.resource = resource
-        self.namespace = namespace
-        self._api = api
-        self._list_fn = resource.lister(api, namespace)
+        self._list_fn = lister
         self._keep = keep  # client-side filter: servers (and emulators) may ignore selectors
-        self._transform = transform  # what of each object is worth holding (see lean.py)
+        # what of each object is worth holding, as a new dict: the caller's is left as it is
+        self._transform = transform
         self._on_change = on_change
         self._stop = stop
         selectors = (("label_selector", label_selector), ("field_selector", field_selector))
         self._selectors = {k: v for k, v in selectors if v}
         self._watch_timeout = max(1, int(watch_timeout))
-        self._backoff = Backoff(*backoff)
+        self._backoff = backoff
         self._lock = threading.Lock()
         self._items: dict[str, Obj] = {}
         # weak: a tracker lives as long as its reader, and nobody has to unregister it
         self._trackers: weakref.WeakSet[KeyTracker] = weakref.WeakSet()
         self._watch: watch.Watch | None = None
         self._opened = False  # the current watch's response arrived (see run)
+        self._is_served = is_served
         self._rediscover = rediscover
         self._on_served = on_served
-        # None until looked up; built-in kinds are always served
-        self.served: bool | None = None if resource.group else True
+        # None until looked up
+        self.served: bool | None = None if is_served is not None else True
         self.synced = threading.Event()
         self.errors = 0
         # the newest resourceVersion this view is complete up to (list or watch, bookmarks
         # included): how fresh it is against objects from other watches (numeric in practice)
         self.seen_rv = 0
-        self._log = log.bind(kind=resource.kind, namespace=namespace or "*")
+        self._log = log
 
     # --- reads (any thread) --------------------------------------------------------------------
     def items(self) -> list[Obj]:
@@ -135,17 +139,18 @@ class Reflector:
         """Take in an object we just wrote, before its watch event arrives (write-through). Our
         own writes are no news: no change is reported, and the matching watch event then
         changes nothing either."""
-        lean = self._ingest(obj)
+        lean = self._transform(obj)
         if self._keep(lean):
             self._apply("MODIFIED", lean, report=False)
 
     def forget(self, obj: Obj) -> None:
         """Drop an object we just deleted (write-through, like `assume`)."""
-        self._apply("DELETED", self._ingest(obj), report=False)
+        self._apply("DELETED", self._transform(obj), report=False)
 
     # --- the loop ------------------------------------------------------------------------------
     def run(self) -> None:
         rv: str | None = None
+        backoff = Backoff(*self._backoff)
         resumed = 0.0  # when a broken watch was last resumed without a back-off
         while not self._stop.is_set():
             self._opened = False
@@ -156,19 +161,20 @@ class Reflector:
                         continue
                     rv = self._list()
                 rv = self._watch_once(rv)
-                self._backoff.reset()
+                backoff.reset()
             except ApiException as exc:
                 if exc.status == 410:  # expired: our resourceVersion is older than the server keeps
                     self._log.info("watch_expired_relisting")
                     rv = None
                     continue
-                if exc.status == 404 and self.resource.group:  # its CRD went away: look it up
+                if exc.status == 404 and self._is_served is not None:  # its CRD went away?
                     self.served, rv = None, None
-                self._failed(exc)
+                self._failed(exc, backoff)
             except (urllib3.exceptions.ReadTimeoutError, TimeoutError):
                 # the server ignored timeoutSeconds and went quiet: just watch again
                 continue
-            except Exception as exc:  # connection drops, bad payloads: never end the thread
+            except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+                # a dropped connection, an unreachable server, a cut-off body
                 now = time.monotonic()
                 stopping = self._stop.is_set()  # stop_watch() broke it on purpose
                 if self._opened and rv and not stopping and now - resumed > _RESUME_EVERY:
@@ -179,7 +185,10 @@ class Reflector:
                     resumed = now
                     self._log.info("watch_broken_resuming", error=type(exc).__name__)
                     continue
-                self._failed(exc)
+                self._failed(exc, backoff)
+            except Exception as exc:  # an odd object (or a bug): never end the thread, list again
+                rv = None
+                self._failed(exc, backoff, unexpected=True)
 
     def stop_watch(self) -> None:
         """Unblock a watch waiting for data (the stop event must be set first)."""
@@ -187,21 +196,21 @@ class Reflector:
         if w is not None:
             w.stop()
 
-    def _failed(self, exc: Exception) -> None:
+    def _failed(self, exc: Exception, backoff: Backoff, unexpected: bool = False) -> None:
         if self._stop.is_set():  # stop_watch() broke the connection on purpose
             return
         self.errors += 1
-        delay = self._backoff.next_delay()
-        error = f"{type(exc).__name__}: {exc}"[:300]
-        self._log.warning("watch_failed", error=error, retry_in=delay)
+        delay = backoff.next_delay()
+        report = self._log.error if unexpected else self._log.warning
+        report("watch_failed", error=f"{type(exc).__name__}: {exc}"[:300], retry_in=delay)
         self._stop.wait(delay)
 
     def _discover(self) -> bool:
         """Whether the kind is served (looked up unless known); an absent kind holds nothing and
         is synced: there is nothing of it to wait for."""
-        if self.served:
+        if self.served or self._is_served is None:
             return True
-        served = is_served(self._api, self.resource)
+        served = self._is_served()
         changed = served != self.served
         self.served = served
         if not served:
@@ -209,14 +218,10 @@ class Reflector:
                 old, self._items = self._items, {}
                 self._touched(old)
             if old:
-                self._on_change(self.resource, [(o, None) for o in old.values()])
+                self._on_change([(o, None) for o in old.values()])
             self.synced.set()
         if changed:
-            self._log.debug(
-                "kind_served" if served else "kind_not_served",
-                group=self.resource.group,
-                version=self.resource.version,
-            )
+            self._log.debug("kind_served" if served else "kind_not_served")
             if self._on_served is not None:
                 self._on_served()
         return served
@@ -235,21 +240,23 @@ class Reflector:
                 kwargs["_continue"] = token
             page = json.loads(self._list_fn(**kwargs).data)
             for obj in page.get("items") or ():
-                lean = self._held_version(obj) or self._ingest(obj)
+                lean = self._held_version(obj) or self._transform(obj)
                 if self._keep(lean):
                     items[key_of(lean)] = lean
             meta = page.get("metadata") or {}
             token = meta.get("continue")
             if not token:
                 break
+        rv = str(meta["resourceVersion"])  # without one, nothing could be watched: apply nothing
         with self._lock:
             old, self._items = self._items, items
             self._touched([k for k in old.keys() | items.keys() if old.get(k) is not items.get(k)])
-        if self.synced.is_set():  # a relist: report what changed while we were not watching
-            self._on_change(self.resource, _diff(old, items))
-        self._seen(str(meta.get("resourceVersion") or ""))
+        # every list reports what it changed (a relist: what changed while we were not
+        # watching), the first too: a reader following one object learns whether it exists
+        self._on_change(_diff(old, items))
+        self._seen(rv)
         self.synced.set()
-        return str(meta.get("resourceVersion") or "")
+        return rv
 
     def _watch_once(self, rv: str) -> str:
         """Watch until the server ends the stream; the resourceVersion to resume from."""
@@ -271,15 +278,14 @@ class Reflector:
                 **self._selectors,
             )
             for event in stream:
-                if self._stop.is_set():
-                    break
                 kind, obj = event.get("type"), event.get("raw_object")
-                if not isinstance(obj, dict):
-                    continue
-                rv = _rv(obj) or rv
-                if kind in ("ADDED", "MODIFIED", "DELETED"):
-                    self._apply(kind, self._ingest(obj))
-                self._seen(rv)
+                if isinstance(obj, dict):
+                    rv = _rv(obj) or rv
+                    if kind in ("ADDED", "MODIFIED", "DELETED"):
+                        self._apply(kind, self._transform(obj))
+                    self._seen(rv)
+                if self._stop.is_set():  # checked after the event: a callback may have set it
+                    break
         finally:
             self._watch = None
         return rv
@@ -294,15 +300,8 @@ class Reflector:
         held = self.get(key_of(obj))
         return held if held is not None and _rv(obj) and _rv(held) == _rv(obj) else None
 
-    def _ingest(self, obj: Obj) -> Obj:
-        """The cache's own copy of an API object: trimmed, and with its kind (typed lists omit
-        it on items). The object the caller holds is left as it is."""
-        lean = self._transform(obj)
-        lean.setdefault("kind", self.resource.kind)
-        return lean
-
     def _apply(self, kind: str, obj: Obj, report: bool = True) -> None:
-        """Store or remove `obj`, an object `_ingest` made."""
+        """Store or remove `obj`, an object `_transform` made."""
         key = key_of(obj)
         keep = kind != "DELETED" and self._keep(obj)
         with self._lock:
@@ -317,7 +316,7 @@ class Reflector:
                 return
             self._touched((key,))
         if report:
-            self._on_change(self.resource, [(old, obj if keep else None)])
+            self._on_change([(old, obj if keep else None)])
 
     def _touched(self, keys: Iterable[str]) -> None:
         """Called with the lock held, so no tracker misses a change made between two reads."""
