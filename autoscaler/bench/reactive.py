@@ -31,15 +31,13 @@ class GreedyScaler:
                 count += fit
                 free[i] -= fit * job.gpus_per_worker
             if count > 0:
-                n = len(job.workers)
                 self.cluster.apply(
-                    Decision(
-                        job=job.key,
-                        action=Action.SCALE_OUT,
-                        reason=Reason.IDLE_CAPACITY,
-                        policy="reactive",
-                        from_workers=n,
-                        to_workers=n + count,
+                    Decision.about(
+                        job,
+                        Action.SCALE_OUT,
+                        Reason.IDLE_CAPACITY,
+                        "reactive",
+                        to_workers=len(job.workers) + count,
                         count=count,
                     ),
                     now,

@@ -205,12 +205,11 @@ def _growth_decision(plan: _Plan, pool: CapacityPool, now: datetime) -> Decision
             f"; {', '.join(reused)} failed before and Horovod blacklists it for the job's life"
             " unless horovodrun has --blacklist-cooldown-range"
         )
-    return Decision(
-        job=job.key,
-        action=Action.SCALE_OUT,
-        reason=Reason.BELOW_MIN if below else Reason.IDLE_CAPACITY,
-        policy=policy.name,
-        from_workers=n,
+    return Decision.about(
+        job,
+        Action.SCALE_OUT,
+        Reason.BELOW_MIN if below else Reason.IDLE_CAPACITY,
+        policy.name,
         to_workers=n + grant.count,
         count=grant.count,
         nodes=tuple(sorted(grant.nodes)),

@@ -122,14 +122,12 @@ def _drain(job: Job, policy: Policy, leaving: _Leaving) -> Decision | None:
     hosts = tuple(dict.fromkeys(w.host for w in draining))  # standalone: a host holds several
     if not hosts:
         return None
-    n = len(job.workers)
-    return Decision(
-        job=job.key,
-        action=Action.DRAIN,
-        reason=leaving.reason,
-        policy=policy.name,
-        from_workers=n,
-        to_workers=n - len(leaving.workers),
+    return Decision.about(
+        job,
+        Action.DRAIN,
+        leaving.reason,
+        policy.name,
+        to_workers=len(job.workers) - len(leaving.workers),
         count=len(draining),
         pods=tuple(w.pod for w in draining),
         hosts=hosts,
@@ -168,15 +166,13 @@ def _scale_in_or_wait(
                 )
             )
         return
-    n = len(job.workers)
     out.decisions.append(
-        Decision(
-            job=job.key,
-            action=Action.SCALE_IN,
-            reason=leaving.reason,
-            policy=policy.name,
-            from_workers=n,
-            to_workers=n - len(victims),
+        Decision.about(
+            job,
+            Action.SCALE_IN,
+            leaving.reason,
+            policy.name,
+            to_workers=len(job.workers) - len(victims),
             count=len(victims),
             pods=victims,
             hosts=hosts,
@@ -316,14 +312,11 @@ def _cancel(job: Job, policy: Policy) -> Decision | None:
     live = {w.pod for w in job.workers if not w.terminating}
     if scaler.started or live & set(scaler.pods):
         return None
-    n = len(job.workers)
-    return Decision(
-        job=job.key,
-        action=Action.CANCEL,
-        reason=Reason.VICTIMS_GONE,
-        policy=policy.name,
-        from_workers=n,
-        to_workers=n,
+    return Decision.about(
+        job,
+        Action.CANCEL,
+        Reason.VICTIMS_GONE,
+        policy.name,
         pods=scaler.pods,
         message=f"delete {scaler.kind}/{scaler.name}: none of its pods is left, and et-operator"
         " would delete every worker of the job",
@@ -372,15 +365,12 @@ def _undrains(
         node = nodes.get(worker.node or "")
         if worker.pod not in in_flight and node is not None and node.schedulable:
             healthy.append(host)
-    n = len(job.workers)
     return [
-        Decision(
-            job=job.key,
-            action=Action.UNDRAIN,
-            reason=reason,
-            policy=policy.name,
-            from_workers=n,
-            to_workers=n,
+        Decision.about(
+            job,
+            Action.UNDRAIN,
+            reason,
+            policy.name,
             count=len(hosts),
             hosts=tuple(hosts),
             message=message,

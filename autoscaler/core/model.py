@@ -17,17 +17,25 @@ class CapacityType(StrEnum):
     ON_DEMAND = "on-demand"
 
 
-class NoticeKind(StrEnum):
+class _Carrying(StrEnum):
+    """A string enum whose members are declared as (value, data) and carry the data."""
+
+    _data: Any
+
+    def __new__(cls, value: str, data: Any) -> _Carrying:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member._data = data
+        return member
+
+
+class NoticeKind(_Carrying):
     """Each kind carries its hardness: a Node holds one persisted notice, and a harder one
     replaces a softer one, never the reverse (core.notices.supersedes)."""
 
-    hardness: int
-
-    def __new__(cls, value: str, hardness: int) -> NoticeKind:
-        member = str.__new__(cls, value)
-        member._value_ = value
-        member.hardness = hardness
-        return member
+    @property
+    def hardness(self) -> int:
+        return int(self._data)
 
     INTERRUPTION = "interruption", 2  # the node will be reclaimed: hard
     REBALANCE = "rebalance", 0  # elevated risk: soft, policy decides
@@ -69,14 +77,11 @@ class ReasonInfo:
 _PLAIN = ReasonInfo()
 
 
-class Reason(StrEnum):
-    info: ReasonInfo
-
-    def __new__(cls, value: str, info: ReasonInfo) -> Reason:
-        member = str.__new__(cls, value)
-        member._value_ = value
-        member.info = info
-        return member
+class Reason(_Carrying):
+    @property
+    def info(self) -> ReasonInfo:
+        info: ReasonInfo = self._data
+        return info
 
     IDLE_CAPACITY = "idle_capacity", _PLAIN
     PREEMPTION_NOTICE = "preemption_notice", ReasonInfo(urgency=0)
@@ -253,7 +258,23 @@ class Decision:
     timeout: timedelta | None = None
 
     @classmethod
-    def noop(cls, job: Job, reason: Reason, policy: str, **details: Any) -> Decision:
-        """No change to `job`, and why (pods, hosts, nodes, tags, message as keywords)."""
+    def about(
+        cls,
+        job: Job,
+        action: Action,
+        reason: Reason,
+        policy: str,
+        to_workers: int | None = None,
+        **details: Any,
+    ) -> Decision:
+        """`action` on `job` as it is now: from its worker count to `to_workers` (by default
+        unchanged); count, pods, hosts, nodes, tags, message, timeout as keywords."""
         n = len(job.workers)
-        return cls(job.key, Action.NOOP, reason, policy, n, n, **details)
+        return cls(
+            job.key, action, reason, policy, n, n if to_workers is None else to_workers, **details
+        )
+
+    @classmethod
+    def noop(cls, job: Job, reason: Reason, policy: str, **details: Any) -> Decision:
+        """No change to `job`, and why."""
+        return cls.about(job, Action.NOOP, reason, policy, **details)
