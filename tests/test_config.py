@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -29,7 +29,11 @@ def test_example_config_is_valid_and_typed() -> None:
     research = config.policy_set.policies[0]
     assert research.scale_out.min_idle == timedelta(minutes=2)
     assert research.scale_out.quantum == Quantum(mode="power_of_two")
-    assert config.policy_set.policies[1].scale_out.quantum == Quantum(mode="multiple_of", n=1)
+    assert config.policy_set.policies[2].scale_out.quantum == Quantum(mode="multiple_of", n=1)
+    due = config.policy_set.policies[1]
+    assert (due.on_demand.min_on_demand, due.on_demand.max_on_demand) == (1, 8)
+    assert due.deadline is not None and due.deadline.rule == "paced"
+    assert due.deadline.due(None) == datetime(2026, 12, 4, 18, tzinfo=UTC)
     assert research.windows[0].duration == timedelta(hours=10)
     assert config.prices.for_node("p3.2xlarge", spot=False) == 3.06
 

@@ -173,7 +173,11 @@ def test_every_reason_and_notice_kind_carries_its_rules_metadata() -> None:
         Reason.REBALANCE,
         Reason.QUANTUM,
     ]
-    assert [r for r in Reason if r.info.alert] == [Reason.SCALER_STUCK]
+    assert [r for r in Reason if r.info.alert] == [
+        Reason.SCALER_STUCK,
+        Reason.DEADLINE_INFEASIBLE,
+        Reason.NO_PROGRESS,
+    ]
     assert Reason.CLAMP_MAX.info.message == "at max workers" and Reason.STEADY == "steady"
     hardness = {k: k.hardness for k in NoticeKind}
     assert hardness == {

@@ -118,6 +118,19 @@ class Reason(_Carrying):
     VICTIMS_GONE = "victims_gone", _PLAIN
     # a scaler older than the policy's scalers.max_age
     SCALER_STUCK = "scaler_stuck", ReasonInfo(alert=True)
+    # on-demand capacity (core.deadline): the anchor kept off spot, the deadline's pace
+    ANCHOR_ON_DEMAND = "anchor_on_demand", _PLAIN
+    BEHIND_DEADLINE = "behind_deadline", _PLAIN
+    AHEAD_OF_DEADLINE = "ahead_of_deadline", _PLAIN
+    CONSOLIDATE_TO_SPOT = "consolidate_to_spot", _PLAIN
+    DEADLINE_INFEASIBLE = (
+        "deadline_infeasible",
+        ReasonInfo("the deadline cannot be met even with every allowed worker", alert=True),
+    )
+    NO_PROGRESS = (
+        "no_progress",
+        ReasonInfo("a deadline is set but the job reports no progress", alert=True),
+    )
 
 
 class ScalerKind(StrEnum):
@@ -217,6 +230,12 @@ class Job:
     # the index the operator gives its next new worker (et-operator: highest in
     # status.targetWorkers + 1, which counts workers that are gone); None = after the live ones
     next_index: int | None = None
+    # for a deadline: when the job was created, the fraction of its work done (from the
+    # annotation its training script keeps), and the fraction one worker does per hour
+    # (estimated from how the fraction moved); None = unknown
+    started_at: datetime | None = None
+    progress: float | None = None
+    progress_rate: float | None = None
 
     @property
     def key(self) -> str:

@@ -166,6 +166,64 @@ class Limits(StrictModel):
         return self
 
 
+class OnDemandRules(StrictModel):
+    """Workers the job may run on non-preemptible capacity. The daemon buys nothing: it scales
+    out beyond idle spot capacity, the pods go Pending, and the cluster's node autoscaler
+    (Karpenter, cluster-autoscaler, ACK/CCE node pools) provisions on-demand nodes for them."""
+
+    # the anchor: kept on on-demand capacity while the job runs, so that a spot wipe-out never
+    # takes every host (Horovod cannot survive losing its whole previous host set)
+    min_on_demand: Workers = 0
+    # the cap on on-demand workers, whatever the deadline says (None: up to max workers)
+    max_on_demand: Workers | None = None
+
+    @model_validator(mode="after")
+    def _ordered(self) -> OnDemandRules:
+        if self.max_on_demand is not None and self.min_on_demand > self.max_on_demand:
+            raise ValueError(
+                f"min_on_demand ({self.min_on_demand}) exceeds max_on_demand ({self.max_on_demand})"
+            )
+        return self
+
+
+class DeadlineRules(StrictModel):
+    """Finish by a time, as cheaply as spot allows: spot whenever it is there, on-demand only
+    while progress is behind the line from start to deadline (Can't Be Late, NSDI '24)."""
+
+    at: datetime | None = None  # an absolute deadline (with a time zone)
+    within: Duration | None = None  # or: this long after the job was created
+    # finish this much before the deadline: covers node provisioning, pod start-up, Horovod's
+    # reset and the error of the progress estimate
+    margin: Duration = timedelta(minutes=30)
+    # paced: just enough on-demand workers to finish in time, removed first when ahead;
+    # uniform_progress: Can't Be Late's rule as written for one instance (behind the line: fill
+    # to max with on-demand; ahead: none), the baseline
+    rule: Literal["paced", "uniform_progress"] = "paced"
+    # the job annotation the training script keeps current: the fraction done (0.42, 42%) or
+    # done/total (4200/10000)
+    progress_annotation: str = "spot-autoscaler.io/progress"
+
+    @field_validator("at")
+    @classmethod
+    def _aware(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("give the deadline a time zone, e.g. 2026-12-01T18:00:00Z")
+        return value
+
+    @model_validator(mode="after")
+    def _one(self) -> DeadlineRules:
+        if (self.at is None) == (self.within is None):
+            raise ValueError("set exactly one of deadline.at and deadline.within")
+        return self
+
+    def due(self, started_at: datetime | None) -> datetime | None:
+        """When the job must be done; None while a relative deadline's start is unknown."""
+        if self.at is not None:
+            return self.at
+        assert self.within is not None
+        return None if started_at is None else started_at + self.within
+
+
 class Window(StrictModel):
     """Overrides in force for `duration` after each time the cron `schedule` fires."""
 
@@ -200,6 +258,8 @@ class Policy(StrictModel):
     scalers: ScalerRules = ScalerRules()
     cost: CostRules = CostRules()
     horovod: HorovodRules = HorovodRules()
+    on_demand: OnDemandRules = OnDemandRules()
+    deadline: DeadlineRules | None = None
     windows: list[Window] = []
 
     def at(self, now: datetime) -> Policy:
