@@ -81,7 +81,7 @@ def on_demand_need(job: Job, policy: Policy, fleet: Fleet, now: datetime) -> OnD
     due = deadline.due(job.started_at)
     if due is None or job.progress is None:
         need = _anchor(anchor)
-        return _with_alert(need, Reason.NO_PROGRESS, f"annotation {deadline.progress_annotation}")
+        return _with_alert(need, Reason.NO_PROGRESS, "annotation spot-autoscaler.io/progress")
     if job.progress >= 1.0:
         return _anchor(anchor)
     if deadline.rule == "uniform_progress":
