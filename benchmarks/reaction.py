@@ -43,6 +43,7 @@ from kubernetes import client, watch  # noqa: E402
 from moto.server import ThreadedMotoServer  # noqa: E402
 
 from autoscaler.annotations import DRAINED_ANNOTATION, decode_drained  # noqa: E402
+from benchmarks.scale import raw_job  # noqa: E402
 from tests.support.kube_api import KubeApiServer  # noqa: E402
 
 REGION, NS, GROUP, VERSION = "us-east-1", "ml", "kai.alibabacloud.com", "v1alpha1"
@@ -79,7 +80,11 @@ class Cluster:
         return f"i-{slot:05d}{self.generation[slot]:06d}"
 
     def seed(self) -> None:
-        objs: list[Obj] = [self._job(k) for k in range(self.n)]
+        # seeded as if created: the emulator gives each job its uid and resourceVersion
+        workers = 2 * PER_JOB_ON_NODE
+        objs = [
+            raw_job(f"job-{k:05d}", workers, NS, headroom=0, stored=False) for k in range(self.n)
+        ]
         for slot in range(self.n):
             objs += self._node_and_pods(slot)
         self.api.seed(*objs)
@@ -119,37 +124,6 @@ class Cluster:
                 out.append(_worker(f"job-{job:05d}", pod, index, name))
         self.pods_on[slot] = pods
         return out
-
-    def _job(self, k: int) -> Obj:
-        template = {
-            "spec": {
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": "trainer",
-                        "resources": {"limits": {"nvidia.com/gpu": "1"}},
-                    }
-                ]
-            }
-        }
-        workers = 2 * PER_JOB_ON_NODE
-        return {
-            "apiVersion": ET_API,
-            "kind": "TrainingJob",
-            "metadata": {"name": f"job-{k:05d}", "namespace": NS},
-            "spec": {
-                "etReplicaSpecs": {
-                    "launcher": {"replicas": 1},
-                    "worker": {
-                        "replicas": workers,
-                        "minReplicas": 1,
-                        "maxReplicas": workers,
-                        "template": template,
-                    },
-                }
-            },
-            "status": {"phase": "Running", "currentScaler": ""},
-        }
 
 
 def _worker(job: str, pod: str, index: int, node: str) -> Obj:

@@ -53,6 +53,7 @@ from autoscaler.core import (  # noqa: E402
     Worker,
     decide,
 )
+from tests.support.kube_pods import DEFAULT_TOLERATIONS  # noqa: E402
 
 SIZES = [(500, 50), (5000, 500), (20000, 2000)]
 NOW = datetime(2026, 3, 2, 12, tzinfo=UTC)
@@ -283,20 +284,7 @@ def raw_pod(name: str, node: str, gpus: int, job: str | None, index: int) -> Obj
             "dnsPolicy": "ClusterFirst",
             "priority": 0,
             "enableServiceLinks": True,
-            "tolerations": [
-                {
-                    "key": "node.kubernetes.io/not-ready",
-                    "operator": "Exists",
-                    "effect": "NoExecute",
-                    "tolerationSeconds": 300,
-                },
-                {
-                    "key": "node.kubernetes.io/unreachable",
-                    "operator": "Exists",
-                    "effect": "NoExecute",
-                    "tolerationSeconds": 300,
-                },
-            ],
+            "tolerations": [dict(t) for t in DEFAULT_TOLERATIONS],
             "volumes": [
                 {
                     "name": "kube-api-access",
@@ -347,7 +335,12 @@ def raw_pod(name: str, node: str, gpus: int, job: str | None, index: int) -> Obj
     }
 
 
-def raw_job(name: str, workers: int) -> Obj:
+def raw_job(
+    name: str, workers: int, namespace: str = "ml", headroom: int = HEADROOM, stored: bool = True
+) -> Obj:
+    """A Running et-operator TrainingJob of WORKERS one-GPU workers that may grow by HEADROOM.
+    STORED: with the uid and resourceVersion of an object read from the API (the watch cache's
+    fill); without them for a create, which leaves both to the server."""
     template = {
         "spec": {
             "containers": [
@@ -359,17 +352,20 @@ def raw_job(name: str, workers: int) -> Obj:
             ]
         }
     }
+    metadata = {"name": name, "namespace": namespace}
+    if stored:
+        metadata |= {"uid": f"uid-{name}", "resourceVersion": "1"}
     return {
         "apiVersion": ET_API,
         "kind": "TrainingJob",
-        "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}", "resourceVersion": "1"},
+        "metadata": metadata,
         "spec": {
             "etReplicaSpecs": {
                 "launcher": {"replicas": 1},
                 "worker": {
                     "replicas": workers,
                     "minReplicas": 1,
-                    "maxReplicas": workers + HEADROOM,
+                    "maxReplicas": workers + headroom,
                     "template": template,
                 },
             }

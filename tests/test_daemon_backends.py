@@ -7,9 +7,10 @@ import threading
 from datetime import UTC, datetime
 from pathlib import Path
 
+from support.cli import run_cli
 from support.kube_api import KubeApiServer
 from support.waiting import wait_for
-from test_daemon_kube import json_lines, run_cli
+from test_daemon_kube import json_lines
 from test_daemon_support import JOB, KUBE_CONFIG, http_get, metric, node, wired_daemon, worker
 
 from autoscaler.config import parse_config

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import signal
 import statistics
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +24,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from kubernetes.client.exceptions import ApiException
+from support.cli import run_cli
 from support.kube_api import KubeApiServer
 from support.waiting import wait_for
 from test_daemon_support import JOB, KUBE_CONFIG, node, worker
@@ -39,8 +38,6 @@ from autoscaler.config.daemon import LeaderElectionSettings
 from autoscaler.daemon.leader import LeaderElector
 from autoscaler.fencing import Fence, NotLeader
 
-ROOT = Path(__file__).resolve().parents[1]
-CLI = Path(sys.executable).with_name("spot-autoscaler")
 LEASE = "spot-autoscaler"
 WRITES = ("POST", "PUT", "PATCH", "DELETE")
 INTERRUPTION_TAINT = "aws-node-termination-handler/spot-itn"
@@ -112,21 +109,7 @@ class Replica:
         self.agent = f"spot-autoscaler/{identity}"
         self.log = tmp_path / f"{identity}.log"
         self._out = self.log.open("w")
-        self.proc = subprocess.Popen(
-            [
-                str(CLI),
-                "run",
-                "--config",
-                str(tmp_path / "config.yaml"),
-                "--kubeconfig",
-                str(tmp_path / "kubeconfig"),
-            ],
-            cwd=ROOT,
-            env={**os.environ, "POD_NAME": identity},
-            text=True,
-            stdout=self._out,
-            stderr=subprocess.STDOUT,
-        )
+        self.proc = run_cli(tmp_path, identity=identity, stdout=self._out, stderr=subprocess.STDOUT)
 
     def events(self) -> list[dict[str, Any]]:
         return [

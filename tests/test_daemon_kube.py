@@ -3,23 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.cli import run_cli
 from support.kube_api import KubeApiServer
 from support.waiting import wait_for
 from test_daemon_support import JOB, KUBE_CONFIG, metric, node, wired_daemon, worker
 
 from autoscaler.config import parse_config
 
-ROOT = Path(__file__).resolve().parents[1]
-CLI = Path(sys.executable).with_name("spot-autoscaler")
 LEASE = "spot-autoscaler"
 WRITES = ("POST", "PUT", "PATCH", "DELETE")
 
@@ -31,26 +27,6 @@ def api(tmp_path: Path) -> Iterator[KubeApiServer]:
         server.kubeconfig(str(tmp_path / "kubeconfig"))
         (tmp_path / "config.yaml").write_text(KUBE_CONFIG)
         yield server
-
-
-def run_cli(tmp_path: Path, *args: str, identity: str = "cli") -> subprocess.Popen[str]:
-    env = {**os.environ, "POD_NAME": identity}
-    return subprocess.Popen(
-        [
-            str(CLI),
-            "run",
-            "--config",
-            str(tmp_path / "config.yaml"),
-            "--kubeconfig",
-            str(tmp_path / "kubeconfig"),
-            *args,
-        ],
-        cwd=ROOT,
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
 
 
 def json_lines(text: str) -> list[dict[str, Any]]:

@@ -134,6 +134,11 @@ def test_probes_follow_cache_sync_and_loop_liveness() -> None:
         d.stop()
 
 
+def reload_successful(port: int) -> float | None:
+    """The daemon's last-reload gauge, scraped from /metrics now."""
+    return metric(http_get(port, "/metrics")[1], "spot_autoscaler_config_last_reload_successful")
+
+
 def test_reload_applies_new_policies_and_keeps_the_old_on_a_broken_file(tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
     path.write_text(CONFIG)
@@ -148,10 +153,7 @@ def test_reload_applies_new_policies_and_keeps_the_old_on_a_broken_file(tmp_path
     d.start()
     try:
         port = d.endpoints.port  # type: ignore[union-attr]
-        assert (
-            metric(http_get(port, "/metrics")[1], "spot_autoscaler_config_last_reload_successful")
-            == 1
-        )
+        assert reload_successful(port) == 1
         path.write_text(CONFIG + "bogus_section: 1\npolicies: [\n")
         wait_for(lambda: "config_rejected" in events(log), what="the broken file to be rejected")
         rejected = next(c for c in log.calls if c.args and c.args[0] == "config_rejected")
@@ -174,10 +176,7 @@ def test_reload_applies_new_policies_and_keeps_the_old_on_a_broken_file(tmp_path
         wait_for(lambda: len(d.reconciler.policies.policies) == 2, what="the new policies")
         assert d.reconciler.policies.policies[0].scale_out.cooldown.total_seconds() == 420
         assert "config_reloaded" in events(log)
-        assert (
-            metric(http_get(port, "/metrics")[1], "spot_autoscaler_config_last_reload_successful")
-            == 1
-        )
+        assert reload_successful(port) == 1
 
         path.write_text(changed + "kubernetes: {namespaces: [ml]}\n")
         wait_for(lambda: "config_change_needs_restart" in events(log), what="a restart-only change")

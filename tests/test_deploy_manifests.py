@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from support.kube_api import KubeApiServer
+from support.rbac import role_grants
 from support.waiting import wait_for
 from test_daemon_support import JOB, KUBE_CONFIG, node, wired_daemon, worker
 
@@ -111,10 +112,8 @@ RULES = {  # (apiGroup, resource) -> verbs, exactly what the daemon does
 
 def granted(kind: str) -> dict[tuple[str, str], set[str]]:
     out: dict[tuple[str, str], set[str]] = {}
-    for rule in one(kind)["rules"]:
-        for group in rule["apiGroups"]:
-            for resource in rule["resources"]:
-                out.setdefault((group, resource), set()).update(rule["verbs"])
+    for group, resource, verb in role_grants(one(kind)):
+        out.setdefault((group, resource), set()).add(verb)
     return out
 
 

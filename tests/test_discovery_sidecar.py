@@ -20,6 +20,7 @@ import structlog
 import structlog.testing
 import yaml
 from support.kube_api import KubeApiServer
+from support.rbac import role_grants
 from support.waiting import seconds_until, wait_for
 
 from autoscaler.adapters.discovery.sidecar import ContainerRef, DrainSidecar, JobRef, run_sidecar
@@ -460,13 +461,7 @@ def test_the_example_role_allows_every_request_the_sidecar_makes(
     (role,) = [d for d in docs if d["kind"] == "Role"]
     (binding,) = [d for d in docs if d["kind"] == "RoleBinding"]
     (job,) = [d for d in docs if d["kind"] == "TrainingJob"]
-    granted = {
-        (g, r, v)
-        for rule in role["rules"]
-        for g in rule["apiGroups"]
-        for r in rule["resources"]
-        for v in rule["verbs"]
-    }
+    granted = role_grants(role)
     assert binding["subjects"][0]["name"] == f"{job['metadata']['name']}-launcher"
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
 

@@ -70,6 +70,17 @@ class Run:
         names = ("daemon.log", "decisions.jsonl", "horovodrun.log")
         self.logs = {name: tmp / name for name in names}
 
+    def env(self) -> dict[str, str]:
+        """The processes' environment: this venv's tools first on PATH, and where the training
+        loop logs and looks for its stop file."""
+        return {
+            **os.environ,
+            "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+            "E2E_LOG": str(self.train_log),
+            "E2E_STOP": str(self.stop),
+            "PYTHONUNBUFFERED": "1",
+        }
+
     def listed(self) -> set[str]:
         try:
             return {line.split(":")[0] for line in self.hosts.read_text().split()}
@@ -132,6 +143,26 @@ standalone:
     return config
 
 
+def horovodrun(np: int, discovery: str) -> list[str]:
+    """Elastic horovodrun of the training loop over loopback: NP ranks to start with, then 1 to 3
+    as the host discovery script DISCOVERY (a command line) lists hosts."""
+    return [
+        str(HOROVODRUN),
+        "-np",
+        str(np),
+        "--min-np",
+        "1",
+        "--max-np",
+        "3",
+        "--network-interface",
+        "lo",
+        "--host-discovery-script",
+        discovery,
+        sys.executable,
+        str(TRAIN),
+    ]
+
+
 @contextmanager
 def started(
     cmd: list[str], log: Path, env: dict[str, str] | None = None, stdout: Path | None = None
@@ -188,30 +219,10 @@ def steps_around(run: Run, reset_at: float) -> dict[str, Any]:
 def test_a_notice_shrinks_horovod_gracefully_and_the_host_rejoins(tmp_path: Path) -> None:
     run = Run(tmp_path)
     config = write_config(run)
-    env = {
-        **os.environ,
-        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
-        "E2E_LOG": str(run.train_log),
-        "E2E_STOP": str(run.stop),
-        "PYTHONUNBUFFERED": "1",
-    }
+    env = run.env()
     daemon_cmd = [str(BIN / "spot-autoscaler"), "run", "--config", str(config)]
     discovery = f"{script_path(OWNED_SCRIPT)} {run.hosts}"
-    horovod_cmd = [
-        str(HOROVODRUN),
-        "-np",
-        "3",
-        "--min-np",
-        "1",
-        "--max-np",
-        "3",
-        "--network-interface",
-        "lo",
-        "--host-discovery-script",
-        discovery,
-        sys.executable,
-        str(TRAIN),
-    ]
+    horovod_cmd = horovodrun(3, discovery)
     report: dict[str, Any] = {"hosts": HOSTS}
     with started(daemon_cmd, run.logs["daemon.log"], env, stdout=run.logs["decisions.jsonl"]):
         run.wait(lambda: run.listed() == set(HOSTS), 15, "the daemon to list all three hosts")
@@ -338,6 +349,7 @@ class OverlayRun(Run):
 
     def env(self) -> dict[str, str]:
         return {
+            **super().env(),
             "SPOT_HOSTFILE": str(self.hostfile),
             "SPOT_DRAIN_FILE": str(self.drain_file),
             "SPOT_CACHE_FILE": str(self.cache),
@@ -428,31 +440,8 @@ def test_every_host_drained_moves_the_job_to_its_replacement_without_rollback(
 ) -> None:
     run = OverlayRun(tmp_path, settle)
     first, second, replacement = HOSTS
-    env = {
-        **os.environ,
-        **run.env(),
-        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
-        "E2E_LOG": str(run.train_log),
-        "E2E_STOP": str(run.stop),
-        "PYTHONUNBUFFERED": "1",
-        "E2E_SLOW_START": f"{replacement}={slow_start}" if slow_start else "",
-    }
-    horovod_cmd = [
-        *_pid_namespace(),
-        str(HOROVODRUN),
-        "-np",
-        "2",
-        "--min-np",
-        "1",
-        "--max-np",
-        "3",
-        "--network-interface",
-        "lo",
-        "--host-discovery-script",
-        f"sh {OVERLAY_SCRIPT_PATH}",
-        sys.executable,
-        str(TRAIN),
-    ]
+    env = {**run.env(), "E2E_SLOW_START": f"{replacement}={slow_start}" if slow_start else ""}
+    horovod_cmd = [*_pid_namespace(), *horovodrun(2, f"sh {OVERLAY_SCRIPT_PATH}")]
     report: dict[str, Any] = {
         "hosts": HOSTS,
         "settle_seconds": settle,

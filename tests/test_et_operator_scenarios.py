@@ -20,6 +20,7 @@ from kube_fixtures import (
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from support.et_operator import SSH_ATTACH, EtOperator
+from support.eviction import evict
 from support.waiting import wait_for
 
 from autoscaler.core import Action, Reason
@@ -113,13 +114,8 @@ def test_evictions_wait_for_the_daemon_which_removes_the_worker_by_name(
     assert budget["spec"]["maxUnavailable"] == 0
     # NTH's drain (kubectl's drain helper) evicts: the budget makes it wait
     core = client.CoreV1Api(kube.server.api_client())
-    eviction = {
-        "apiVersion": "policy/v1",
-        "kind": "Eviction",
-        "metadata": {"name": "bert-worker-0"},
-    }
     with pytest.raises(ApiException) as err:
-        core.create_namespaced_pod_eviction("bert-worker-0", NS, eviction)
+        evict(core, "bert-worker-0", NS)
     assert err.value.status == 429
     operator.step()  # et-operator runs our ScaleIn: the pod goes by name, gracefully drained
     assert pods(kube) == ["bert-worker-1", "bert-worker-2"]

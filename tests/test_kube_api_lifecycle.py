@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from support.eviction import evict
 from support.kube_api import KubeApiServer
 
 NS = "default"
@@ -86,14 +87,13 @@ def test_evictions_honour_pod_disruption_budgets(
             "spec": {"selector": {"matchLabels": labels}, "maxUnavailable": 0},
         },
     )
-    eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "w0"}}
     with pytest.raises(ApiException) as err:
-        core.create_namespaced_pod_eviction("w0", NS, eviction)
+        evict(core, "w0", NS)
     assert err.value.status == 429
     body = json.loads(err.value.body)
     assert body["message"] == "Cannot evict pod as it would violate the pod's disruption budget."
     assert body["details"]["causes"][0]["reason"] == "DisruptionBudget"
-    core.create_namespaced_pod_eviction("other", NS, {**eviction, "metadata": {"name": "other"}})
+    evict(core, "other", NS)
     evicted = core.read_namespaced_pod("other", NS)
     assert evicted.metadata.deletion_timestamp is not None
     assert [c.type for c in evicted.status.conditions][-1] == "DisruptionTarget"
@@ -374,13 +374,8 @@ def test_a_budget_over_et_operator_workers_by_max_unavailable_fails_safe(
         "SyncFailed",
         "trainingjobs.kai.alibabacloud.com does not implement the scale subresource",
     )
-    eviction = {
-        "apiVersion": "policy/v1",
-        "kind": "Eviction",
-        "metadata": {"name": "bert-worker-0"},
-    }
     with pytest.raises(ApiException) as err:
-        core.create_namespaced_pod_eviction("bert-worker-0", NS, eviction)
+        evict(core, "bert-worker-0", NS)
     assert (err.value.status, err.value.headers["Retry-After"]) == (429, "10")
     assert json.loads(err.value.body)["details"]["causes"] == [
         {
@@ -400,12 +395,7 @@ def test_an_allowed_eviction_decrements_the_budget_and_deletes_gracefully(
     kube_api.seed(*(bound_pod(f"w{i}", labels) for i in range(3)))
     policy.create_namespaced_pod_disruption_budget(NS, budget("two", labels, minAvailable=2))
 
-    def evict(name: str) -> Any:
-        return core.create_namespaced_pod_eviction(
-            name, NS, {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name}}
-        )
-
-    evict("w0")
+    evict(core, "w0", NS)
     pod = core.read_namespaced_pod("w0", NS)
     assert pod.metadata.deletion_timestamp and pod.status.phase == "Running"  # Terminating
     [target] = [c for c in pod.status.conditions if c.type == "DisruptionTarget"]
@@ -417,7 +407,7 @@ def test_an_allowed_eviction_decrements_the_budget_and_deletes_gracefully(
     status = policy.read_namespaced_pod_disruption_budget("two", NS).status
     assert (status.current_healthy, status.disruptions_allowed) == (2, 0)
     with pytest.raises(ApiException) as err:
-        evict("w1")
+        evict(core, "w1", NS)
     body = json.loads(err.value.body)
     assert (err.value.status, body["reason"], body["details"]["causes"]) == (
         429,
@@ -429,10 +419,10 @@ def test_an_allowed_eviction_decrements_the_budget_and_deletes_gracefully(
             }
         ],
     )
-    evict("w0")  # already Terminating: the budget is not asked again
+    evict(core, "w0", NS)  # already Terminating: the budget is not asked again
     kube_api.finish_terminating("w0", NS)
     kube_api.seed(bound_pod("w3", labels))  # a replacement: one may go again
-    evict("w1")
+    evict(core, "w1", NS)
 
 
 def test_evictions_the_budget_does_not_stop(
@@ -448,26 +438,22 @@ def test_evictions_the_budget_does_not_stop(
     kube_api.seed(bound_pod("ready", labels), pending, unready)
     policy.create_namespaced_pod_disruption_budget(NS, budget("one", labels, minAvailable=1))
 
-    def evict(name: str) -> None:
-        core.create_namespaced_pod_eviction(
-            name, NS, {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name}}
-        )
-
-    evict("pending")  # canIgnorePDB: Pending (and Succeeded/Failed) pods go regardless
-    evict("unready")  # not healthy while the budget is met (currentHealthy >= desiredHealthy)
+    evict(core, "pending", NS)  # canIgnorePDB: Pending (and Succeeded/Failed) pods go regardless
+    # not healthy while the budget is met (currentHealthy >= desiredHealthy)
+    evict(core, "unready", NS)
     with pytest.raises(ApiException) as err:
-        evict("ready")
+        evict(core, "ready", NS)
     assert err.value.status == 429
     policy.create_namespaced_pod_disruption_budget(NS, budget("also", labels, minAvailable=0))
     with pytest.raises(ApiException) as two:
-        evict("ready")
+        evict(core, "ready", NS)
     assert (two.value.status, json.loads(two.value.body)["message"]) == (
         500,
         "This pod has more than one PodDisruptionBudget, which the eviction subresource "
         "does not support.",
     )
     with pytest.raises(ApiException) as missing:
-        evict("nope")
+        evict(core, "nope", NS)
     assert missing.value.status == 404
     with pytest.raises(ApiException) as mismatch:
         core.create_namespaced_pod_eviction(
@@ -487,9 +473,8 @@ def test_without_the_controller_a_new_budget_is_still_being_processed(
     labels = {"app": "w"}
     kube_api.seed(bound_pod("w0", labels), bound_pod("w1", labels))
     policy.create_namespaced_pod_disruption_budget(NS, budget("b", labels, minAvailable=1))
-    eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "w0"}}
     with pytest.raises(ApiException) as err:
-        core.create_namespaced_pod_eviction("w0", NS, eviction)
+        evict(core, "w0", NS)
     assert "still being processed" in json.loads(err.value.body)["details"]["causes"][0]["message"]
     kube_api.sync_pdbs()
-    core.create_namespaced_pod_eviction("w0", NS, eviction)
+    evict(core, "w0", NS)

@@ -18,6 +18,7 @@ from kube_fixtures import (
     training_job,
 )
 from kubernetes import client
+from support.kube_pods import DEFAULT_TOLERATIONS
 from support.waiting import wait_for
 
 from autoscaler.adapters.kube import KubeCache, KubeObserver
@@ -106,14 +107,7 @@ def full_pod(
         "serviceAccountName": "default",
         "schedulerName": "default-scheduler",
         "priority": 0,
-        "tolerations": [
-            {
-                "key": "node.kubernetes.io/not-ready",
-                "operator": "Exists",
-                "effect": "NoExecute",
-                "tolerationSeconds": 300,
-            }
-        ],
+        "tolerations": copy.deepcopy(DEFAULT_TOLERATIONS),
         "volumes": [
             {
                 "name": "kube-api-access",

@@ -9,7 +9,7 @@ in status.targetWorkers (scaleout.go `setScaleOutWorkers`). CCE never clears `sc
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from kube_fixtures import (
     NS,
@@ -47,6 +47,16 @@ def _ours(obj: dict, pods_frozen: list[str] | None = None) -> dict:
     if pods_frozen is not None:
         obj["status"]["toDeletePods"] = pods_frozen
     return obj
+
+
+def _our_finished_scale_in(at: datetime) -> dict:
+    """Our ScaleIn bert-in-1 of bert-worker-0, succeeded AT, with the pods its status froze."""
+    return _ours(
+        scaler(
+            "ScaleIn", "bert-in-1", "bert", pods=["bert-worker-0"], outcome="ScaleSucceeded", at=at
+        ),
+        pods_frozen=["bert-worker-0"],
+    )
 
 
 def _bert_with_a_notice_on_a(kube: Kube, *more: dict) -> None:
@@ -169,17 +179,7 @@ def test_cce_stale_scale_in_pods_are_cleared_on_scale_out(kube: Kube) -> None:
 def test_a_pod_an_earlier_scale_in_of_ours_named_is_never_named_again(kube: Kube) -> None:
     # our ScaleIn finished (et-operator deleted worker-0) but the pod watch lags: naming it again
     # would make a ScaleIn whose pods are all gone, i.e. one that deletes every worker
-    done = _ours(
-        scaler(
-            "ScaleIn",
-            "bert-in-1",
-            "bert",
-            pods=["bert-worker-0"],
-            outcome="ScaleSucceeded",
-            at=now() + timedelta(seconds=5),
-        ),
-        pods_frozen=["bert-worker-0"],
-    )
+    done = _our_finished_scale_in(now() + timedelta(seconds=5))
     _bert_with_a_notice_on_a(kube, done)
     kube.reconciler().tick(now())
     assert [s["metadata"]["name"] for s in kube.objects("ScaleIn")] == ["bert-in-1"]
@@ -187,17 +187,7 @@ def test_a_pod_an_earlier_scale_in_of_ours_named_is_never_named_again(kube: Kube
 
 def test_a_reused_pod_name_may_be_named_again(kube: Kube) -> None:
     # et-operator reuses indices: this worker-0 was created after our old ScaleIn for another
-    old = _ours(
-        scaler(
-            "ScaleIn",
-            "bert-in-1",
-            "bert",
-            pods=["bert-worker-0"],
-            outcome="ScaleSucceeded",
-            at=now() - timedelta(hours=1),
-        ),
-        pods_frozen=["bert-worker-0"],
-    )
+    old = _our_finished_scale_in(now() - timedelta(hours=1))
     _bert_with_a_notice_on_a(kube, old)
     kube.reconciler().tick(now())
     assert len(kube.objects("ScaleIn")) == 2

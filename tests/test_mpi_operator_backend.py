@@ -23,6 +23,7 @@ from kube_fixtures import (
 )
 from kubernetes import client
 from support.mpi_operator import MpiOperator, discover_hosts, worker_name
+from support.rbac import role_grants
 from support.waiting import wait_for
 
 from autoscaler.adapters.discovery.jobref import JobRef
@@ -261,14 +262,7 @@ def test_the_example_job_is_accepted_and_keeps_its_native_sidecar(kube: Kube) ->
     assert env["SPOT_SLOTS"] == str(job["spec"]["slotsPerWorker"])
     assert f"--slots {env['SPOT_SLOTS']}" in launcher["containers"][0]["args"][0]
     (role,) = [d for d in docs if d["kind"] == "Role"]
-    granted = {
-        (g, r, v)
-        for rule in role["rules"]
-        for g in rule["apiGroups"]
-        for r in rule["resources"]
-        for v in rule["verbs"]
-    }
-    assert {("kubeflow.org", "mpijobs", v) for v in ("list", "watch", "patch")} <= granted
+    assert {("kubeflow.org", "mpijobs", v) for v in ("list", "watch", "patch")} <= role_grants(role)
 
 
 def test_the_launcher_hides_a_drained_worker_from_the_operators_discovery(

@@ -109,12 +109,17 @@ def patches(api: KubeApiServer) -> int:
     return api.count("PATCH", f"/api/v1/nodes/{NODE}")
 
 
+def aws_agent(imds: FakeMetadata, client: ApiClient) -> NodeAgent:
+    """An agent that polls the fake IMDS and annotates NODE through CLIENT."""
+    return NodeAgent(AwsImds(imds.url), NodeAnnotator(client, NODE))
+
+
 def test_aws_notices_are_annotated_once_each_and_never_downgraded(
     imds: FakeMetadata,
     kube: tuple[KubeApiServer, ApiClient],
 ) -> None:
     api, client = kube
-    agent = NodeAgent(AwsImds(imds.url), NodeAnnotator(client, NODE))
+    agent = aws_agent(imds, client)
     assert agent.poll_once() is None and patches(api) == 0
 
     imds.rebalance = {"noticeTime": "2026-03-02T12:00:00Z"}
@@ -130,7 +135,7 @@ def test_aws_notices_are_annotated_once_each_and_never_downgraded(
     assert patches(api) == 2 and agent.counts["reported"] == 2
     assert imds.token_puts == 1  # one IMDSv2 session token for all of it
 
-    restarted = NodeAgent(AwsImds(imds.url), NodeAnnotator(client, NODE))
+    restarted = aws_agent(imds, client)
     restarted.poll_once()  # reads the Node first: already reported
     assert patches(api) == 2
 
@@ -140,7 +145,7 @@ def test_an_expired_token_is_renewed(
     kube: tuple[KubeApiServer, ApiClient],
 ) -> None:
     api, client = kube
-    agent = NodeAgent(AwsImds(imds.url), NodeAnnotator(client, NODE))
+    agent = aws_agent(imds, client)
     agent.poll_once()
     imds.tokens.clear()  # IMDS forgot our session
     imds.instance_action = {"action": "stop", "time": "2026-03-02T12:02:00Z"}

@@ -36,6 +36,15 @@ standalone:
     return cfg.standalone
 
 
+def actuator_on_file(
+    tmp_path: Path, hosts: str, job: str, listed: str
+) -> tuple[Path, OwnedDiscoveryActuator]:
+    """The owned discovery file, already listing LISTED, and an actuator that writes it."""
+    s = settings(tmp_path, hosts, job)
+    s.discovery_file.write_text(listed)
+    return s.discovery_file, OwnedDiscoveryActuator(s)
+
+
 class Standalone:
     """Observer + actuator + reconciler as the daemon wires them, ticked by hand."""
 
@@ -224,23 +233,22 @@ def test_multi_slot_hosts_hold_several_workers(tmp_path: Path, policies: PolicyS
 
 
 def test_scale_in_takes_out_exactly_the_named_workers(tmp_path: Path) -> None:
-    s = settings(
+    file, actuator = actuator_on_file(
         tmp_path,
         "[{name: a, slots: 4}, {name: b, slots: 2}]",
         "{name: j, max_workers: 3, gpus_per_worker: 2}",
+        listed="a:4\nb:2\n",
     )
-    s.discovery_file.write_text("a:4\nb:2\n")
-    actuator = OwnedDiscoveryActuator(s)
     now = datetime.now(UTC)
     actuator.apply(_decision(Action.SCALE_IN, pods=("a#1",)), now)
-    assert s.discovery_file.read_text() == "a:2\nb:2\n"
+    assert file.read_text() == "a:2\nb:2\n"
     actuator.apply(_decision(Action.DRAIN, pods=("b#0",), hosts=("b",)), now)
-    assert s.discovery_file.read_text() == "a:2\n"
+    assert file.read_text() == "a:2\n"
     actuator.apply(_decision(Action.SCALE_IN, pods=("b#0",)), now)  # already gone: no-op
     actuator.apply(_decision(Action.UNDRAIN, hosts=("b",)), now)
-    assert s.discovery_file.read_text() == "a:2\n"
+    assert file.read_text() == "a:2\n"
     actuator.apply(_decision(Action.SCALE_OUT, count=2, nodes=("b", "a")), now)
-    assert s.discovery_file.read_text() == "a:4\nb:2\n"
+    assert file.read_text() == "a:4\nb:2\n"
 
 
 def test_a_dry_run_writes_nothing(tmp_path: Path) -> None:
@@ -285,15 +293,14 @@ def _decision(action: Action, job: str = "standalone/j", **fields: Any) -> Decis
 def test_a_scale_in_after_its_drain_removes_nothing_more(tmp_path: Path) -> None:
     # two workers on `a`; a#1 is drained (its slots leave at once), then its ScaleIn arrives: a#0,
     # the host kept for Horovod, must stay
-    s = settings(
+    file, actuator = actuator_on_file(
         tmp_path,
         "[{name: a, slots: 4}, {name: b, slots: 4}]",
         "{name: j, max_workers: 4, gpus_per_worker: 2}",
+        listed="a:4\nb:4\n",
     )
-    s.discovery_file.write_text("a:4\nb:4\n")
-    actuator = OwnedDiscoveryActuator(s)
     now = datetime.now(UTC)
     actuator.apply(_decision(Action.DRAIN, pods=("a#1",), hosts=("a",)), now)
-    assert s.discovery_file.read_text() == "a:2\nb:4\n"
+    assert file.read_text() == "a:2\nb:4\n"
     actuator.apply(_decision(Action.SCALE_IN, pods=("a#1",)), now)
-    assert s.discovery_file.read_text() == "a:2\nb:4\n"
+    assert file.read_text() == "a:2\nb:4\n"

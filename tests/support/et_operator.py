@@ -538,15 +538,19 @@ class EtOperator:
 
     def _initialize_job(self, job: Obj, status: Obj) -> None:
         if not status["conditions"]:
-            self._init_status(status, "Launcher", "Worker")
-            self._update_status_phase(
-                status,
-                "Created",
-                "TrainingJobCreated",
-                f"TrainingJob {job['metadata']['name']} is created.",
-            )
+            self._init_created(job, status)
         if not status["startTime"]:
             status["startTime"] = _stamp(self.clock())
+
+    def _init_created(self, job: Obj, status: Obj) -> None:
+        """Fresh replica statuses and phase Created: a new job's start, and a restart's."""
+        self._init_status(status, "Launcher", "Worker")
+        self._update_status_phase(
+            status,
+            "Created",
+            "TrainingJobCreated",
+            f"TrainingJob {job['metadata']['name']} is created.",
+        )
 
     def _reconcile_resource(self, job: Obj, status: Obj) -> None:
         """doSteps: the first step whose condition is missing, one per reconcile."""
@@ -575,13 +579,7 @@ class EtOperator:
         ):
             status["restartCount"] += 1
             status.update(conditions=[], currentWorkers=[], targetWorkers=[])
-            self._init_status(status, "Launcher", "Worker")
-            self._update_status_phase(
-                status,
-                "Created",
-                "TrainingJobCreated",
-                f"TrainingJob {job['metadata']['name']} is created.",
-            )
+            self._init_created(job, status)
             self._delete_workers(job, None)
             self._delete_launcher(job)
             self._reconcile_resource(job, status)

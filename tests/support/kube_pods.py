@@ -33,7 +33,7 @@ DEFAULT_GRACE = 30  # pod defaulting: spec.terminationGracePeriodSeconds
 DELETION_TIMEOUT = timedelta(minutes=2)  # disruption.go DeletionTimeout for disruptedPods
 _EVICTION_MESSAGE = "Cannot evict pod as it would violate the pod's disruption budget."
 # The DefaultTolerationSeconds admission plugin adds these to every pod that lacks them.
-_DEFAULT_TOLERATIONS = [
+DEFAULT_TOLERATIONS = [
     {
         "key": "node.kubernetes.io/not-ready",
         "operator": "Exists",
@@ -73,7 +73,7 @@ def default_pod(pod: Obj) -> None:
     ):
         spec.setdefault(k, v)
     tolerations = spec.setdefault("tolerations", [])
-    for t in _DEFAULT_TOLERATIONS:
+    for t in DEFAULT_TOLERATIONS:
         if not any(
             x.get("key") == t["key"] and x.get("effect") in (None, t["effect"]) for x in tolerations
         ):
