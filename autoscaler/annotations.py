@@ -22,6 +22,10 @@ DRAINED_ANNOTATION = "spot-autoscaler.io/drained-hosts"
 # Horovod's current rank assignment (a JSON list). The discovery sidecar writes it; the daemon
 # drops a kept host only once a replacement is in it.
 ASSIGNED_ANNOTATION = "spot-autoscaler.io/assigned-hosts"
+# On the same job: how much of its work is done, kept current by its training script (rank 0,
+# e.g. after each checkpoint): a fraction "0.42", a percentage "42%" or "done/total" "4200/10000".
+# A policy's deadline reads it (core.deadline).
+PROGRESS_ANNOTATION = "spot-autoscaler.io/progress"
 
 
 def encode_notice(notice: Notice) -> str:
@@ -87,3 +91,24 @@ encode_assigned = encode_drained
 def decode_assigned(value: str | None) -> frozenset[str] | None:
     """Assigned hosts from the annotation; None = not reported (no sidecar, or malformed)."""
     return _host_list(value)
+
+
+def decode_progress(value: str | None) -> float | None:
+    """The fraction done, within [0, 1]; None when absent or unreadable (the core then says
+    `no_progress` for a job whose policy has a deadline)."""
+    if value is None:
+        return None
+    text = value.strip()
+    try:
+        if text.endswith("%"):
+            fraction = float(text[:-1]) / 100
+        elif "/" in text:
+            done, total = text.split("/", 1)
+            fraction = float(done) / float(total)
+        else:
+            fraction = float(text)
+    except (ValueError, ZeroDivisionError):
+        return None
+    if fraction != fraction or fraction < 0:  # NaN, negative
+        return None
+    return min(1.0, fraction)

@@ -163,7 +163,7 @@ def _add_check_config(sub: argparse._SubParsersAction) -> None:
 def cmd_check_config(args: argparse.Namespace) -> int:
     """Exit 2 on problems; warnings are printed (stderr) but the file is still OK (exit 0)."""
     try:
-        config, warnings = check_config(args.file)
+        config, warnings = check_config(args.file, now=datetime.now(UTC))
     except ConfigError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)

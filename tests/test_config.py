@@ -33,7 +33,7 @@ def test_example_config_is_valid_and_typed() -> None:
     due = config.policy_set.policies[1]
     assert (due.on_demand.min_on_demand, due.on_demand.max_on_demand) == (1, 8)
     assert due.deadline is not None and due.deadline.rule == "paced"
-    assert due.deadline.due(None) == datetime(2026, 12, 4, 18, tzinfo=UTC)
+    assert due.deadline.due(datetime(2026, 12, 1, tzinfo=UTC)) == datetime(2026, 12, 4, tzinfo=UTC)
     assert research.windows[0].duration == timedelta(hours=10)
     assert config.prices.for_node("p3.2xlarge", spot=False) == 3.06
 
@@ -110,6 +110,19 @@ def test_check_config_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     err = capsys.readouterr().err
     assert f"{bad}:3: policies[0].scale_out.quantum" in err and "1 problem(s)" in err
     assert main(["check-config", str(tmp_path / "missing.yaml")]) == 2
+
+
+def test_check_config_rejects_a_deadline_in_the_past(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "late.yaml"
+    path.write_text(
+        "policies:\n  - name: default\n    deadline:\n      at: '2020-01-01T00:00:00Z'\n"
+    )
+    assert main(["check-config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:4: policies[0].deadline.at: 2020-01-01T00:00:00+00:00 is in the past" in err
+    assert load_config(path).policy_set.policies[0].deadline is not None  # the daemon runs it
 
 
 def test_bad_label_selector_is_a_config_problem() -> None:

@@ -563,3 +563,24 @@ def test_karpenter_v1_and_pre_v1_disruption_taints_are_notices(kube: Kube) -> No
     kube.server.seed(node("v1", taints=[v1]), node("v1beta1", taints=[pre_v1]))
     notices = {(n.node, n.kind) for n in snap(kube).notices}
     assert notices == {("v1", NoticeKind.INTERRUPTION), ("v1beta1", NoticeKind.INTERRUPTION)}
+
+
+def test_a_jobs_progress_annotation_and_start_reach_the_core_with_a_measured_pace(
+    kube: Kube,
+) -> None:
+    from autoscaler.annotations import PROGRESS_ANNOTATION
+
+    def bert(progress: str) -> dict:
+        return training_job("bert", annotations={PROGRESS_ANNOTATION: progress})
+
+    kube.server.seed(node("a"), bert("0.10"), worker("bert", 0, "a"), worker("bert", 1, "a"))
+    observer = kube.observer(kube.cache())
+    first = observer.snapshot(now()).jobs[0]
+    assert first.progress == pytest.approx(0.10) and first.progress_rate is None
+    assert first.started_at is not None and first.started_at <= now()
+    kube.server.seed(bert("1200/10000"))  # 2% more by two workers in 10 minutes
+    later = now() + timedelta(minutes=10)
+    wait_for(lambda: observer.snapshot(later).jobs[0].progress == pytest.approx(0.12))
+    assert observer.snapshot(later).jobs[0].progress_rate == pytest.approx(0.06, rel=1e-3)
+    kube.server.seed(bert("garbage"))
+    wait_for(lambda: observer.snapshot(later).jobs[0].progress is None)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +38,10 @@ def load_config(path: str | Path) -> Config:
     return check_config(path)[0]
 
 
-def check_config(path: str | Path) -> tuple[Config, list[Problem]]:
+def check_config(path: str | Path, now: datetime | None = None) -> tuple[Config, list[Problem]]:
     """The config in `path` and its warnings (legal, but likely to misbehave); ConfigError if
-    it is invalid."""
+    it is invalid, or (given `now`: check-config, not the daemon, whose jobs may simply be
+    done) if a policy's absolute deadline has passed."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -51,7 +52,22 @@ def check_config(path: str | Path) -> tuple[Config, list[Problem]]:
         problem = Problem(str(path), line, "", f"not UTF-8 text (byte 0x{byte:02x})")
         raise ConfigError([problem]) from exc
     config, lines = _parse(text, str(path))
+    if now is not None and (past := _past_deadlines(config, lines, str(path), now)):
+        raise ConfigError(past)
     return config, config_warnings(config, lines, str(path))
+
+
+def _past_deadlines(
+    config: Config, lines: dict[KeyPath, int], source: str, now: datetime
+) -> list[Problem]:
+    out = []
+    for i, policy in enumerate(config.policy_set.policies):
+        deadline = policy.deadline
+        if deadline is not None and deadline.at is not None and deadline.at <= now:
+            path: KeyPath = ("policies", i, "deadline", "at")
+            message = f"{deadline.at.isoformat()} is in the past (now {now.isoformat()})"
+            out.append(Problem(source, _line(lines, path), _dotted(path), message))
+    return out
 
 
 def parse_config(text: str, source: str = "<config>") -> Config:

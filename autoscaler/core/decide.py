@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from autoscaler.core.capacity import CapacityPool, Claim, fill, grant_of
+from autoscaler.core.deadline import on_demand
 from autoscaler.core.departures import Departures, plan_departures, scaler_block
 from autoscaler.core.model import (
     Action,
@@ -46,7 +47,11 @@ def decide(snapshot: Snapshot, policies: PolicySet, now: datetime) -> list[Decis
     for plan in plans:
         decisions.extend(plan.departures.decisions)
         if plan.departures.blocks_scale_out is None:  # else departures say what happens now
-            decisions.append(_growth_decision(plan, pool, now))
+            growth = _growth_decision(plan, pool, now)
+            staying = _staying(plan.job, plan.departures)
+            decisions.append(
+                on_demand(growth, plan.job, plan.policy, staying, plan.ceiling, nodes, now)
+            )
     return decisions
 
 
@@ -84,7 +89,7 @@ def _plan_job(
     departures = plan_departures(job, policy, risk, nodes, (lo, hi), now)
     plan = _Plan(job, policy, departures, hi - (departures.kept is not None))
     # a doomed host kept for Horovod's sake counts towards max, not towards min: refill it
-    staying = [w for w in job.workers if w not in departures.leaving and w is not departures.kept]
+    staying = _staying(job, departures)
     spend = _spend(job, staying, nodes)
     plan.blocked = departures.blocks_scale_out or _growth_blocked(job, policy, now)
     held: list[Claim] = []
@@ -96,6 +101,10 @@ def _plan_job(
         # below min and waiting only for its own scaler: others must not take its refill
         held.append(Claim(job, policy, len(staying), plan.ceiling, spend))
     return plan, held, spend
+
+
+def _staying(job: Job, departures: Departures) -> list[Worker]:
+    return [w for w in job.workers if w not in departures.leaving and w is not departures.kept]
 
 
 def _idle_capacity(

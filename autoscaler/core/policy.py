@@ -199,9 +199,6 @@ class DeadlineRules(StrictModel):
     # uniform_progress: Can't Be Late's rule as written for one instance (behind the line: fill
     # to max with on-demand; ahead: none), the baseline
     rule: Literal["paced", "uniform_progress"] = "paced"
-    # the job annotation the training script keeps current: the fraction done (0.42, 42%) or
-    # done/total (4200/10000)
-    progress_annotation: str = "spot-autoscaler.io/progress"
 
     @field_validator("at")
     @classmethod

@@ -6,12 +6,14 @@ from collections.abc import Iterable
 
 from autoscaler.adapters.kube.kinds.base import JobInputs, JobKind, ReplicaSpec
 from autoscaler.adapters.kube.pods import PodFacts, gpu_requests
-from autoscaler.adapters.kube.resources import Obj, annotations_of, labels_of
+from autoscaler.adapters.kube.resources import Obj, annotations_of, labels_of, parse_time
 from autoscaler.annotations import (
     ASSIGNED_ANNOTATION,
     DRAINED_ANNOTATION,
+    PROGRESS_ANNOTATION,
     decode_assigned,
     decode_drained,
+    decode_progress,
 )
 from autoscaler.config.kubernetes import KubernetesSettings
 from autoscaler.core.model import Job, Worker
@@ -70,6 +72,7 @@ def build_job(
     replica = kind.worker_spec(job)
     lo, hi = replica.bounds()
     scalers = inputs.scalers
+    annotations = annotations_of(job)
     return Job(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
@@ -84,9 +87,11 @@ def build_job(
         labels=labels,
         last_scale_out_at=scalers.last_scale_out_at if scalers else None,
         last_failed_scale_out_at=scalers.last_failed_scale_out_at if scalers else None,
-        drained_hosts=decode_drained(annotations_of(job).get(DRAINED_ANNOTATION)),
-        assigned_hosts=decode_assigned(annotations_of(job).get(ASSIGNED_ANNOTATION)),
+        drained_hosts=decode_drained(annotations.get(DRAINED_ANNOTATION)),
+        assigned_hosts=decode_assigned(annotations.get(ASSIGNED_ANNOTATION)),
         next_index=kind.next_index(job),
         reuses_names=kind.reuses_names,
         removes_highest_first=kind.removes_highest_first,
+        started_at=parse_time(meta.get("creationTimestamp")),
+        progress=decode_progress(annotations.get(PROGRESS_ANNOTATION)),
     )

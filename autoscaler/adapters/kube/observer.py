@@ -23,6 +23,7 @@ from autoscaler.adapters.kube.kinds import KINDS
 from autoscaler.adapters.kube.kinds.base import JobContext, JobInputs, JobKind
 from autoscaler.adapters.kube.nodes import NodeFacts, node_facts
 from autoscaler.adapters.kube.podindex import PodIndex
+from autoscaler.adapters.kube.progress import ProgressRates
 from autoscaler.adapters.kube.rejects import Rejections
 from autoscaler.adapters.kube.resources import NODES, PODS, Obj, Resource, key_of
 from autoscaler.adapters.kube.scalers import ScalerFacts, by_job, scaler_facts
@@ -96,6 +97,7 @@ class KubeObserver:
         # still in discovery. Horovod blacklists those names; et-operator may reuse them. Kept in
         # memory only: after a restart the warning is lost, never a wrong action taken.
         self._failed: dict[str, set[str]] = defaultdict(set)
+        self._rates = ProgressRates()  # each job's pace, from its progress annotation over time
 
     def set_prices(self, prices: Prices) -> None:
         """A reloaded config's price table: the next snapshot prices nodes with it."""
@@ -110,6 +112,8 @@ class KubeObserver:
             del self._failed[gone]  # the job finished or was deleted
         lost = self._pods.jobs_on(self._pods.nodes() - alive)
         jobs = [self._with_failures(j, alive, j.key in lost) for j in jobs]
+        self._rates.forget_except({j.key for j in jobs})
+        jobs = [self._rates.with_rate(j, now) for j in jobs]
         return Snapshot(nodes=tuple(nodes), notices=tuple(notices), jobs=tuple(jobs))
 
     def _read_nodes(self) -> tuple[list[GpuNode], list[Notice], set[str], float | None]:

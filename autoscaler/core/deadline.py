@@ -1,0 +1,243 @@
+"""On-demand workers for one job: the anchor, and the pace a deadline needs.
+
+The daemon buys no nodes. When a policy wants on-demand workers, the job is scaled out beyond idle
+spot capacity (a ScaleOut with no node), its pods go Pending and the cluster's node autoscaler
+provisions them (docs/deadlines.md). Spot comes first: these rules act only when idle spot
+capacity gave the job nothing this pass, and the workers they add are the first to go.
+
+Two rules (DeadlineRules.rule):
+- `paced`: from the fraction still to do, the hours left before `deadline - margin` and what one
+  worker does per hour, the workers needed now; on-demand makes up what spot lacks, and leaves
+  once spot covers the need with 20% to spare (so a worker is not added and removed in turn).
+- `uniform_progress`: Can't Be Late's rule (Wu et al., NSDI '24) as written for one instance:
+  behind the straight line from start to `deadline - margin`, run every allowed worker (on-demand
+  filling in); on or above it, none on-demand. The benchmark's baseline.
+
+The anchor (`min_on_demand`) is kept under either rule while the job runs, so a spot wipe-out
+leaves Horovod a host of its previous set and the job goes on without a restart.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+from autoscaler.core.model import Action, CapacityType, Decision, GpuNode, Job, Reason, Worker
+from autoscaler.core.policy import DeadlineRules, Policy
+
+_SPARE = 1.2  # on-demand leaves only once spot alone covers the need this many times
+# A growth noop for these reasons means no scaler may be created now, on-demand or not.
+_NO_SCALER = frozenset(
+    {
+        Reason.SCALER_IN_FLIGHT,
+        Reason.SCALER_STUCK,
+        Reason.JOB_NOT_RUNNING,
+        Reason.BACKOFF,
+        Reason.SCALE_OUT_DISABLED,
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class OnDemandNeed:
+    want: int  # on-demand workers to have now (scale out below this)
+    keep: int  # on-demand workers to keep (scale in above this); keep >= want
+    reason: Reason  # the rule that set `want`
+    message: str
+    alert: Reason | None = None  # deadline_infeasible / no_progress: a person must hear of it
+
+
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    """A job's staying workers by where they run: pending ones are not placed yet, so they are
+    the ones a ScaleOut past idle capacity made (the node autoscaler is bringing them up)."""
+
+    spot: tuple[Worker, ...]
+    on_demand: tuple[Worker, ...]
+
+    @classmethod
+    def of(cls, workers: list[Worker], nodes: Mapping[str, GpuNode]) -> Fleet:
+        spot: list[Worker] = []
+        on_demand: list[Worker] = []
+        for w in workers:
+            node = nodes.get(w.node or "")
+            placed_on_spot = node is not None and node.capacity_type is CapacityType.SPOT
+            (spot if placed_on_spot else on_demand).append(w)
+        return cls(tuple(spot), tuple(on_demand))
+
+
+def on_demand_need(job: Job, policy: Policy, fleet: Fleet, now: datetime) -> OnDemandNeed | None:
+    """What `policy` wants of on-demand workers for `job` now; None when it wants none at all."""
+    rules, deadline = policy.on_demand, policy.deadline
+    if rules.min_on_demand == 0 and deadline is None:
+        return None
+    lo, hi = policy.bounds(job)
+    cap = hi if rules.max_on_demand is None else min(hi, rules.max_on_demand)
+    anchor = min(rules.min_on_demand, cap)
+    if deadline is None:
+        return _anchor(anchor)
+    due = deadline.due(job.started_at)
+    if due is None or job.progress is None:
+        need = _anchor(anchor)
+        return _with_alert(need, Reason.NO_PROGRESS, "annotation spot-autoscaler.io/progress")
+    if job.progress >= 1.0:
+        return _anchor(anchor)
+    if deadline.rule == "uniform_progress":
+        return _uniform_progress(job, deadline, due, anchor, cap, hi, len(fleet.spot), now)
+    return _paced(job, deadline, due, anchor, cap, hi, len(fleet.spot), now)
+
+
+def _anchor(anchor: int) -> OnDemandNeed:
+    return OnDemandNeed(
+        anchor, anchor, Reason.ANCHOR_ON_DEMAND, f"keep {anchor} worker(s) on on-demand"
+    )
+
+
+def _with_alert(need: OnDemandNeed, alert: Reason, detail: str) -> OnDemandNeed:
+    return OnDemandNeed(
+        need.want, need.keep, need.reason, f"{alert.info.message} ({detail})", alert
+    )
+
+
+def _paced(
+    job: Job,
+    deadline: DeadlineRules,
+    due: datetime,
+    anchor: int,
+    cap: int,
+    hi: int,
+    spot: int,
+    now: datetime,
+) -> OnDemandNeed:
+    assert job.progress is not None
+    remaining = 1.0 - job.progress
+    hours = (due - deadline.margin - now).total_seconds() / 3600
+    rate = job.progress_rate
+    if rate is None or rate <= 0:  # nothing measured yet: the anchor, until progress moves
+        return _anchor(anchor)
+    if hours <= 0:
+        return _infeasible(anchor, cap, hi, spot, "past the deadline less its margin")
+    needed = math.ceil(remaining / (hours * rate) - 1e-9)
+    if needed > hi:
+        return _infeasible(anchor, cap, hi, spot, f"{needed} workers needed, max {hi}")
+    want = _clamp(needed - spot, anchor, cap)
+    keep = _clamp(math.ceil(needed * _SPARE) - spot, want, cap)
+    reason = Reason.BEHIND_DEADLINE if want > anchor else Reason.ANCHOR_ON_DEMAND
+    message = (
+        f"{remaining:.0%} left in {hours:.1f} h needs {needed} worker(s); {spot} on spot,"
+        f" {want} on on-demand"
+    )
+    return OnDemandNeed(want, keep, reason, message)
+
+
+def _uniform_progress(
+    job: Job,
+    deadline: DeadlineRules,
+    due: datetime,
+    anchor: int,
+    cap: int,
+    hi: int,
+    spot: int,
+    now: datetime,
+) -> OnDemandNeed:
+    assert job.progress is not None
+    start = job.started_at
+    span = (due - deadline.margin - start).total_seconds() if start is not None else 0.0
+    if start is None or span <= 0:
+        return _with_alert(_anchor(anchor), Reason.NO_PROGRESS, "the job's start is unknown")
+    line = min(1.0, (now - start).total_seconds() / span)
+    if job.progress >= line:
+        return OnDemandNeed(
+            anchor,
+            anchor,
+            Reason.AHEAD_OF_DEADLINE,
+            f"progress {job.progress:.0%} on or above the line ({line:.0%}): spot only",
+        )
+    want = _clamp(hi - spot, anchor, cap)
+    message = f"progress {job.progress:.0%} below the line ({line:.0%}): every worker"
+    return OnDemandNeed(want, want, Reason.BEHIND_DEADLINE, message)
+
+
+def _infeasible(anchor: int, cap: int, hi: int, spot: int, why: str) -> OnDemandNeed:
+    """Too late to finish in time: every allowed worker, within the on-demand cap (spend stays
+    bounded), and a person is told."""
+    want = _clamp(hi - spot, anchor, cap)
+    need = OnDemandNeed(want, want, Reason.BEHIND_DEADLINE, "")
+    return _with_alert(need, Reason.DEADLINE_INFEASIBLE, why)
+
+
+def _clamp(value: int, lo: int, hi: int) -> int:
+    return max(lo, min(hi, value))
+
+
+def on_demand(
+    growth: Decision,
+    job: Job,
+    policy: Policy,
+    staying: list[Worker],
+    ceiling: int,
+    nodes: Mapping[str, GpuNode],
+    now: datetime,
+) -> Decision:
+    """`growth` (the idle-capacity decision), or in its place, when it adds nothing, an on-demand
+    ScaleOut past idle capacity, a ScaleIn of on-demand workers no longer needed, or an alert."""
+    if growth.action is not Action.NOOP or growth.reason in _NO_SCALER:
+        return growth
+    fleet = Fleet.of(staying, nodes)
+    need = on_demand_need(job, policy, fleet, now)
+    if need is None:
+        return growth
+    have = len(fleet.on_demand)
+    tags = (need.alert,) if need.alert else ()
+    room = min(ceiling - len(staying), policy.scale_out.max_step or ceiling)
+    if have < need.want and room > 0:
+        count = min(need.want - have, room)
+        return Decision.about(
+            job,
+            Action.SCALE_OUT,
+            need.reason,
+            policy.name,
+            to_workers=len(job.workers) + count,
+            count=count,
+            tags=tags,
+            message=f"{need.message}; past idle spot capacity: the node autoscaler provisions",
+            timeout=policy.scale_out.timeout,
+        )
+    lo, _ = policy.bounds(job)
+    surplus = min(have - need.keep, len(staying) - lo)
+    victims = _surplus(job, fleet, surplus) if job.scaler is None and job.running else ()
+    if victims:
+        spare = Reason.AHEAD_OF_DEADLINE if policy.deadline else Reason.CONSOLIDATE_TO_SPOT
+        return Decision.about(
+            job,
+            Action.SCALE_IN,
+            spare,
+            policy.name,
+            to_workers=len(job.workers) - len(victims),
+            count=len(victims),
+            pods=victims,
+            hosts=tuple(w.host for w in fleet.on_demand if w.pod in victims),
+            tags=tags,
+            message=f"{need.message}; remove on-demand {', '.join(victims)}",
+        )
+    if need.alert is not None:
+        return Decision.noop(
+            job, need.alert, policy.name, tags=(growth.reason,), message=need.message
+        )
+    return growth
+
+
+def _surplus(job: Job, fleet: Fleet, count: int) -> tuple[str, ...]:
+    """The on-demand workers to let go: not yet placed first (nothing to lose), then the newest.
+    An operator that removes the highest indices (mpi-operator) can only lose its top ones."""
+    if count <= 0:
+        return ()
+    order = sorted(fleet.on_demand, key=lambda w: (not w.pending, -w.index))
+    victims = order[:count]
+    if job.removes_highest_first:
+        top = sorted(job.workers, key=lambda w: -w.index)[:count]
+        if {w.pod for w in top} != {w.pod for w in victims}:
+            return ()
+    return tuple(w.pod for w in victims)
