@@ -123,9 +123,28 @@ def test_a_pod_bound_to_spot_meanwhile_needs_no_on_demand_node() -> None:
     cluster, accounts = _cluster(), Accounts()
     _scale_out(cluster, _at(0), 1)
     cluster.add_node(SimNode("spot-1", 1, CapacityType.SPOT, 0.91, "p3.2xlarge"))
+    _run(cluster, accounts, 10)  # the next tick: the scheduler binds the pod to the new node
     _run(cluster, accounts, 3600)
     assert _pooled(cluster) == [] and cluster.claims == []
     assert next(iter(cluster.pods.values())).node == "spot-1"
+
+
+def test_an_empty_pool_node_is_preferred_to_an_idle_spot_node_until_it_goes() -> None:
+    # the worker template's preferred on-demand affinity: a pod scheduled within the TTL reuses
+    # the on-demand node; once it is gone, the next pod binds to spot
+    cluster, accounts = _cluster(), Accounts()
+    _scale_out(cluster, _at(0), 1)
+    _run(cluster, accounts, 600)
+    cluster.add_node(SimNode("spot-1", 1, CapacityType.SPOT, 0.91, "p3.2xlarge"))
+    _scale_in(cluster, _at(600), "train-worker-0")
+    _run(cluster, accounts, 610)
+    _scale_out(cluster, _at(610), 1)
+    assert cluster.pods["train-worker-1"].node == "on-demand-pool-1"
+    _run(cluster, accounts, 700)
+    _scale_in(cluster, _at(700), "train-worker-1")
+    _run(cluster, accounts, 800)
+    _scale_out(cluster, _at(800), 1)
+    assert _pooled(cluster) == [] and cluster.pods["train-worker-2"].node == "spot-1"
 
 
 def test_simulate_has_no_pool_by_default() -> None:

@@ -425,7 +425,10 @@ class SimulatedCluster:
         self.scale_outs_failed += 1
 
     def _place(self, gpus: float) -> str | None:
-        """kube-scheduler, roughly: a node with room, not tainted by a notice, least allocated."""
+        """kube-scheduler, roughly: a node with room, not tainted by a notice, least allocated;
+        on a tie an on-demand node (the preferred on-demand affinity docs/deadlines.md gives
+        worker templates; the real scheduler weighs it above least-allocated, which differs only
+        on nodes of several GPUs)."""
         used: dict[str, float] = {}
         for pod in self.pods.values():
             if pod.node is not None:
@@ -435,6 +438,7 @@ class SimulatedCluster:
             free = node.gpus - used.get(node.name, 0.0)
             if node.name in self.notices or free < gpus:
                 continue
-            if best is None or free > best[0]:
-                best = (free, node.name)
+            key = (free, node.capacity is CapacityType.ON_DEMAND)
+            if best is None or key > best[0]:
+                best = (key, node.name)
         return best[1] if best else None
