@@ -65,12 +65,8 @@ def uniform_progress(world: World, policies: PolicySet | None = None) -> PolicyR
     """Can't Be Late's rule through our core: behind the line to the deadline, fill to max with
     on-demand; on or above it, spot only. No anchor."""
     assert world.deadline is not None, "uniform_progress needs a deadline"
-    rules = _with_deadline(
-        PolicySet() if policies is None else policies,
-        world.deadline,
-        "uniform_progress",
-        OnDemandRules(),
-    )
+    rules = PolicySet() if policies is None else policies
+    rules = _with_deadline(rules, world.deadline, "uniform_progress", OnDemandRules())
     return _reconciled("uniform_progress", world, rules, None)
 
 
@@ -80,7 +76,8 @@ def _with_deadline(
     rule: Literal["paced", "uniform_progress"],
     on_demand: OnDemandRules,
 ) -> PolicySet:
-    """Every policy of `rules`, due `deadline` seconds after the job's start under `rule`."""
+    """Every policy of `rules`, due `deadline` seconds after the job's start under `rule`, with
+    `on_demand` as its on-demand bounds."""
     due = DeadlineRules(within=timedelta(seconds=deadline), rule=rule)
     policies = [
         p.model_copy(update={"deadline": due, "on_demand": on_demand}) for p in rules.policies
