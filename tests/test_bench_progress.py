@@ -70,6 +70,29 @@ def test_completion_is_the_first_time_the_target_is_reached() -> None:
     assert p.completed_at == pytest.approx(HOUR + 7)
 
 
+def test_work_over_time_shows_stalls_and_rollbacks() -> None:
+    p = _ring(4)
+    p.leave(7 + 250.0, graceful=False)  # 50 s of work since the last commit are lost
+    p.advance(1000.0)
+    kept = 4 * 200 / HOUR
+    assert p.history[:4] == [
+        (0.0, 0.0),
+        (7.0, 0.0),  # the join's reset: no work until then
+        (257.0, pytest.approx(4 * 250 / HOUR)),
+        (257.0, pytest.approx(kept)),  # the rollback: a drop at one instant
+    ]
+    assert p.history[4:] == [(287.5, pytest.approx(kept)), (1000.0, pytest.approx(p.work))]
+
+
+def test_reported_progress_is_a_clamped_fraction_and_a_per_worker_rate() -> None:
+    p = Progress(Workload(scaling_efficiency=0.9), Overheads(), target=10.0)
+    assert p.done == 0.0 and p.rate_per_worker == pytest.approx(1 / 10)  # alone, before joining
+    p.join(0.0, 4)
+    assert p.rate_per_worker == pytest.approx(throughput(4, 0.9) / 4 / 10)
+    p.advance(10 * HOUR)
+    assert p.work > p.target and p.done == 1.0
+
+
 def test_ring_events_agree_with_the_simulators_own_loss_count() -> None:
     class Count:
         def __init__(self) -> None:

@@ -10,7 +10,7 @@ from autoscaler.bench.result import Meter, PolicyResult
 from autoscaler.bench.world import BenchJob, World, ceil_div
 
 
-def on_demand_static(world: World) -> PolicyResult:
+def on_demand_only(world: World) -> PolicyResult:
     """Max workers on on-demand nodes the whole time: never preempted, paid from the start."""
     meter = Meter(world.gpu_price(spot=False))
     meter.hold(0.0, sum(j.max_workers * j.spec.gpus_per_worker for j in world.jobs))
@@ -19,7 +19,7 @@ def on_demand_static(world: World) -> PolicyResult:
     for job in world.jobs:
         progress[job.key].join(start, job.max_workers)
     meter.running(start, sum(j.max_workers for j in world.jobs))
-    return PolicyResult.metered("on_demand_static", meter, list(progress.values()), world.end)
+    return PolicyResult.metered("on_demand_only", meter, list(progress.values()), world.end)
 
 
 def oracle(world: World) -> PolicyResult:

@@ -23,8 +23,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "bench",
         help="compare the autoscaler with baselines and an oracle on a spot trace",
-        description="Replay a spot trace (t_ms,add|remove,nodeN) for on_demand_static, "
-        "spot_static_restart, reactive_elastic, autoscaler and oracle on the same workload; write "
+        description="Replay a spot trace (t_ms,add|remove,nodeN) for on_demand_only, "
+        "spot_static_restart, reactive_elastic, autoscaler and oracle on the same workload (with "
+        "--deadline also uniform_progress, and the autoscaler paces to the deadline); write "
         "DIR/bench.json, DIR/bench.md, DIR/bench.png and the autoscaler's DIR/decisions.jsonl.",
     )
     p.add_argument("--trace", type=Path, required=True, help="spot availability trace file")
@@ -32,7 +33,30 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=1, help="seed: missed notices, static placement")
     p.add_argument("--params", type=Path, help="workload/model YAML (see docs/benchmarks.md)")
     p.add_argument("--config", type=Path, help="policy YAML for the autoscaler; default: built-in")
+    p.add_argument(
+        "--job-hours",
+        type=_hours,
+        metavar="H",
+        help="job size: the work max_workers on on-demand do in H hours (default: params, 4)",
+    )
+    p.add_argument(
+        "--deadline",
+        type=_hours,
+        metavar="D",
+        help="every job due D hours after the start: adds uniform_progress, and the autoscaler "
+        "paces to it with one worker on on-demand (on-demand nodes from a simulated Karpenter)",
+    )
     p.set_defaults(func=cmd_bench)
+
+
+def _hours(text: str) -> float:
+    try:
+        hours = float(text)
+    except ValueError:
+        hours = float("nan")
+    if not hours > 0:  # also NaN
+        raise argparse.ArgumentTypeError(f"hours must be a positive number, not {text!r}")
+    return hours
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -45,6 +69,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     params = load_params(args.params) if args.params else BenchParams()
+    if args.job_hours is not None:
+        params = params.with_job_hours(args.job_hours)
+    if args.deadline is not None:
+        params = params.model_copy(update={"deadline_hours": args.deadline})
     policies = load_config(args.config).policy_set if args.config else None
     trace = read_trace(args.trace)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -1,11 +1,13 @@
 """Elastic policies replayed through the simulated cluster (et-operator semantics, autoscaler.sim):
-our reconciler and core with default policies, and a reactive baseline without notices."""
+our reconciler and core with default policies, and a reactive baseline without notices. With a
+deadline, our core paces to it (with an on-demand anchor), and Can't Be Late's uniform-progress
+rule runs as a baseline; both get on-demand nodes from a simulated node autoscaler."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
-from typing import Any, TextIO
+from datetime import datetime, timedelta
+from typing import Any, Literal, TextIO
 
 from autoscaler.bench.progress import Progress
 from autoscaler.bench.reactive import GreedyScaler
@@ -13,14 +15,16 @@ from autoscaler.bench.result import PolicyResult
 from autoscaler.bench.world import NAMESPACE, World, merge_steps
 from autoscaler.config.schema import Config, SimJob, SimulationSettings
 from autoscaler.core import PolicySet
+from autoscaler.core.policy import DeadlineRules, OnDemandRules
 from autoscaler.logs import file_logger
 from autoscaler.reconcile import Reconciler
-from autoscaler.sim.cluster import SimulatedCluster
+from autoscaler.sim.cluster import JobProgress, SimulatedCluster
 from autoscaler.sim.run import EPOCH, replay, sim_cluster
 
 
 class RingProgress:
-    """Feeds the simulated cluster's ring changes (a RingListener) into each job's progress."""
+    """Feeds the simulated cluster's ring changes (a RingListener) into each job's progress, and
+    reports that progress back (a ProgressSource) as the job's annotation would."""
 
     def __init__(self, jobs: dict[str, Progress]) -> None:
         self.jobs = jobs
@@ -30,6 +34,11 @@ class RingProgress:
 
     def left(self, job: str, pod: str, now: datetime, graceful: bool) -> None:
         self.jobs[job].leave(_seconds(now), graceful)
+
+    def progress(self, job: str, now: datetime) -> JobProgress:
+        p = self.jobs[job]
+        p.advance(_seconds(now))
+        return JobProgress(EPOCH, p.done, p.rate_per_worker)
 
 
 class _Discard:
@@ -44,13 +53,50 @@ class _Discard:
 def autoscaler(
     world: World, policies: PolicySet | None = None, decisions_out: TextIO | None = None
 ) -> PolicyResult:
-    """Our reconciler and core with `policies` (default: `Config()`'s), notified of removals."""
-    config = sim_config(world, notices=True, policies=policies)
+    """Our reconciler and core with `policies` (default: `Config()`'s), notified of removals; with
+    a deadline, every policy also paces to it and keeps one worker on on-demand."""
+    rules = PolicySet() if policies is None else policies
+    if world.deadline is not None:
+        rules = _with_deadline(rules, world.deadline, "paced", OnDemandRules(min_on_demand=1))
+    return _reconciled("autoscaler", world, rules, decisions_out)
+
+
+def uniform_progress(world: World, policies: PolicySet | None = None) -> PolicyResult:
+    """Can't Be Late's rule through our core: behind the line to the deadline, fill to max with
+    on-demand; on or above it, spot only. No anchor."""
+    assert world.deadline is not None, "uniform_progress needs a deadline"
+    rules = PolicySet() if policies is None else policies
+    rules = _with_deadline(rules, world.deadline, "uniform_progress", OnDemandRules())
+    return _reconciled("uniform_progress", world, rules, None)
+
+
+def _with_deadline(
+    rules: PolicySet,
+    deadline: float,
+    rule: Literal["paced", "uniform_progress"],
+    on_demand: OnDemandRules,
+) -> PolicySet:
+    """Every policy of `rules`, due `deadline` seconds after the job's start under `rule`, with
+    `on_demand` as its on-demand bounds."""
+    due = DeadlineRules(within=timedelta(seconds=deadline), rule=rule)
+    policies = [
+        p.model_copy(update={"deadline": due, "on_demand": on_demand}) for p in rules.policies
+    ]
+    return rules.model_copy(update={"policies": policies})
+
+
+def _reconciled(
+    name: str, world: World, rules: PolicySet, decisions_out: TextIO | None
+) -> PolicyResult:
+    """`rules` through our reconciler, notified of removals; on-demand nodes from the pool when
+    the world has a deadline."""
+    config = sim_config(world, notices=True, policies=rules, pool=world.deadline is not None)
     progress = world.progress()
-    cluster = sim_cluster(config, RingProgress(progress))
+    ring = RingProgress(progress)
+    cluster = sim_cluster(config, ring, progress=ring)
     logger = file_logger(decisions_out) if decisions_out is not None else _Discard()
     reconciler = Reconciler(cluster, cluster, config.policy_set, logger)
-    result = _replayed("autoscaler", world, config, cluster, reconciler.tick, progress)
+    result = _replayed(name, world, config, cluster, reconciler.tick, progress)
     result.actuation_errors = reconciler.errors
     return result
 
@@ -60,13 +106,17 @@ def reactive_elastic(world: World) -> PolicyResult:
     config = sim_config(world, notices=False)
     progress = world.progress()
     timeout = world.overheads.reactive_scale_out_timeout
-    cluster = sim_cluster(config, RingProgress(progress), timeout)
+    ring = RingProgress(progress)
+    cluster = sim_cluster(config, ring, timeout, progress=ring)
     scaler = GreedyScaler(cluster)
     return _replayed("reactive_elastic", world, config, cluster, scaler.tick, progress)
 
 
-def sim_config(world: World, notices: bool, policies: PolicySet | None = None) -> Config:
-    """`policies` (default: the built-in ones) in the simulated world the parameters describe."""
+def sim_config(
+    world: World, notices: bool, policies: PolicySet | None = None, pool: bool = False
+) -> Config:
+    """`policies` (default: the built-in ones) in the simulated world the parameters describe,
+    with the world's on-demand node pool if `pool`."""
     o, inst = world.overheads, world.instance
     rules = PolicySet() if policies is None else policies
     return Config(
@@ -81,6 +131,7 @@ def sim_config(world: World, notices: bool, policies: PolicySet | None = None) -
             instance_type=inst.name,
             spot_price_per_hour=inst.spot_price_per_hour,
             on_demand_price_per_hour=inst.on_demand_price_per_hour,
+            on_demand_pool=world.pool if pool else None,
             jobs=[
                 SimJob(
                     namespace=NAMESPACE,

@@ -12,6 +12,7 @@ from typing import Annotated
 import yaml
 from pydantic import Field, ValidationError, field_validator
 
+from autoscaler.config.schema import OnDemandPool
 from autoscaler.core.policy import Duration, Price, StrictModel
 
 
@@ -90,6 +91,11 @@ class BenchParams(StrictModel):
     jobs: Annotated[list[Workload], Field(min_length=1)] = [Workload()]
     overheads: Overheads = Overheads()
     notices: Notices = Notices()
+    # every job must be done this many hours after the start (`--deadline`); None: no deadline,
+    # and the deadline policies (uniform_progress, the autoscaler's pace and anchor) are not run
+    deadline_hours: Annotated[float, Field(gt=0)] | None = None
+    # the node autoscaler the deadline policies rely on for on-demand workers (Karpenter-like)
+    on_demand_pool: OnDemandPool = OnDemandPool()
 
     @field_validator("instance")
     @classmethod
@@ -108,6 +114,11 @@ class BenchParams(StrictModel):
         if len(set(names)) != len(names):
             raise ValueError("job names must be unique")
         return jobs
+
+    def with_job_hours(self, hours: float) -> BenchParams:
+        """Every job sized to what its max workers do on on-demand in `hours` (`--job-hours`)."""
+        jobs = [j.model_copy(update={"target_on_demand_hours": hours}) for j in self.jobs]
+        return self.model_copy(update={"jobs": jobs})
 
     def instance_for(self, trace_name: str) -> Instance:
         if isinstance(self.instance, Instance):

@@ -58,6 +58,8 @@ class Progress:
     checkpoint: Unsaved = field(init=False)
     cold: bool = False  # the next join restarts the job from its checkpoint
     last_reset: float | None = None
+    # (t, work) at every change of pace: piecewise linear between points (a drop is a rollback)
+    history: list[tuple[float, float]] = field(default_factory=lambda: [(0.0, 0.0)])
 
     def __post_init__(self) -> None:
         self.commit = Unsaved(self.workload.commit_interval.total_seconds())
@@ -70,16 +72,33 @@ class Progress:
             return 0.0
         return throughput(self.ring, self.workload.scaling_efficiency) / 3600
 
+    @property
+    def done(self) -> float:
+        """The fraction of the job done, as its training script would report it."""
+        return min(1.0, max(0.0, self.work / self.target))
+
+    @property
+    def rate_per_worker(self) -> float:
+        """The fraction of the job one worker of the current ring (or one alone) does per hour."""
+        ring = max(self.ring, 1)
+        return throughput(ring, self.workload.scaling_efficiency) / ring / self.target
+
     def advance(self, t: float) -> None:
         start, rate = max(self.at, self.stalled_until), self.rate
         if t > start and rate > 0:
+            self._record(start)
             gained = rate * (t - start)
             if self.completed_at is None and self.work + gained >= self.target:
                 self.completed_at = start + (self.target - self.work) / rate
             self.work += gained
             self.commit.add(t - start, rate)
             self.checkpoint.add(t - start, rate)
+            self._record(t)
         self.at = max(self.at, t)
+
+    def _record(self, t: float) -> None:
+        if self.history[-1] != (t, self.work):
+            self.history.append((t, self.work))
 
     def resize(self, t: float, workers: int) -> None:
         """Change the ring at no cost (the oracle)."""
@@ -122,6 +141,7 @@ class Progress:
         self.rolled_back += work
         self.commit.work = max(0.0, self.commit.work - work)
         self.checkpoint.work = max(0.0, self.checkpoint.work - work)
+        self._record(self.at)
 
     def _reset(self, t: float, seconds: float) -> None:
         """Changes at one instant share one reset; a reset ends with the state committed."""

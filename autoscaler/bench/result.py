@@ -62,11 +62,23 @@ class PolicyResult:
         return None if any(t is None for t in done) else max(t for t in done if t is not None)
 
     def cost_at(self, t: float) -> float:
-        times = [p[0] for p in self.cost]
-        i = bisect.bisect_right(times, t)
-        if i == 0:
-            return 0.0
-        if i == len(self.cost):
-            return self.cost[-1][1]
-        (t0, c0), (t1, c1) = self.cost[i - 1], self.cost[i]
-        return c0 + (c1 - c0) * (t - t0) / (t1 - t0) if t1 > t0 else c1
+        return interpolate(self.cost, t)
+
+    def work_over_time(self) -> list[tuple[float, float]]:
+        """Every job's kept work, summed, as a piecewise-linear series (a drop is a rollback)."""
+        if len(self.jobs) == 1:
+            return self.jobs[0].history
+        times = sorted({t for p in self.jobs for t, _ in p.history})
+        return [(t, sum(interpolate(p.history, t) for p in self.jobs)) for t in times]
+
+
+def interpolate(series: list[tuple[float, float]], t: float) -> float:
+    """A piecewise-linear series at `t`: 0 before it starts, its last value after it ends."""
+    times = [p[0] for p in series]
+    i = bisect.bisect_right(times, t)
+    if i == 0:
+        return 0.0
+    if i == len(series):
+        return series[-1][1]
+    (t0, v0), (t1, v1) = series[i - 1], series[i]
+    return v0 + (v1 - v0) * (t - t0) / (t1 - t0) if t1 > t0 else v1

@@ -7,8 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
-from autoscaler.bench.baselines import on_demand_static, oracle, spot_static_restart
-from autoscaler.bench.elastic import autoscaler, reactive_elastic
+from autoscaler.bench.baselines import on_demand_only, oracle, spot_static_restart
+from autoscaler.bench.elastic import autoscaler, reactive_elastic, uniform_progress
 from autoscaler.bench.params import BenchParams
 from autoscaler.bench.result import PolicyResult
 from autoscaler.bench.world import World, resolve
@@ -32,15 +32,19 @@ def run_bench(
     policies: PolicySet | None = None,
     decisions_out: TextIO | None = None,
 ) -> Bench:
-    """`policies` drive the autoscaler (default: the built-in default policy)."""
+    """`policies` drive the autoscaler and uniform_progress (default: the built-in default
+    policy); uniform_progress runs only with a deadline (params.deadline_hours)."""
     started = time.perf_counter()
     world = resolve(params, trace, trace_name, seed)
     runs: dict[str, Callable[[], PolicyResult]] = {
-        "on_demand_static": lambda: on_demand_static(world),
+        "on_demand_only": lambda: on_demand_only(world),
         "spot_static_restart": lambda: spot_static_restart(world),
         "reactive_elastic": lambda: reactive_elastic(world),
+        "uniform_progress": lambda: uniform_progress(world, policies),
         "autoscaler": lambda: autoscaler(world, policies, decisions_out),
         "oracle": lambda: oracle(world),
     }
+    if world.deadline is None:  # the uniform-progress rule is about a deadline
+        del runs["uniform_progress"]
     results = {name: run() for name, run in runs.items()}
     return Bench(params, world, results, time.perf_counter() - started)

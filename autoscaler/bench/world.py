@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from autoscaler.bench.params import BenchParams, Instance, Notices, Overheads, ParamsError, Workload
 from autoscaler.bench.progress import Progress, throughput
+from autoscaler.config.schema import OnDemandPool
 from autoscaler.sim.run import horizon
 from autoscaler.sim.trace import TraceEvent
 
@@ -38,6 +39,8 @@ class World:
     jobs: tuple[BenchJob, ...]
     overheads: Overheads
     notices: Notices
+    deadline: float | None  # seconds after the start every job must be done by
+    pool: OnDemandPool  # on-demand nodes for the deadline policies' pending pods
 
     def gpu_price(self, spot: bool) -> float:
         node = self.instance.spot_price_per_hour if spot else self.instance.on_demand_price_per_hour
@@ -82,6 +85,8 @@ def resolve(params: BenchParams, trace: list[TraceEvent], trace_name: str, seed:
         tuple(jobs),
         params.overheads,
         params.notices,
+        None if params.deadline_hours is None else params.deadline_hours * 3600,
+        params.on_demand_pool,
     )
 
 

@@ -14,7 +14,7 @@ from autoscaler.config.kubernetes import KubernetesSettings
 from autoscaler.config.prices import Prices
 from autoscaler.core.policy import Duration, PolicySet, Price, StrictModel, Workers
 
-__all__ = ["Config", "Prices", "SimJob", "SimulationSettings", "SyntheticTrace"]
+__all__ = ["Config", "OnDemandPool", "Prices", "SimJob", "SimulationSettings", "SyntheticTrace"]
 
 
 class Config(StrictModel):
@@ -61,6 +61,20 @@ class SyntheticTrace(StrictModel):
     wave_fraction: Annotated[float, Field(gt=0, le=1)] = 0.4
 
 
+class OnDemandPool(StrictModel):
+    """The cluster's node autoscaler for on-demand capacity, as Karpenter runs it: a pod no node
+    can take gets a new on-demand node (the trace's instance type) after `provisioning_delay`; a
+    pool node left without pods is removed after `empty_node_ttl` (Karpenter's consolidateAfter).
+    A pool node is paid whole, at the on-demand price, from when it joins until it is removed."""
+
+    # EC2 launch to a Ready node (Karpenter: roughly 45-90 s for GPU AMIs); 90 s is the slow end
+    provisioning_delay: Duration = timedelta(seconds=90)
+    # short, so an emptied node is not paid for long, yet a pod rescheduled right away still
+    # finds it (Karpenter's consolidateAfter, default 0 s for WhenEmpty; 30 s is common)
+    empty_node_ttl: Duration = timedelta(seconds=30)
+    max_nodes: Annotated[int, Field(ge=1)] | None = None  # Karpenter NodePool limits; None: any
+
+
 class SimulationSettings(StrictModel):
     """`simulate`: how the replayed world behaves. Defaults follow the references (AWS 2-min notice,
     Bamboo's p3.2xlarge with 1 V100 at $0.91 spot / $3.06 on-demand)."""
@@ -75,5 +89,6 @@ class SimulationSettings(StrictModel):
     spot_price_per_hour: Price = 0.91  # used when `prices` has no entry for the instance type
     on_demand_price_per_hour: Price = 3.06
     on_demand_nodes: Annotated[int, Field(ge=0)] = 0
+    on_demand_pool: OnDemandPool | None = None  # None: no node autoscaler, pending pods wait
     jobs: list[SimJob] = [SimJob(name="bert", min_workers=2, max_workers=32)]
     synthetic: SyntheticTrace = SyntheticTrace()

@@ -4,15 +4,17 @@ Enough of the operator's contract to be honest about the core (see shared et-ope
 ScaleOut pods get fresh indices and are all rolled back if they do not run within the timeout;
 a ScaleIn deletes exactly the named pods after the launcher lets go; one scaler per job; nodes
 with a notice are tainted (the scheduler avoids them); a node that dies takes its pods with it.
+With a `NodePool`, a node autoscaler (Karpenter) provisions on-demand nodes for pods nothing can
+take and removes them once empty.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from autoscaler.config.schema import SimJob
+from autoscaler.config.schema import OnDemandPool, SimJob
 from autoscaler.core import (
     Action,
     CapacityType,
@@ -39,6 +41,42 @@ class SimNode:
     capacity: CapacityType
     price_per_hour: float
     instance_type: str
+    pooled: bool = False  # made by the node pool: paid whole while it exists, removed when empty
+
+
+@dataclass(frozen=True, slots=True)
+class NodePool:
+    """The node autoscaler's settings, and the node it makes (renamed for each claim)."""
+
+    settings: OnDemandPool
+    template: SimNode
+
+
+@dataclass
+class NodeClaim:
+    """A node being provisioned (Karpenter's NodeClaim) for the pending pods it was made for."""
+
+    name: str
+    ready_at: datetime
+    gpus: float
+    pods: dict[str, float] = field(default_factory=dict)  # pod name -> GPUs it requests
+
+    @property
+    def free(self) -> float:
+        return self.gpus - sum(self.pods.values())
+
+
+@dataclass(frozen=True, slots=True)
+class JobProgress:
+    """What a job reports of its progress (the core's deadline rule reads it)."""
+
+    started_at: datetime
+    done: float  # fraction of the job done, 0..1
+    rate: float | None  # fraction of the job one worker does per hour; None: not known yet
+
+
+class ProgressSource(Protocol):
+    def progress(self, job: str, now: datetime) -> JobProgress | None: ...
 
 
 @dataclass
@@ -109,6 +147,8 @@ class SimulatedCluster:
         scale_out_timeout: timedelta,
         scale_in_grace: timedelta,
         listener: RingListener | None = None,
+        pool: NodePool | None = None,
+        progress: ProgressSource | None = None,
     ) -> None:
         self.pod_startup = pod_startup
         self.nodes: dict[str, SimNode] = {}
@@ -119,6 +159,11 @@ class SimulatedCluster:
         self.scale_in_grace = scale_in_grace
         self.scale_outs_failed = 0
         self.listener = listener
+        self.pool = pool
+        self.claims: list[NodeClaim] = []
+        self.claims_made = 0
+        self.empty_since: dict[str, datetime] = {}  # pool node -> when its last pod went
+        self.progress = progress
 
     # --- the world changes -------------------------------------------------------------------
     def add_node(self, node: SimNode) -> None:
@@ -150,7 +195,9 @@ class SimulatedCluster:
         return list(losses.values())
 
     def advance(self, now: datetime) -> None:
-        """Bind pending pods, start bound ones, finish or time out scalers, as of `now`."""
+        """Provisioned nodes join, pending pods bind, bound ones start, scalers finish or time
+        out, the pool provisions for pods still pending and removes nodes empty long enough."""
+        self._land(now)
         for pod in self.pods.values():
             if pod.node is None:
                 pod.node = self._place(pod.gpus)
@@ -175,12 +222,69 @@ class SimulatedCluster:
                     job.scaler = None
                 elif now >= scaler.deadline:
                     self._fail_scale_out(job, now)
+        if self.pool is not None:
+            self._provision(self.pool, now)
+            self._consolidate(self.pool.settings.empty_node_ttl, now)
 
     def next_change(self) -> datetime | None:
-        """The earliest time something happens on its own (a pod starts, a scaler ends)."""
+        """The earliest time something happens on its own (a pod starts, a scaler ends, a node
+        is provisioned or consolidated)."""
         times = [p.ready_at for p in self.pods.values() if p.ready_at and not p.running]
         times += [j.scaler.deadline for j in self.jobs.values() if j.scaler]
+        times += [c.ready_at for c in self.claims]
+        if self.pool is not None:
+            ttl = self.pool.settings.empty_node_ttl
+            times += [since + ttl for since in self.empty_since.values()]
         return min(times) if times else None
+
+    # --- the node pool -------------------------------------------------------------------------
+    def _land(self, now: datetime) -> None:
+        """Claims still wanted whose time has come become nodes; the others are cancelled."""
+        self._drop_unwanted_claims()
+        for claim in [c for c in self.claims if c.ready_at <= now]:
+            assert self.pool is not None  # claims exist only with a pool
+            self.claims.remove(claim)
+            self.add_node(replace(self.pool.template, name=claim.name))
+
+    def _drop_unwanted_claims(self) -> None:
+        """A pod that was deleted (its ScaleOut rolled back) or bound elsewhere in the meantime
+        no longer needs its claim; a claim no pod needs is cancelled before it is paid for."""
+        pending = {p.name for p in self.pods.values() if p.node is None}
+        for claim in self.claims:
+            claim.pods = {name: g for name, g in claim.pods.items() if name in pending}
+        self.claims = [c for c in self.claims if c.pods]
+
+    def _provision(self, pool: NodePool, now: datetime) -> None:
+        """Every pending pod without a claim joins one with room or gets a new one (one node of
+        the pool's type), within the pool's node cap; a pod larger than a node never fits."""
+        self._drop_unwanted_claims()
+        claimed = {name for c in self.claims for name in c.pods}
+        cap = pool.settings.max_nodes
+        for pod in self.pods.values():
+            if pod.node is not None or pod.name in claimed or pod.gpus > pool.template.gpus:
+                continue
+            claim = next((c for c in self.claims if c.free >= pod.gpus), None)
+            if claim is None:
+                pooled = sum(1 for n in self.nodes.values() if n.pooled)
+                if cap is not None and pooled + len(self.claims) >= cap:
+                    return
+                self.claims_made += 1
+                delay = pool.settings.provisioning_delay
+                claim = NodeClaim(
+                    f"on-demand-pool-{self.claims_made}", now + delay, pool.template.gpus
+                )
+                self.claims.append(claim)
+            claim.pods[pod.name] = pod.gpus
+
+    def _consolidate(self, ttl: timedelta, now: datetime) -> None:
+        """Pool nodes with no pod since `ttl` ago are removed (Karpenter's consolidateAfter)."""
+        busy = {p.node for p in self.pods.values()}
+        for node in [n for n in self.nodes.values() if n.pooled]:
+            if node.name in busy:
+                self.empty_since.pop(node.name, None)
+            elif now >= self.empty_since.setdefault(node.name, now) + ttl:
+                del self.nodes[node.name]
+                del self.empty_since[node.name]
 
     # --- observer ------------------------------------------------------------------------------
     def snapshot(self, now: datetime) -> Snapshot:
@@ -199,12 +303,14 @@ class SimulatedCluster:
             )
             for n in self.nodes.values()
         )
-        return Snapshot(nodes=nodes, notices=tuple(self.notices.values()), jobs=tuple(self._jobs()))
+        jobs = tuple(self._jobs(now))
+        return Snapshot(nodes=nodes, notices=tuple(self.notices.values()), jobs=jobs)
 
-    def _jobs(self) -> list[Job]:
+    def _jobs(self, now: datetime) -> list[Job]:
         out = []
         for key, state in self.jobs.items():
             spec = state.spec
+            reported = self.progress.progress(key, now) if self.progress else None
             pods = sorted((p for p in self.pods.values() if p.job == key), key=lambda p: p.index)
             scaler = state.scaler
             out.append(
@@ -235,6 +341,9 @@ class SimulatedCluster:
                     last_failed_scale_out_at=state.last_failed_scale_out_at,
                     drained_hosts=frozenset(state.drained),
                     failed_hosts=frozenset(state.failed),
+                    started_at=reported.started_at if reported else None,
+                    progress=reported.done if reported else None,
+                    progress_rate=reported.rate if reported else None,
                 )
             )
         return out
@@ -316,7 +425,10 @@ class SimulatedCluster:
         self.scale_outs_failed += 1
 
     def _place(self, gpus: float) -> str | None:
-        """kube-scheduler, roughly: a node with room, not tainted by a notice, least allocated."""
+        """kube-scheduler, roughly: a node with room, not tainted by a notice, least allocated;
+        on a tie an on-demand node (the preferred on-demand affinity docs/deadlines.md gives
+        worker templates; the real scheduler weighs it above least-allocated, which differs only
+        on nodes of several GPUs)."""
         used: dict[str, float] = {}
         for pod in self.pods.values():
             if pod.node is not None:
@@ -326,6 +438,7 @@ class SimulatedCluster:
             free = node.gpus - used.get(node.name, 0.0)
             if node.name in self.notices or free < gpus:
                 continue
-            if best is None or free > best[0]:
-                best = (free, node.name)
+            key = (free, node.capacity is CapacityType.ON_DEMAND)
+            if best is None or key > best[0]:
+                best = (key, node.name)
         return best[1] if best else None

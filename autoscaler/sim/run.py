@@ -21,7 +21,14 @@ from autoscaler.config.schema import Config
 from autoscaler.core import Action, CapacityType, Decision, Notice, NoticeKind
 from autoscaler.logs import file_logger
 from autoscaler.reconcile import Reconciler
-from autoscaler.sim.cluster import Loss, RingListener, SimNode, SimulatedCluster
+from autoscaler.sim.cluster import (
+    Loss,
+    NodePool,
+    ProgressSource,
+    RingListener,
+    SimNode,
+    SimulatedCluster,
+)
 from autoscaler.sim.trace import TraceEvent
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)  # simulated time starts here: runs are reproducible
@@ -42,12 +49,17 @@ class Accounts:
     def advance(self, cluster: SimulatedCluster, now: datetime) -> None:
         hours = (now - self.at).total_seconds() / 3600
         if hours > 0:
+            # a pool node is paid whole while it exists (empty or not); elsewhere a pod pays
+            # for its GPUs (the trace's nodes stand for capacity the node autoscaler would hold
+            # only while pods use it)
+            for pooled in (n for n in cluster.nodes.values() if n.pooled):
+                self._bill(pooled, pooled.gpus, hours)
             for pod in cluster.pods.values():
-                node = cluster.nodes.get(pod.node or "")
-                if node is None:
+                host = cluster.nodes.get(pod.node or "")
+                if host is None:
                     continue
-                self.gpu_hours[node.capacity.value] += pod.gpus * hours
-                self.cost_usd += pod.gpus * node.price_per_hour / node.gpus * hours
+                if not host.pooled:
+                    self._bill(host, pod.gpus, hours)
                 self.worker_hours += hours if pod.running else 0.0
         self.at = now
         t = (now - EPOCH).total_seconds()
@@ -58,6 +70,10 @@ class Accounts:
             series = self.workers_over_time.setdefault(key, [])
             if not series or series[-1][1] != running:
                 series.append((t, running))
+
+    def _bill(self, node: SimNode, gpus: float, hours: float) -> None:
+        self.gpu_hours[node.capacity.value] += gpus * hours
+        self.cost_usd += gpus * node.price_per_hour / node.gpus * hours
 
 
 @dataclass
@@ -80,19 +96,25 @@ class Replay:
 
 
 def sim_cluster(
-    config: Config, listener: RingListener | None = None, scale_out_timeout: timedelta | None = None
+    config: Config,
+    listener: RingListener | None = None,
+    scale_out_timeout: timedelta | None = None,
+    progress: ProgressSource | None = None,
 ) -> SimulatedCluster:
     """The simulated cluster `config.simulate` describes; ScaleOut timeout from the policies."""
     settings = config.simulate
     if scale_out_timeout is None:
         timeouts = [p.scale_out.timeout for p in config.policy_set.policies]
         scale_out_timeout = max(timeouts, default=timedelta(minutes=5))
+    pool = settings.on_demand_pool
     return SimulatedCluster(
         settings.jobs,
         pod_startup=settings.pod_startup,
         scale_out_timeout=scale_out_timeout,
         scale_in_grace=settings.scale_in_grace,
         listener=listener,
+        pool=None if pool is None else NodePool(pool, _node(config, "", spot=False, pooled=True)),
+        progress=progress,
     )
 
 
@@ -225,7 +247,7 @@ def _schedule(
     return events, dropped
 
 
-def _node(config: Config, name: str, spot: bool) -> SimNode:
+def _node(config: Config, name: str, spot: bool, pooled: bool = False) -> SimNode:
     s = config.simulate
     fallback = s.spot_price_per_hour if spot else s.on_demand_price_per_hour
     price = config.prices.for_node(s.instance_type, spot, s.gpus_per_node, warn=False)
@@ -235,6 +257,7 @@ def _node(config: Config, name: str, spot: bool) -> SimNode:
         capacity=CapacityType.SPOT if spot else CapacityType.ON_DEMAND,
         price_per_hour=fallback if price is None else price,
         instance_type=s.instance_type,
+        pooled=pooled,
     )
 
 

@@ -1,0 +1,109 @@
+"""`bench --deadline`: the deadline policies on an on-demand pool, and what bench.json says."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autoscaler.bench.params import BenchParams
+from autoscaler.bench.report import summary
+from autoscaler.bench.runner import run_bench
+from autoscaler.cli import main
+from autoscaler.sim.trace import TraceEvent, synthetic_trace
+
+DEADLINE_POLICIES = [
+    "on_demand_only",
+    "spot_static_restart",
+    "reactive_elastic",
+    "uniform_progress",
+    "autoscaler",
+    "oracle",
+]
+HOUR = 3600.0
+
+
+def _params(job: dict[str, object] | None = None, **extra: object) -> BenchParams:
+    spec = {"target_on_demand_hours": 1, **(job or {})}
+    return BenchParams.model_validate({"jobs": [spec], **extra})
+
+
+def _wipe_out() -> list[TraceEvent]:
+    """Six spot nodes, all gone from 1 h to 2 h, back until 4 h."""
+    nodes = [f"node{i}" for i in range(1, 7)]
+    return (
+        [TraceEvent(0.0, "add", n) for n in nodes]
+        + [TraceEvent(HOUR, "remove", n) for n in nodes]
+        + [TraceEvent(2 * HOUR, "add", n) for n in nodes]
+        + [TraceEvent(4 * HOUR, "remove", n) for n in nodes]
+    )
+
+
+@pytest.fixture(scope="module")
+def deadline_run() -> dict:
+    trace = synthetic_trace(seed=4, hours=4, max_nodes=10)
+    return summary(run_bench(_params(deadline_hours=2), trace, "synthetic-p3", seed=4))
+
+
+def test_a_deadline_adds_uniform_progress_and_says_who_met_it(deadline_run: dict) -> None:
+    assert deadline_run["deadline_hours"] == 2
+    policies = deadline_run["policies"]
+    assert list(policies) == DEADLINE_POLICIES
+    for name, p in policies.items():
+        assert isinstance(p["met_deadline"], bool), name
+        done = p["completion_hours"]
+        assert p["met_deadline"] == (done is not None and done <= 2), name
+        assert p["restarts"] >= 0 and (p["cost_to_target_usd"] is None) == (done is None), name
+    assert policies["on_demand_only"]["met_deadline"] and policies["oracle"]["met_deadline"]
+    assert policies["autoscaler"]["actuation_errors"] == 0
+    assert policies["uniform_progress"]["actuation_errors"] == 0
+
+
+def test_without_a_deadline_the_policies_and_figures_stay() -> None:
+    trace = synthetic_trace(seed=4, hours=4, max_nodes=10)
+    result = summary(run_bench(_params(), trace, "synthetic-p3", seed=4))
+    assert result["deadline_hours"] is None
+    assert "uniform_progress" not in result["policies"]
+    assert all(p["met_deadline"] is None for p in result["policies"].values())
+
+
+def test_job_hours_sizes_the_job() -> None:
+    params = BenchParams().with_job_hours(2.5)
+    assert [j.target_on_demand_hours for j in params.jobs] == [2.5]
+
+
+def test_bench_cli_with_a_deadline_writes_the_new_keys(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text("".join(f"{e.t * 1000:.0f},{e.kind},{e.node}\n" for e in _wipe_out()))
+    out = tmp_path / "o"
+    argv = ["bench", "--trace", str(trace), "--out", str(out), "--job-hours", "1"]
+    assert main([*argv, "--deadline", "3"]) == 0
+    result = json.loads((out / "bench.json").read_text())
+    assert result["deadline_hours"] == 3
+    assert result["params"]["jobs"][0]["target_on_demand_hours"] == 1
+    assert list(result["policies"]) == DEADLINE_POLICIES
+    assert all(isinstance(p["met_deadline"], bool) for p in result["policies"].values())
+    table = (out / "bench.md").read_text()
+    assert "| uniform_progress |" in table and "Deadline 3 h after the start: met by" in table
+    assert (out / "bench.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "soon", "nan"])
+def test_a_bad_deadline_is_a_usage_error(tmp_path: Path, bad: str) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "--trace", str(tmp_path / "t.csv"), "--deadline", bad])
+    assert exit_.value.code == 2
+
+
+def test_an_on_demand_anchor_survives_a_spot_wipe_out_without_a_restart() -> None:
+    # max one above the spot peak: the anchor's ScaleOuts bind to idle spot nodes while there are
+    # any (as the kube-scheduler does with a preferred on-demand affinity), so the anchor gets an
+    # on-demand node only once spot is full; at max with spot alone it would have no room
+    params = _params({"max_workers": 7}, deadline_hours=6)
+    result = summary(run_bench(params, _wipe_out(), "wipe-out-p3", seed=1))
+    policies = result["policies"]
+    assert policies["reactive_elastic"]["restarts"] > 0  # spot alone: the ring is lost
+    ours = policies["autoscaler"]
+    assert ours["restarts"] == 0 and ours["abrupt_failures"] == 0
+    assert ours["actuation_errors"] == 0 and ours["met_deadline"]
