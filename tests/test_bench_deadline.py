@@ -107,3 +107,19 @@ def test_an_on_demand_anchor_survives_a_spot_wipe_out_without_a_restart() -> Non
     ours = policies["autoscaler"]
     assert ours["restarts"] == 0 and ours["abrupt_failures"] == 0
     assert ours["actuation_errors"] == 0 and ours["met_deadline"]
+
+
+def test_at_max_on_spot_alone_only_the_first_wipe_out_restarts_the_job() -> None:
+    # max = the spot peak: until spot first runs short the anchor's ScaleOuts bind to idle spot
+    # nodes, and an anchor asked for at the notice comes after the nodes are gone
+    # (docs/deadlines.md, "Not covered"); from then on it stays and later wipe-outs cost nothing
+    nodes = [f"node{i}" for i in range(1, 7)]
+    events = [TraceEvent(0.0, "add", n) for n in nodes]
+    for gone, back in [(HOUR, 1.5 * HOUR), (3 * HOUR, 3.5 * HOUR)]:
+        events += [TraceEvent(gone, "remove", n) for n in nodes]
+        events += [TraceEvent(back, "add", n) for n in nodes]
+    events += [TraceEvent(5 * HOUR, "remove", n) for n in nodes]
+    params = _params({"max_workers": 6, "target_on_demand_hours": 3}, deadline_hours=8)
+    policies = summary(run_bench(params, events, "wipe-outs-p3", seed=1))["policies"]
+    assert policies["reactive_elastic"]["restarts"] >= 2
+    assert policies["autoscaler"]["restarts"] == 1

@@ -61,11 +61,30 @@ def test_idle_spot_comes_before_any_on_demand() -> None:
 
 
 def test_behind_the_pace_adds_just_the_missing_workers_on_demand() -> None:
-    # 60% left in 6 h at 2% per worker-hour: 5 workers; 2 on spot, so 3 on-demand
-    snap = snapshot(_full_spot(2), [_job(["s0", "s1"], progress=0.4, rate=0.02)])
+    # 60% left in 6 h at 2% per worker-hour: 5 workers, which is also max: no time to wait for
+    # spot; 2 on spot, so 3 on-demand
+    snap = snapshot(_full_spot(2), [_job(["s0", "s1"], progress=0.4, rate=0.02, hi=5)])
     (out,) = only(run(snap, policies(**_deadline())), Action.SCALE_OUT)
     assert (out.reason, out.count, out.nodes) == (Reason.BEHIND_DEADLINE, 3, ())
     assert "needs 5 worker(s)" in out.message
+
+
+def test_behind_the_pace_waits_for_spot_while_on_demand_alone_could_still_finish() -> None:
+    # the same job with max 8: 8 on-demand workers would finish in 3.75 h of the 6 left (1.6x)
+    snap = snapshot(_full_spot(2), [_job(["s0", "s1"], progress=0.4, rate=0.02)])
+    (out,) = run(snap, policies(**_deadline()))
+    assert out.action is Action.NOOP
+    assert "could finish 1.6x over: waiting for spot" in out.message
+
+
+@pytest.mark.parametrize(("hi", "removed"), [(6, 0), (10, 2)])
+def test_on_demand_workers_stay_until_the_slack_is_well_clear(hi: int, removed: int) -> None:
+    # 60% left in 6 h at 2%: on-demand alone finishes with slack 1.25x at max 6 (inside the
+    # band: all three stay), 2x at max 10 (clear: down to the anchor)
+    nodes = [*_full_spot(2), node("od", gpus=3, used=3, capacity=OD)]
+    snap = snapshot(nodes, [_job(["s0", "s1", "od", "od", "od"], progress=0.4, rate=0.02, hi=hi)])
+    decisions = run(snap, policies(**_deadline(min_on_demand=1)))
+    assert sum(len(d.pods) for d in only(decisions, Action.SCALE_IN)) == removed
 
 
 def test_on_pace_with_spot_adds_nothing() -> None:
@@ -130,6 +149,42 @@ def test_uniform_progress_fills_to_max_below_the_line_and_uses_spot_only_above(
     assert out.action is expect
     if expect is Action.SCALE_OUT:
         assert (out.reason, out.count) == (Reason.BEHIND_DEADLINE, 6)
+
+
+@pytest.mark.parametrize(("progress", "removed"), [(0.45, 0), (0.48, 3)])
+def test_uniform_progress_keeps_on_demand_until_ahead_by_the_margin(
+    progress: float, removed: int
+) -> None:
+    # 4 h of 10 (less a 30 min margin): the line is at 42.1%, and 30 min of it is 5.3%
+    nodes = [*_full_spot(2), node("od", gpus=3, used=3, capacity=OD)]
+    snap = snapshot(nodes, [_job(["s0", "s1", "od", "od", "od"], progress=progress)])
+    rules = policies(**_deadline(rule="uniform_progress", margin="30m"))
+    assert sum(len(d.pods) for d in only(run(snap, rules), Action.SCALE_IN)) == removed
+
+
+def _aged(j, hours: float):
+    """`j` with every worker Ready for `hours`."""
+    from dataclasses import replace
+
+    since = NOW - timedelta(hours=hours)
+    return replace(j, workers=tuple(replace(w, ready_since=since) for w in j.workers))
+
+
+@pytest.mark.parametrize(
+    ("spot", "age_h", "released"), [(4, 2, True), (4, 0.5, False), (3, 2, False)]
+)
+def test_the_anchor_leaves_while_spot_is_calm_and_only_then(
+    spot: int, age_h: float, released: bool
+) -> None:
+    nodes = [*_full_spot(spot), node("od", gpus=1, used=1, capacity=OD)]
+    j = _aged(job(placement=[*(f"s{i}" for i in range(spot)), "od"]), age_h)
+    rules = policies(on_demand={"min_on_demand": 1, "calm_after": "1h"})
+    scale_ins = only(run(snapshot(nodes, [j]), rules), Action.SCALE_IN)
+    assert bool(scale_ins) is released
+    if released:
+        assert scale_ins[0].reason is Reason.CONSOLIDATE_TO_SPOT
+        assert scale_ins[0].pods == (f"bert-worker-{spot}",)
+        assert "spot is calm: 4 spot worker(s) up 1:00:00 or longer" in scale_ins[0].message
 
 
 def test_a_scaler_in_flight_waits_for_it() -> None:

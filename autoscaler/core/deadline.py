@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from autoscaler.core.model import Action, CapacityType, Decision, GpuNode, Job, Reason, Worker
-from autoscaler.core.policy import DeadlineRules, Policy
+from autoscaler.core.policy import DeadlineRules, OnDemandRules, Policy
 
 _SPARE = 1.2  # on-demand leaves only once spot alone covers the need this many times
 # A growth noop for these reasons means no scaler may be created now, on-demand or not.
@@ -46,6 +46,7 @@ class OnDemandNeed:
     keep: int  # on-demand workers to keep (scale in above this); keep >= want
     reason: Reason  # the rule that set `want`
     message: str
+    release: Reason = Reason.AHEAD_OF_DEADLINE  # why on-demand workers above `keep` leave
     alert: Reason | None = None  # deadline_infeasible / no_progress: a person must hear of it
 
 
@@ -75,37 +76,41 @@ def on_demand_need(job: Job, policy: Policy, fleet: Fleet, now: datetime) -> OnD
         return None
     lo, hi = policy.bounds(job)
     cap = hi if rules.max_on_demand is None else min(hi, rules.max_on_demand)
-    anchor = min(rules.min_on_demand, cap)
+    anchor = _anchor(rules, cap, fleet, now)
     if deadline is None:
-        return _anchor(anchor)
+        return anchor
     due = deadline.due(job.started_at)
     if due is None or job.progress is None:
-        need = _anchor(anchor)
-        return _with_alert(need, Reason.NO_PROGRESS, "annotation spot-autoscaler.io/progress")
+        return _with_alert(anchor, Reason.NO_PROGRESS, "annotation spot-autoscaler.io/progress")
     if job.progress >= 1.0:
-        return _anchor(anchor)
+        return anchor
     if deadline.rule == "uniform_progress":
         return _uniform_progress(job, deadline, due, anchor, cap, hi, len(fleet.spot), now)
     return _paced(job, deadline, due, anchor, cap, hi, len(fleet.spot), now)
 
 
-def _anchor(anchor: int) -> OnDemandNeed:
-    return OnDemandNeed(
-        anchor, anchor, Reason.ANCHOR_ON_DEMAND, f"keep {anchor} worker(s) on on-demand"
-    )
+def _anchor(rules: OnDemandRules, cap: int, fleet: Fleet, now: datetime) -> OnDemandNeed:
+    """The anchor alone: `min_on_demand` workers, none while spot is calm (`calm_after`)."""
+    size = min(rules.min_on_demand, cap)
+    message = f"keep {size} worker(s) on on-demand"
+    if size and rules.calm_after is not None:
+        settled = now - rules.calm_after
+        calm = sum(1 for w in fleet.spot if w.ready_since is None or w.ready_since <= settled)
+        if calm >= rules.calm_spot_workers:
+            size = 0
+            message = f"spot is calm: {calm} spot worker(s) up {rules.calm_after} or longer"
+    return OnDemandNeed(size, size, Reason.ANCHOR_ON_DEMAND, message, Reason.CONSOLIDATE_TO_SPOT)
 
 
 def _with_alert(need: OnDemandNeed, alert: Reason, detail: str) -> OnDemandNeed:
-    return OnDemandNeed(
-        need.want, need.keep, need.reason, f"{alert.info.message} ({detail})", alert
-    )
+    return replace(need, message=f"{alert.info.message} ({detail})", alert=alert)
 
 
 def _paced(
     job: Job,
     deadline: DeadlineRules,
     due: datetime,
-    anchor: int,
+    anchor: OnDemandNeed,
     cap: int,
     hi: int,
     spot: int,
@@ -116,54 +121,60 @@ def _paced(
     hours = (due - deadline.margin - now).total_seconds() / 3600
     rate = job.progress_rate
     if rate is None or rate <= 0:  # nothing measured yet: the anchor, until progress moves
-        return _anchor(anchor)
+        return anchor
     if hours <= 0:
         return _infeasible(anchor, cap, hi, spot, "past the deadline less its margin")
     needed = math.ceil(remaining / (hours * rate) - 1e-9)
     if needed > hi:
         return _infeasible(anchor, cap, hi, spot, f"{needed} workers needed, max {hi}")
-    want = _clamp(needed - spot, anchor, cap)
-    keep = _clamp(math.ceil(needed * _SPARE) - spot, want, cap)
-    reason = Reason.BEHIND_DEADLINE if want > anchor else Reason.ANCHOR_ON_DEMAND
-    message = (
-        f"{remaining:.0%} left in {hours:.1f} h needs {needed} worker(s); {spot} on spot,"
-        f" {want} on on-demand"
-    )
-    return OnDemandNeed(want, keep, reason, message)
+    # Spot may come back before the deadline is at risk: while on-demand alone (at most `cap`
+    # workers) could still finish in the time left with room to spare, wait for it.
+    slack = hours / (remaining / (min(hi, cap) * rate))
+    message = f"{remaining:.0%} left in {hours:.1f} h needs {needed} worker(s), {spot} on spot"
+    pace_keep = _clamp(math.ceil(needed * _SPARE) - spot, anchor.want, cap)
+    if slack > _SPARE:
+        keep = pace_keep if slack <= _SPARE * _SPARE else anchor.keep
+        waiting = f"{message}; on-demand alone could finish {slack:.1f}x over: waiting for spot"
+        return replace(anchor, keep=keep, message=waiting, release=Reason.AHEAD_OF_DEADLINE)
+    want = _clamp(needed - spot, anchor.want, cap)
+    reason = Reason.BEHIND_DEADLINE if want > anchor.want else anchor.reason
+    message += f", {want} on on-demand"
+    return OnDemandNeed(want, max(want, pace_keep), reason, message)
 
 
 def _uniform_progress(
     job: Job,
     deadline: DeadlineRules,
     due: datetime,
-    anchor: int,
+    anchor: OnDemandNeed,
     cap: int,
     hi: int,
     spot: int,
     now: datetime,
 ) -> OnDemandNeed:
+    """Behind the line: every allowed worker. On-demand workers stay until progress is ahead of
+    the line by `margin`'s worth of it (Can't Be Late's hysteresis: without it, on-demand is
+    bought and let go on every other pass)."""
     assert job.progress is not None
     start = job.started_at
     span = (due - deadline.margin - start).total_seconds() if start is not None else 0.0
     if start is None or span <= 0:
-        return _with_alert(_anchor(anchor), Reason.NO_PROGRESS, "the job's start is unknown")
+        return _with_alert(anchor, Reason.NO_PROGRESS, "the job's start is unknown")
     line = min(1.0, (now - start).total_seconds() / span)
+    band = deadline.margin.total_seconds() / span
+    full = _clamp(hi - spot, anchor.want, cap)
     if job.progress >= line:
-        return OnDemandNeed(
-            anchor,
-            anchor,
-            Reason.AHEAD_OF_DEADLINE,
-            f"progress {job.progress:.0%} on or above the line ({line:.0%}): spot only",
-        )
-    want = _clamp(hi - spot, anchor, cap)
+        keep = anchor.want if job.progress >= line + band else full
+        message = f"progress {job.progress:.0%} on or above the line ({line:.0%}): spot only"
+        return OnDemandNeed(anchor.want, keep, Reason.AHEAD_OF_DEADLINE, message)
     message = f"progress {job.progress:.0%} below the line ({line:.0%}): every worker"
-    return OnDemandNeed(want, want, Reason.BEHIND_DEADLINE, message)
+    return OnDemandNeed(full, full, Reason.BEHIND_DEADLINE, message)
 
 
-def _infeasible(anchor: int, cap: int, hi: int, spot: int, why: str) -> OnDemandNeed:
+def _infeasible(anchor: OnDemandNeed, cap: int, hi: int, spot: int, why: str) -> OnDemandNeed:
     """Too late to finish in time: every allowed worker, within the on-demand cap (spend stays
     bounded), and a person is told."""
-    want = _clamp(hi - spot, anchor, cap)
+    want = _clamp(hi - spot, anchor.want, cap)
     need = OnDemandNeed(want, want, Reason.BEHIND_DEADLINE, "")
     return _with_alert(need, Reason.DEADLINE_INFEASIBLE, why)
 
@@ -207,18 +218,17 @@ def on_demand(
         )
     lo, _ = policy.bounds(job)
     surplus = min(have - need.keep, len(staying) - lo)
-    victims = _surplus(job, fleet, surplus) if job.scaler is None and job.running else ()
+    victims = _newest(job, fleet.on_demand, surplus) if job.scaler is None and job.running else ()
     if victims:
-        spare = Reason.AHEAD_OF_DEADLINE if policy.deadline else Reason.CONSOLIDATE_TO_SPOT
         return Decision.about(
             job,
             Action.SCALE_IN,
-            spare,
+            need.release,
             policy.name,
             to_workers=len(job.workers) - len(victims),
             count=len(victims),
             pods=victims,
-            hosts=tuple(w.host for w in fleet.on_demand if w.pod in victims),
+            hosts=tuple(w.host for w in staying if w.pod in victims),
             tags=tags,
             message=f"{need.message}; remove on-demand {', '.join(victims)}",
         )
@@ -226,15 +236,16 @@ def on_demand(
         return Decision.noop(
             job, need.alert, policy.name, tags=(growth.reason,), message=need.message
         )
-    return growth
+    return replace(growth, message=f"{growth.message}; {need.message}")
 
 
-def _surplus(job: Job, fleet: Fleet, count: int) -> tuple[str, ...]:
-    """The on-demand workers to let go: not yet placed first (nothing to lose), then the newest.
-    An operator that removes the highest indices (mpi-operator) can only lose its top ones."""
+def _newest(job: Job, among: tuple[Worker, ...], count: int) -> tuple[str, ...]:
+    """The workers of `among` to let go: not yet placed first (nothing to lose), then the
+    newest. An operator that removes the highest indices (mpi-operator) can only lose its top
+    ones."""
     if count <= 0:
         return ()
-    order = sorted(fleet.on_demand, key=lambda w: (not w.pending, -w.index))
+    order = sorted(among, key=lambda w: (not w.pending, -w.index))
     victims = order[:count]
     if job.removes_highest_first:
         top = sorted(job.workers, key=lambda w: -w.index)[:count]

@@ -176,6 +176,11 @@ class OnDemandRules(StrictModel):
     min_on_demand: Workers = 0
     # the cap on on-demand workers, whatever the deadline says (None: up to max workers)
     max_on_demand: Workers | None = None
+    # the anchor leaves while spot is calm: at least `calm_spot_workers` of the job's spot
+    # workers have each run this long (None: the anchor stays while the job runs). A wave of
+    # notices or a fresh set of spot workers brings it back.
+    calm_after: Duration | None = None
+    calm_spot_workers: Annotated[int, Field(ge=1)] = 4
 
     @model_validator(mode="after")
     def _ordered(self) -> OnDemandRules:
