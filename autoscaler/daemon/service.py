@@ -27,6 +27,7 @@ from autoscaler.daemon.reload import ConfigReloader
 from autoscaler.daemon.supervise import Supervisor
 from autoscaler.fencing import Fence
 from autoscaler.reconcile import Actuator, Observer, Reconciler
+from autoscaler.shutdown import wait_until_stopped
 
 _STOP_TIMEOUT = (
     10.0  # seconds a part gets to finish on shutdown (a pass's actions, a source's poll)
@@ -249,7 +250,7 @@ class Daemon:
     def run_until(self, stop: threading.Event) -> None:
         try:
             self.start()
-            stop.wait()
+            wait_until_stopped(stop)
         finally:
             self.stop()
 
