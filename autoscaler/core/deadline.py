@@ -69,6 +69,26 @@ class Fleet:
         return cls(tuple(spot), tuple(on_demand))
 
 
+@dataclass(frozen=True, slots=True)
+class _Pacing:
+    """One job's deadline pass: what the rules weigh."""
+
+    job: Job
+    progress: float
+    deadline: DeadlineRules
+    due: datetime
+    anchor: OnDemandNeed  # what the anchor alone wants
+    cap: int  # on-demand workers allowed (max_on_demand, within max)
+    hi: int  # max workers
+    spot: int  # staying workers on spot
+    now: datetime
+
+    @property
+    def every_worker(self) -> int:
+        """On-demand workers that bring the job to max, within the cap."""
+        return _clamp(self.hi - self.spot, self.anchor.want, self.cap)
+
+
 def on_demand_need(job: Job, policy: Policy, fleet: Fleet, now: datetime) -> OnDemandNeed | None:
     """What `policy` wants of on-demand workers for `job` now; None when it wants none at all."""
     rules, deadline = policy.on_demand, policy.deadline
@@ -84,9 +104,8 @@ def on_demand_need(job: Job, policy: Policy, fleet: Fleet, now: datetime) -> OnD
         return _with_alert(anchor, Reason.NO_PROGRESS, "annotation spot-autoscaler.io/progress")
     if job.progress >= 1.0:
         return anchor
-    if deadline.rule == "uniform_progress":
-        return _uniform_progress(job, deadline, due, anchor, cap, hi, len(fleet.spot), now)
-    return _paced(job, deadline, due, anchor, cap, hi, len(fleet.spot), now)
+    pacing = _Pacing(job, job.progress, deadline, due, anchor, cap, hi, len(fleet.spot), now)
+    return _uniform_progress(pacing) if deadline.rule == "uniform_progress" else _paced(pacing)
 
 
 def _anchor(rules: OnDemandRules, cap: int, fleet: Fleet, now: datetime) -> OnDemandNeed:
@@ -106,76 +125,54 @@ def _with_alert(need: OnDemandNeed, alert: Reason, detail: str) -> OnDemandNeed:
     return replace(need, message=f"{alert.info.message} ({detail})", alert=alert)
 
 
-def _paced(
-    job: Job,
-    deadline: DeadlineRules,
-    due: datetime,
-    anchor: OnDemandNeed,
-    cap: int,
-    hi: int,
-    spot: int,
-    now: datetime,
-) -> OnDemandNeed:
-    assert job.progress is not None
-    remaining = 1.0 - job.progress
-    hours = (due - deadline.margin - now).total_seconds() / 3600
-    rate = job.progress_rate
+def _paced(p: _Pacing) -> OnDemandNeed:
+    remaining = 1.0 - p.progress
+    hours = (p.due - p.deadline.margin - p.now).total_seconds() / 3600
+    rate = p.job.progress_rate
     if rate is None or rate <= 0:  # nothing measured yet: the anchor, until progress moves
-        return anchor
+        return p.anchor
     if hours <= 0:
-        return _infeasible(anchor, cap, hi, spot, "past the deadline less its margin")
+        return _infeasible(p, "past the deadline less its margin")
     needed = math.ceil(remaining / (hours * rate) - 1e-9)
-    if needed > hi:
-        return _infeasible(anchor, cap, hi, spot, f"{needed} workers needed, max {hi}")
+    if needed > p.hi:
+        return _infeasible(p, f"{needed} workers needed, max {p.hi}")
     # Spot may come back before the deadline is at risk: while on-demand alone (at most `cap`
     # workers) could still finish in the time left with room to spare, wait for it.
-    slack = hours / (remaining / (min(hi, cap) * rate))
-    message = f"{remaining:.0%} left in {hours:.1f} h needs {needed} worker(s), {spot} on spot"
-    pace_keep = _clamp(math.ceil(needed * _SPARE) - spot, anchor.want, cap)
+    slack = hours / (remaining / (min(p.hi, p.cap) * rate))
+    message = f"{remaining:.0%} left in {hours:.1f} h needs {needed} worker(s), {p.spot} on spot"
+    pace_keep = _clamp(math.ceil(needed * _SPARE) - p.spot, p.anchor.want, p.cap)
     if slack > _SPARE:
-        keep = pace_keep if slack <= _SPARE * _SPARE else anchor.keep
+        keep = pace_keep if slack <= _SPARE * _SPARE else p.anchor.keep
         waiting = f"{message}; on-demand alone could finish {slack:.1f}x over: waiting for spot"
-        return replace(anchor, keep=keep, message=waiting, release=Reason.AHEAD_OF_DEADLINE)
-    want = _clamp(needed - spot, anchor.want, cap)
-    reason = Reason.BEHIND_DEADLINE if want > anchor.want else anchor.reason
+        return replace(p.anchor, keep=keep, message=waiting, release=Reason.AHEAD_OF_DEADLINE)
+    want = _clamp(needed - p.spot, p.anchor.want, p.cap)
+    reason = Reason.BEHIND_DEADLINE if want > p.anchor.want else p.anchor.reason
     message += f", {want} on on-demand"
     return OnDemandNeed(want, max(want, pace_keep), reason, message)
 
 
-def _uniform_progress(
-    job: Job,
-    deadline: DeadlineRules,
-    due: datetime,
-    anchor: OnDemandNeed,
-    cap: int,
-    hi: int,
-    spot: int,
-    now: datetime,
-) -> OnDemandNeed:
+def _uniform_progress(p: _Pacing) -> OnDemandNeed:
     """Behind the line: every allowed worker. On-demand workers stay until progress is ahead of
     the line by `margin`'s worth of it (Can't Be Late's hysteresis: without it, on-demand is
     bought and let go on every other pass)."""
-    assert job.progress is not None
-    start = job.started_at
-    span = (due - deadline.margin - start).total_seconds() if start is not None else 0.0
+    start = p.job.started_at
+    span = (p.due - p.deadline.margin - start).total_seconds() if start is not None else 0.0
     if start is None or span <= 0:
-        return _with_alert(anchor, Reason.NO_PROGRESS, "the job's start is unknown")
-    line = min(1.0, (now - start).total_seconds() / span)
-    band = deadline.margin.total_seconds() / span
-    full = _clamp(hi - spot, anchor.want, cap)
-    if job.progress >= line:
-        keep = anchor.want if job.progress >= line + band else full
-        message = f"progress {job.progress:.0%} on or above the line ({line:.0%}): spot only"
-        return OnDemandNeed(anchor.want, keep, Reason.AHEAD_OF_DEADLINE, message)
-    message = f"progress {job.progress:.0%} below the line ({line:.0%}): every worker"
-    return OnDemandNeed(full, full, Reason.BEHIND_DEADLINE, message)
+        return _with_alert(p.anchor, Reason.NO_PROGRESS, "the job's start is unknown")
+    line = min(1.0, (p.now - start).total_seconds() / span)
+    band = p.deadline.margin.total_seconds() / span
+    if p.progress >= line:
+        keep = p.anchor.want if p.progress >= line + band else p.every_worker
+        message = f"progress {p.progress:.0%} on or above the line ({line:.0%}): spot only"
+        return OnDemandNeed(p.anchor.want, keep, Reason.AHEAD_OF_DEADLINE, message)
+    message = f"progress {p.progress:.0%} below the line ({line:.0%}): every worker"
+    return OnDemandNeed(p.every_worker, p.every_worker, Reason.BEHIND_DEADLINE, message)
 
 
-def _infeasible(anchor: OnDemandNeed, cap: int, hi: int, spot: int, why: str) -> OnDemandNeed:
+def _infeasible(p: _Pacing, why: str) -> OnDemandNeed:
     """Too late to finish in time: every allowed worker, within the on-demand cap (spend stays
     bounded), and a person is told."""
-    want = _clamp(hi - spot, anchor.want, cap)
-    need = OnDemandNeed(want, want, Reason.BEHIND_DEADLINE, "")
+    need = OnDemandNeed(p.every_worker, p.every_worker, Reason.BEHIND_DEADLINE, "")
     return _with_alert(need, Reason.DEADLINE_INFEASIBLE, why)
 
 
@@ -220,14 +217,11 @@ def on_demand(
     surplus = min(have - need.keep, len(staying) - lo)
     victims = _newest(job, fleet.on_demand, surplus) if job.scaler is None and job.running else ()
     if victims:
-        return Decision.about(
+        return Decision.scale_in(
             job,
-            Action.SCALE_IN,
             need.release,
             policy.name,
-            to_workers=len(job.workers) - len(victims),
-            count=len(victims),
-            pods=victims,
+            victims,
             hosts=tuple(w.host for w in staying if w.pod in victims),
             tags=tags,
             message=f"{need.message}; remove on-demand {', '.join(victims)}",

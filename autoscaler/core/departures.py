@@ -167,14 +167,11 @@ def _scale_in_or_wait(
             )
         return
     out.decisions.append(
-        Decision.about(
+        Decision.scale_in(
             job,
-            Action.SCALE_IN,
             leaving.reason,
             policy.name,
-            to_workers=len(job.workers) - len(victims),
-            count=len(victims),
-            pods=victims,
+            victims,
             hosts=hosts,
             nodes=nodes,
             tags=leaving.tags,

@@ -294,6 +294,23 @@ class Decision:
         )
 
     @classmethod
+    def scale_in(
+        cls, job: Job, reason: Reason, policy: str, pods: tuple[str, ...], **details: Any
+    ) -> Decision:
+        """A ScaleIn of exactly `pods`; hosts, nodes, tags, message as keywords."""
+        n = len(job.workers)
+        return cls.about(
+            job,
+            Action.SCALE_IN,
+            reason,
+            policy,
+            n - len(pods),
+            count=len(pods),
+            pods=pods,
+            **details,
+        )
+
+    @classmethod
     def noop(cls, job: Job, reason: Reason, policy: str, **details: Any) -> Decision:
         """No change to `job`, and why."""
         return cls.about(job, Action.NOOP, reason, policy, **details)
