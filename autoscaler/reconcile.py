@@ -26,6 +26,9 @@ _APPLY_ORDER = {
 }
 
 
+_KEEP_WRITES = 5  # standing-object writes per pass: ~5-20 ms each on a real API server
+
+
 class Observer(Protocol):
     def snapshot(self, now: datetime) -> Snapshot: ...
 
@@ -43,7 +46,9 @@ class Keeper(Protocol):
     """An actuator that also keeps standing objects true for the managed jobs each pass (e.g.
     the Kubernetes one's PodDisruptionBudgets)."""
 
-    def keep(self, jobs: list[Job], now: datetime) -> None: ...
+    def keep(self, jobs: list[Job], now: datetime, writes: int) -> bool:
+        """At most `writes` API writes; True when nothing was left for a later pass."""
+        ...
 
 
 class Reconciler:
@@ -64,6 +69,8 @@ class Reconciler:
         self.idle_since: dict[str, datetime] = {}
         self._last_noop: dict[str, tuple[str, tuple[str, ...]]] = {}  # job -> (reason, tags)
         self.errors = 0
+        self.kept = True  # False: standing objects are left over (keep_more, or the next pass)
+        self._managed: list[Job] = []
         # drains of different jobs are independent writes racing nodes' deaths: with more than
         # one worker they go out at once instead of queueing behind each other's round trips
         self._drain_pool = (
@@ -96,14 +103,26 @@ class Reconciler:
             ordered = ordered[len(drains) :]
         done += (self._apply(decision, now) for decision in ordered)
         self.errors += done.count(False)
-        if isinstance(self.actuator, Keeper):
-            managed = [j for j in snapshot.jobs if self.policies.for_job(j) is not None]
-            try:
-                self.actuator.keep(managed, now)
-            except Exception as exc:  # like a decision's failure: logged, retried next pass
-                self.errors += 1
-                self.logger.error("keep_failed", error=f"{type(exc).__name__}: {exc}")
+        self._managed = [j for j in snapshot.jobs if self.policies.for_job(j) is not None]
+        self._keep(self._managed, now)
         return decisions
+
+    def keep_more(self, now: datetime) -> bool:
+        """A few more standing-object writes for the jobs of the last pass; True when done."""
+        self._keep(self._managed, now)
+        return self.kept
+
+    def _keep(self, managed: list[Job], now: datetime) -> None:
+        """Standing objects, a few writes at a time (after the decisions): thousands may be
+        missing at start-up, and the next notice's drain must not queue behind them all."""
+        self.kept = True
+        if not isinstance(self.actuator, Keeper):
+            return
+        try:
+            self.kept = self.actuator.keep(managed, now, _KEEP_WRITES)
+        except Exception as exc:  # like a decision's failure: logged, retried after a back-off
+            self.errors += 1
+            self.logger.error("keep_failed", error=f"{type(exc).__name__}: {exc}")
 
     def _apply(self, decision: Decision, now: datetime) -> bool:
         """Carry out one decision; False if it failed (logged)."""

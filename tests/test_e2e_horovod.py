@@ -89,10 +89,12 @@ class Run:
 
     def events(self, kind: str | None = None, after: float = 0.0) -> list[dict[str, Any]]:
         try:
-            lines = self.train_log.read_text().splitlines()
+            text = self.train_log.read_text()
         except FileNotFoundError:
             return []
-        events = [json.loads(line) for line in lines if line.strip()]
+        # the ranks append as we read: a last line without its newline is still being written
+        complete = text[: text.rfind("\n") + 1]
+        events = [json.loads(line) for line in complete.splitlines() if line.strip()]
         return [e for e in events if (kind is None or e["event"] == kind) and e["t"] > after]
 
     def world(self, size: int, after: float) -> list[dict[str, Any]]:

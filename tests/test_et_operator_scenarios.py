@@ -123,6 +123,35 @@ def test_evictions_wait_for_the_daemon_which_removes_the_worker_by_name(
     assert hostfile == "bert-worker-1:1\nbert-worker-2:1\n\n"  # echo '...' adds a newline
 
 
+def test_missing_budgets_are_written_a_few_per_pass(kube: Kube) -> None:
+    # at start-up every job lacks its budget: one pass writing them all (2,000 jobs: 70 s
+    # against the emulator in benchmarks/reaction.py) held the first notices' drains behind it
+    kube.server.seed(node("a"), *(training_job(f"job{i}") for i in range(12)))
+    rec = kube.reconciler()
+    written = []
+    for _ in range(3):
+        rec.tick(now())
+        written.append((len(kube.server.objects("PodDisruptionBudget", NS)), rec.kept))
+    assert written == [(5, False), (10, False), (12, True)]
+
+
+def test_a_budget_goes_when_its_job_is_no_longer_guarded(kube: Kube) -> None:
+    kube.server.seed(node("a"), training_job("bert"), training_job("gpt"))
+    rec = kube.reconciler()
+    rec.tick(now())
+    rec.tick(now())  # nothing changed: the budgets are not looked at again
+    budgets = kube.server.objects("PodDisruptionBudget", NS)
+    assert sorted(b["metadata"]["name"] for b in budgets) == ["bert-spot-guard", "gpt-spot-guard"]
+    kube.server.patch("TrainingJob", "gpt", {"status": {"phase": "Succeeded"}}, NS)
+    wait_for(
+        lambda: (
+            rec.tick(now()) is not None and len(kube.server.objects("PodDisruptionBudget", NS)) == 1
+        )
+    )
+    [left] = kube.server.objects("PodDisruptionBudget", NS)
+    assert left["metadata"]["name"] == "bert-spot-guard"
+
+
 def test_a_scale_in_stuck_on_the_launchers_ps_is_reported(kube: Kube, tmp_path: Path) -> None:
     operator = seeded(kube, tmp_path)
     operator.has_ps = False  # the launcher image has no `ps`: the ScaleIn waits forever

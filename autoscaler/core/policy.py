@@ -93,6 +93,11 @@ class Match(StrictModel):
             return False
         return all(job.labels.get(k) == v for k, v in self.labels.items())
 
+    @property
+    def everything(self) -> bool:
+        """Empty: selects every job (a default policy's match, not a rule to try first)."""
+        return not (self.names or self.namespaces or self.labels)
+
 
 class ScaleOutRules(StrictModel):
     enabled: bool = True
@@ -338,12 +343,16 @@ class PolicySet(StrictModel):
         return self
 
     def for_job(self, job: Job) -> Policy | None:
-        """The policy pinned by the job's label, else the first that matches, else the default."""
-        by_name = {p.name: p for p in self.policies}
+        """The policy pinned by the job's label, else the first that matches, else the default.
+        Called for every job on every pass: no model is built here."""
         pinned = job.labels.get(POLICY_LABEL)
-        if pinned is not None and pinned in by_name:
-            return by_name[pinned]
-        for policy in self.policies:
-            if policy.match != Match() and policy.match.selects(job):
+        for policy in self.policies if pinned is not None else ():
+            if policy.name == pinned:
                 return policy
-        return by_name.get(self.default_policy) if self.default_policy else None
+        for policy in self.policies:
+            if not policy.match.everything and policy.match.selects(job):
+                return policy
+        for policy in self.policies if self.default_policy else ():
+            if policy.name == self.default_policy:
+                return policy
+        return None

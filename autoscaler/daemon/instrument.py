@@ -85,11 +85,11 @@ class GuardedActuator:
         if decision.action in (Action.DRAIN, Action.SCALE_IN):
             self._tracker.answered(decision.nodes, datetime.now(UTC))
 
-    def keep(self, jobs: list[Job], now: datetime) -> None:
+    def keep(self, jobs: list[Job], now: datetime, writes: int) -> bool:
         if not isinstance(self._inner, Keeper) or not self._is_leader():
-            return  # standing objects are the leader's to keep, like every write
+            return True  # standing objects are the leader's to keep, like every write
         try:
-            self._inner.keep(jobs, now)
+            return self._inner.keep(jobs, now, writes)
         except NotLeader:
             raise
         except Exception:

@@ -39,6 +39,10 @@ class WakeSignal:
     def wait(self, timeout: float | None = None) -> bool:
         return self._event.wait(timeout)
 
+    def pending(self) -> bool:
+        """A wake came since the last take."""
+        return self._event.is_set()
+
     def take(self) -> set[str]:
         """The reasons gathered since the last take; the next wake starts a new batch."""
         with self._lock:
@@ -111,6 +115,10 @@ class ReconcileLoop:
         finally:
             self._metrics.reconcile.observe(time.perf_counter() - started)
         self.passes += 1
+        # standing objects left over (thousands of budgets at start-up): a few writes at a
+        # time while nothing else is waiting, so a notice's pass never queues behind them all
+        while not (self.reconciler.kept or self._wake.pending() or self._stop.is_set()):
+            self.reconciler.keep_more(datetime.now(UTC))
         self._metrics.decided(decisions)
         self._logger.debug(
             "pass_done",

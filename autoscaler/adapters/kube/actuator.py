@@ -55,19 +55,20 @@ class KubeActuator:
         guarded = config.kubernetes.guard_evictions
         self._guard = EvictionGuard(self._objects, cache) if guarded else None
 
-    def keep(self, jobs: list[Job], now: datetime) -> None:
+    def keep(self, jobs: list[Job], now: datetime, writes: int) -> bool:
         """Warning Events for objects the observer rejected; one PodDisruptionBudget per managed
-        job of a kind that guards its workers (guard.py), none for others."""
+        job of a kind that guards its workers (guard.py), none for others; at most `writes`
+        budget writes, True when none were left over."""
         for obj, message in self._rejections.untold() if self._rejections else ():
             self._recorder.record(obj, "ObjectRejected", message, now, warning=True)
         if self._guard is None or not self._cache.synced():
-            return
+            return True
         guarded = []
         for job in jobs:
             found = self._cache.find_job(job.key)
             if found is not None and (labels := kind_of(found[0]).guard_labels) is not None:
                 guarded.append((found[1], labels(job.name)))
-        self._guard.keep(guarded)
+        return self._guard.keep(guarded, writes)
 
     def apply(self, decision: Decision, now: datetime) -> None:
         if not self._cache.synced():  # a partial view could hide a scaler that already runs

@@ -73,23 +73,59 @@ class EvictionGuard:
     def __init__(self, objects: ObjectApi, cache: KubeCache) -> None:
         self._objects = objects
         self._cache = cache
+        # refused with 409 in this sweep: not retried until the sweep is done (a budget of our
+        # name that someone else made would otherwise be tried again and again)
+        self._conflicts: set[str] = set()
+        self._verified: dict[str, tuple[Obj, Obj]] = {}  # budget key -> (job, budget) found right
+        self._scanned: tuple[int, frozenset[str]] | None = None  # what _stale last found clean
 
-    def keep(self, jobs: Iterable[tuple[Obj, dict[str, str]]]) -> None:
-        """`jobs`: each guarded job with its workers' labels."""
+    def keep(self, jobs: Iterable[tuple[Obj, dict[str, str]]], writes: int) -> bool:
+        """`jobs`: each guarded job with its workers' labels. At most `writes` API writes (at
+        start-up thousands of budgets are missing, and a pass must not hold a notice's drain
+        behind them); True when nothing was left for a later call."""
         if not self._cache.served(PDBS):
-            return
-        wanted = {key_of(want): want for want in (desired_guard(*j) for j in jobs)}
-        for key, want in wanted.items():
+            return True
+        missing: list[tuple[Obj, Obj | None]] = []
+        verified: dict[str, tuple[Obj, Obj]] = {}
+        for job, workers in jobs:
+            meta = job["metadata"]
+            key = f"{meta['namespace']}/{guard_name(meta['name'])}"
             held = self._cache.get(PDBS, key)
-            same = held is not None and _essentials(held.get("spec") or {}) == _essentials(
-                want["spec"]
-            )
-            if same:
+            last = self._verified.get(key)
+            if held is not None and last is not None and last[0] is job and last[1] is held:
+                verified[key] = last  # neither object changed since it was found right
                 continue
+            want = desired_guard(job, workers)
+            if held is not None and _essentials(held.get("spec") or {}) == _essentials(
+                want["spec"]
+            ):
+                verified[key] = (job, held)
+            elif key not in self._conflicts:
+                missing.append((want, held))
+        self._verified = verified
+        stale = self._stale(frozenset(verified) | {key_of(w) for w, _ in missing})
+        for want, held in missing[:writes]:
             self._write(want, held)
-        for held in self._cache.items(PDBS):
-            if labels_of(held).get(MANAGED_BY_LABEL) == MANAGER and key_of(held) not in wanted:
-                self._delete(held)
+        for held in stale[: max(0, writes - len(missing))]:
+            self._delete(held)
+        done = len(missing) + len(stale) <= writes
+        if done:
+            self._conflicts.clear()
+        return done
+
+    def _stale(self, wanted: frozenset[str]) -> list[Obj]:
+        """Our budgets for jobs no longer guarded. Looked for again only when the budgets or the
+        guarded jobs changed in number or name (thousands of budgets, every pass)."""
+        held = self._cache.items(PDBS)
+        if self._scanned == (len(held), wanted):
+            return []
+        stale = [
+            b
+            for b in held
+            if labels_of(b).get(MANAGED_BY_LABEL) == MANAGER and key_of(b) not in wanted
+        ]
+        self._scanned = None if stale else (len(held), wanted)
+        return stale
 
     def _write(self, want: Obj, held: Obj | None) -> None:
         meta = want["metadata"]
@@ -103,6 +139,7 @@ class EvictionGuard:
         except ApiException as exc:
             if exc.status != 409:  # 409: made by an earlier pass whose event has not come yet
                 raise
+            self._conflicts.add(key_of(want))
             return
         self._cache.assume(PDBS, done)
         log.info(
