@@ -14,8 +14,9 @@ from kube_fixtures import (
 )
 from support.waiting import wait_for
 
+from autoscaler.adapters.kube.guard import desired_guard
 from autoscaler.adapters.kube.kinds.et_operator import SCALE_OUTS, TRAINING_JOBS
-from autoscaler.adapters.kube.resources import NODES, PODS
+from autoscaler.adapters.kube.resources import NODES, PDBS, PODS
 
 
 def names(k: Kube, cache, resource) -> set[str]:  # noqa: ANN001
@@ -81,7 +82,7 @@ def test_a_failing_initial_list_is_retried(kube: Kube) -> None:
 
 def test_wakes_for_notices_and_capacity_but_not_heartbeats(kube: Kube) -> None:
     kube.server.seed(node("a"), pod("p", "a", 2), pod("cpu", "a", 0))
-    kube.cache()
+    cache = kube.cache()
     assert kube.wakes == []  # the initial list is not news
     ready = {"type": "Ready", "status": "True", "lastHeartbeatTime": "2020-01-01T00:00:00Z"}
     heartbeat = {"status": {"conditions": [ready]}}
@@ -92,6 +93,9 @@ def test_wakes_for_notices_and_capacity_but_not_heartbeats(kube: Kube) -> None:
     kube.server.delete("Pod", "p", NS)
     kube.server.seed(training_job("bert"))
     kube.server.patch("TrainingJob", "bert", {"status": {"phase": "Scaling"}}, NS)
+    # our budgets are standing objects no decision reads: thousands are written at start-up
+    kube.server.seed(desired_guard(kube.server.objects("TrainingJob", NS)[0], {"x": "y"}))
+    wait_for(lambda: cache.get(PDBS, f"{NS}/bert-spot-guard"), what="the budget in the cache")
     wait_for(lambda: len(kube.wakes) >= 4, what="four wakes")
     # one thread per kind: order holds within a kind only
     assert sorted(kube.wakes) == [

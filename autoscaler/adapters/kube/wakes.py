@@ -13,6 +13,7 @@ from autoscaler.adapters.kube.kinds import JOB_RESOURCES, kind_of
 from autoscaler.adapters.kube.pods import TERMINATED_PHASES, gpu_requests
 from autoscaler.adapters.kube.resources import (
     NODES,
+    PDBS,
     PODS,
     Obj,
     Resource,
@@ -67,8 +68,10 @@ def _scaler(scaler: Obj) -> Hashable:
 
 
 def signature(resource: Resource, obj: Obj | None, settings: KubernetesSettings) -> Hashable:
-    """What about `obj` decisions depend on; None for an absent object."""
-    if obj is None:
+    """What about `obj` decisions depend on; None for an absent object. Our budgets are standing
+    objects no decision reads: their writes (thousands at start-up) must not each wake a pass;
+    one deleted by someone else is written again at the next tick."""
+    if obj is None or resource is PDBS:
         return None
     if resource is NODES:
         return _node(obj)
