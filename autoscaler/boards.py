@@ -15,6 +15,18 @@ from autoscaler.core.model import Notice
 
 Wake = Callable[[str], None]  # ask the daemon for a reconcile pass now; the argument says why
 
+# Wakes that may carry a notice: a source's `notice_wake`, or a Node's change in the watch cache
+# (taints, cordons, the node agent's annotation). The loop takes the fast path for these first.
+_NOTICE_WAKE = " on "
+
+
+def notice_wake(notice: Notice) -> str:
+    return f"{notice.source}: {notice.kind.value}{_NOTICE_WAKE}{notice.node}"
+
+
+def may_be_notice(reason: str) -> bool:
+    return reason.startswith("Node ") or (": " in reason and _NOTICE_WAKE in reason)
+
 
 class NoticeBoard:
     """Active notices, deduplicated by (source, id): a redelivered message is not a new notice."""

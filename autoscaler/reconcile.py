@@ -13,7 +13,16 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
-from autoscaler.core import Action, Decision, Job, PolicySet, Snapshot, decide, track_idle
+from autoscaler.core import (
+    Action,
+    Decision,
+    Job,
+    PolicySet,
+    Snapshot,
+    decide,
+    decide_departures,
+    track_idle,
+)
 from autoscaler.decisionlog import log_decision
 
 _APPLY_ORDER = {
@@ -83,7 +92,27 @@ class Reconciler:
         snapshot = self.observer.snapshot(now)
         self.idle_since = track_idle(self.idle_since, snapshot.nodes, now)
         decisions = decide(replace(snapshot, idle_since=self.idle_since), self.policies, now)
-        # every action, and the noops a person must hear of once per episode (an Event)
+        self._act(decisions, now)
+        self._managed = [j for j in snapshot.jobs if self.policies.for_job(j) is not None]
+        self._keep(self._managed, now)
+        return decisions
+
+    def react(self, now: datetime) -> list[Decision]:
+        """The notice fast path, before a full pass: drains and ScaleIns of the jobs with workers
+        on noticed nodes only, decided as the full pass would (`decide_departures`). Growth,
+        other jobs and standing objects wait for the pass that follows."""
+        snapshot = self.observer.snapshot(now)
+        noticed = {n.node for n in snapshot.notices}
+        keys = frozenset(j.key for j in snapshot.jobs if any(w.node in noticed for w in j.workers))
+        if not keys:
+            return []
+        decided = decide_departures(snapshot, self.policies, now, keys)
+        urgent = [d for d in decided if d.action in (Action.DRAIN, Action.SCALE_IN)]
+        self._act(urgent, now)
+        return urgent
+
+    def _act(self, decisions: list[Decision], now: datetime) -> None:
+        """Log and apply: every action, and the noops a person must hear of once per episode."""
         to_apply: list[Decision] = []
         for decision in decisions:
             logged = self._worth_logging(decision)
@@ -103,9 +132,6 @@ class Reconciler:
             ordered = ordered[len(drains) :]
         done += (self._apply(decision, now) for decision in ordered)
         self.errors += done.count(False)
-        self._managed = [j for j in snapshot.jobs if self.policies.for_job(j) is not None]
-        self._keep(self._managed, now)
-        return decisions
 
     def keep_more(self, now: datetime) -> bool:
         """A few more standing-object writes for the jobs of the last pass; True when done."""

@@ -20,6 +20,7 @@ from autoscaler.core import (
     Snapshot,
     Worker,
     decide,
+    decide_departures,
 )
 
 
@@ -187,3 +188,20 @@ def test_every_reason_and_notice_kind_carries_its_rules_metadata() -> None:
         NoticeKind.STATE_CHANGE: 2,
     }
     assert NoticeKind.parse("maintenance") is NoticeKind.MAINTENANCE
+
+
+_DEPARTURES = (Action.DRAIN, Action.SCALE_IN, Action.CANCEL, Action.UNDRAIN)
+
+
+@settings(max_examples=300, deadline=None)
+@given(snap=clusters(), ps=ps_options, data=st.data())
+def test_the_notice_fast_path_decides_what_the_full_pass_does(snap: Snapshot, ps, data) -> None:
+    # any subset of jobs (the fast path picks those on noticed nodes): their departures are the
+    # full pass's, action for action, so a full pass after the fast path has nothing to add
+    keys = frozenset(data.draw(st.sets(st.sampled_from([j.key for j in snap.jobs]))))
+    fast = decide_departures(snap, ps, NOW, keys)
+    full = [d for d in decide(snap, ps, NOW) if d.job in keys]
+    assert [d for d in fast if d.action in _DEPARTURES] == [
+        d for d in full if d.action in _DEPARTURES
+    ]
+    assert {d.job for d in fast} <= keys

@@ -152,6 +152,21 @@ def test_a_budget_goes_when_its_job_is_no_longer_guarded(kube: Kube) -> None:
     assert left["metadata"]["name"] == "bert-spot-guard"
 
 
+def test_the_fast_path_drains_and_scales_in_and_the_full_pass_adds_no_second_scaler(
+    kube: Kube, tmp_path: Path
+) -> None:
+    seeded(kube, tmp_path)  # node a carries NTH's spot-itn taint
+    rec = kube.reconciler()
+    fast = rec.react(now())
+    assert [(d.action, d.pods) for d in fast] == [
+        (Action.DRAIN, ("bert-worker-0",)),
+        (Action.SCALE_IN, ("bert-worker-0",)),
+    ]
+    full = rec.tick(now())
+    assert not [d for d in full if d.action in (Action.DRAIN, Action.SCALE_IN)]
+    assert len(kube.server.objects("ScaleIn", NS)) == 1
+
+
 def test_a_scale_in_stuck_on_the_launchers_ps_is_reported(kube: Kube, tmp_path: Path) -> None:
     operator = seeded(kube, tmp_path)
     operator.has_ps = False  # the launcher image has no `ps`: the ScaleIn waits forever

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import structlog
 
 from autoscaler.adapters.polling import run_every
-from autoscaler.boards import NoticeBoard, PriceBook, Wake
+from autoscaler.boards import NoticeBoard, PriceBook, Wake, notice_wake
 from autoscaler.core.model import Notice
 
 Clock = Callable[[], datetime]
@@ -57,7 +57,7 @@ def post_notice(
         return False
     counts["posted"] += 1
     log.info("notice_posted", **fields)
-    wake(f"{notice.source}: {notice.kind.value} on {notice.node}")
+    wake(notice_wake(notice))
     return True
 
 

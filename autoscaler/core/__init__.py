@@ -1,6 +1,6 @@
 """The pure decision core: no I/O, no clock, no client objects. Adapters feed it snapshots."""
 
-from autoscaler.core.decide import decide
+from autoscaler.core.decide import decide, decide_departures
 from autoscaler.core.idle import track_idle
 from autoscaler.core.model import (
     Action,
@@ -34,5 +34,6 @@ __all__ = [
     "Snapshot",
     "Worker",
     "decide",
+    "decide_departures",
     "track_idle",
 ]

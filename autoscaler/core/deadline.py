@@ -193,6 +193,8 @@ def on_demand(
     ScaleOut past idle capacity, a ScaleIn of on-demand workers no longer needed, or an alert."""
     if growth.action is not Action.NOOP or growth.reason in _NO_SCALER:
         return growth
+    if policy.on_demand.min_on_demand == 0 and policy.deadline is None:
+        return growth  # the usual case, on every job every pass: no fleet to sort out
     fleet = Fleet.of(staying, nodes)
     need = on_demand_need(job, policy, fleet, now)
     if need is None:

@@ -7,7 +7,7 @@ idle capacity shared between all jobs. Every job gets at least one decision, a n
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from autoscaler.core.capacity import CapacityPool, Claim, fill, grant_of
@@ -53,6 +53,18 @@ def decide(snapshot: Snapshot, policies: PolicySet, now: datetime) -> list[Decis
                 on_demand(growth, plan.job, plan.policy, staying, plan.ceiling, nodes, now)
             )
     return decisions
+
+
+def decide_departures(
+    snapshot: Snapshot, policies: PolicySet, now: datetime, keys: frozenset[str]
+) -> list[Decision]:
+    """The departures `decide` would make for the jobs `keys`, and nothing else: the notice fast
+    path. A job's departures depend on that job, its policy, the notices and the nodes only, so
+    the two agree (tests/test_core_fast_path.py); growth waits for the full pass."""
+    nodes = {n.name: n for n in snapshot.nodes}
+    chosen = replace(snapshot, jobs=tuple(j for j in snapshot.jobs if j.key in keys))
+    plans, _, _ = _plan_jobs(chosen, policies, nodes, now)
+    return [d for plan in plans for d in plan.departures.decisions]
 
 
 def _plan_jobs(

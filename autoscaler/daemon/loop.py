@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from autoscaler.backoff import Backoff
+from autoscaler.boards import may_be_notice
 from autoscaler.core import PolicySet
 from autoscaler.daemon.leader import Leadership
 from autoscaler.daemon.metrics import Metrics
@@ -128,6 +129,17 @@ class ReconcileLoop:
         )
         return self.reconciler.errors == errors_before
 
+    def _react(self) -> None:
+        """The notice fast path: the noticed jobs' drains and ScaleIns, then the full pass. A
+        failure is logged and left to that pass, which decides the same departures again."""
+        try:
+            decisions = self.reconciler.react(datetime.now(UTC))
+        except Exception as exc:
+            self._metrics.error("reconcile")
+            self._logger.error("react_failed", error=f"{type(exc).__name__}: {exc}")
+            return
+        self._metrics.acted(decisions)
+
     def _run(self) -> None:
         while not self._stop.is_set():
             self._wake.wait()
@@ -151,6 +163,8 @@ class ReconcileLoop:
                     "pass_skipped", why="standby: not the leader", wake=sorted(reasons)
                 )
                 continue
+            if any(map(may_be_notice, reasons)):
+                self._react()
             if self.run_pass(reasons):
                 self._backoff.reset()
             else:

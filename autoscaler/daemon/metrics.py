@@ -90,14 +90,16 @@ class Metrics:
         """Read at scrape time, so a lapsed lease shows even while a renewal call hangs."""
         self.leader.set_function(lambda: 1.0 if is_leader() else 0.0)
 
-    def decided(self, decisions: Iterable[Decision]) -> None:
+    def decided(self, decisions: list[Decision]) -> None:
         """One pass's decisions."""
-        stuck = 0
+        self.acted(decisions)
+        self.stuck_scalers.set(sum(d.reason is Reason.SCALER_STUCK for d in decisions))
+
+    def acted(self, decisions: Iterable[Decision]) -> None:
+        """Decisions made outside a full pass too (the notice fast path): counted, no gauge."""
         for decision in decisions:
             if decision.action is not Action.NOOP:  # noops repeat every pass; the log says why
                 self.decisions.labels(decision.action.value, decision.reason.value).inc()
-            stuck += decision.reason is Reason.SCALER_STUCK
-        self.stuck_scalers.set(stuck)
 
     def error(self, component: str) -> None:
         self._errors.inc(component)

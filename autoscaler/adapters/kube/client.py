@@ -20,15 +20,22 @@ def api_client(
     name), every request says `User-Agent: spot-autoscaler/<identity>`: audit logs show which
     replica wrote what.
     """
+    cfg = client.Configuration()
     if kubeconfig is not None:
-        api = config.new_client_from_config(config_file=str(kubeconfig))
+        config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
     else:
-        cfg = client.Configuration()
         try:
             config.load_incluster_config(client_configuration=cfg)
-            api = client.ApiClient(cfg)
         except config.ConfigException:
-            api = config.new_client_from_config()
+            config.load_kube_config(client_configuration=cfg)
+    # No retries inside urllib3: its default (Retry(3), kubernetes/client/rest.py passes
+    # `configuration.retries` only when set) resends idempotent requests, DELETE among them
+    # (urllib3 `Retry.DEFAULT_ALLOWED_METHODS`), on a dropped connection, past our fence: a
+    # leader paused mid-request (SIGSTOP, a long GC) resumed and deleted a ScaleIn after another
+    # replica had taken the Lease (tests/test_chaos.py). Every attempt goes through
+    # retry.with_retries, which asks the fence first.
+    cfg.retries = 0
+    api = client.ApiClient(cfg)
     if identity:
         api.user_agent = f"spot-autoscaler/{identity}"
     return api
