@@ -210,13 +210,14 @@ def _leaving_with_reasons(
     """
     why: dict[str, Reason] = {}
     held_at_min = False
-    for w in job.workers:
-        reason = risk.hard.get(w.node or "")
+    # one look per worker (every job, every pass): most jobs have none on a noticed node
+    noticed = [(w, r) for w in job.workers if (r := risk.hard.get(w.node or "")) is not None]
+    for w, reason in noticed:
         if reason in (Reason.PREEMPTION_NOTICE, Reason.MAINTENANCE):
             why[w.pod] = reason
     # A rebalance recommendation drains early only while the job stays at or above min.
-    for w in job.workers:
-        if risk.hard.get(w.node or "") is Reason.REBALANCE:
+    for w, reason in noticed:
+        if reason is Reason.REBALANCE:
             if len(job.workers) - len(why) > lo:
                 why[w.pod] = Reason.REBALANCE
             else:
