@@ -229,3 +229,32 @@ def test_the_example_documents_every_policy_and_price_key() -> None:
         if k not in removed | shorthand and not re.search(rf"\b{k}:", text)
     ]
     assert missing == []
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("90", 90),
+        ("90s", 90),
+        ("250ms", 0.25),
+        ("1.5h", 5400),
+        ("1h30m", 5400),
+        ("1d12h", 129600),
+        ("PT1H30M", 5400),
+        ("P1DT12H", 129600),
+        ("pt90s", 90),
+    ],
+)
+def test_durations_take_compound_and_iso_8601_forms(text: str, seconds: float) -> None:
+    rules = PolicySet.model_validate(
+        {"policies": [{"name": "p", "scale_out": {"cooldown": text}}], "default_policy": "p"}
+    )
+    assert rules.policies[0].scale_out.cooldown.total_seconds() == seconds
+
+
+@pytest.mark.parametrize("text", ["1h30", "P", "PT", "PT1H30M5", "-5s", "soon"])
+def test_a_bad_duration_says_which_forms_work(text: str) -> None:
+    with pytest.raises(ValueError, match="use e.g. 30s, 5m, 1h30m or PT1H30M"):
+        PolicySet.model_validate(
+            {"policies": [{"name": "p", "scale_out": {"cooldown": text}}], "default_policy": "p"}
+        )

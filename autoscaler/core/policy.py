@@ -12,12 +12,18 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 
 from autoscaler.core.model import CapacityType, Job
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+_NUMBER = r"\d+(?:\.\d+)?"
+# one or more number+unit parts, largest first as people write them: 90s, 1h30m, 1d12h, 1.5h
+_PARTS = re.compile(rf"^(?:{_NUMBER}(?:ms|s|m|h|d))+$")
+_PART = re.compile(rf"({_NUMBER})(ms|s|m|h|d)")
+# ISO 8601 durations without years and months (their length varies): PT1H30M, P1DT12H, PT90S
+_ISO = re.compile(rf"^P(?:({_NUMBER})D)?(?:T(?:({_NUMBER})H)?(?:({_NUMBER})M)?(?:({_NUMBER})S)?)?$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def parse_duration(value: Any) -> Any:
-    """Accept `90`, `90s`, `5m`, `1.5h`, `2d` (or a timedelta) as a duration."""
+    """Accept `90` (seconds), `90s`, `5m`, `1.5h`, `1h30m`, `2d`, ISO 8601 `PT1H30M` (or a
+    timedelta) as a duration."""
     if isinstance(value, timedelta):
         return value
     if isinstance(value, bool):
@@ -25,11 +31,25 @@ def parse_duration(value: Any) -> Any:
     try:
         if isinstance(value, int | float):
             return timedelta(seconds=value)
-        if isinstance(value, str) and (m := _DURATION.match(value)):
-            return timedelta(seconds=float(m.group(1)) * _UNIT_SECONDS[m.group(2)])
+        if isinstance(value, str):
+            seconds = _seconds(value.strip().replace(" ", ""))
+            if seconds is not None:
+                return timedelta(seconds=seconds)
     except (OverflowError, ValueError):  # beyond timedelta's ~2.7 million years, or NaN
         raise ValueError(f"duration out of range: {value!r}") from None
-    raise ValueError(f"not a duration: {value!r} (use e.g. 30s, 5m, 1h)")
+    raise ValueError(f"not a duration: {value!r} (use e.g. 30s, 5m, 1h30m or PT1H30M)")
+
+
+def _seconds(text: str) -> float | None:
+    if re.fullmatch(_NUMBER, text):
+        return float(text)
+    if _PARTS.match(text):
+        return sum(float(n) * _UNIT_SECONDS[unit] for n, unit in _PART.findall(text))
+    iso = _ISO.match(text.upper())
+    if iso and text.upper() not in ("P", "PT") and not text.upper().endswith("T"):
+        days, hours, minutes, secs = (float(g or 0) for g in iso.groups())
+        return days * 86400 + hours * 3600 + minutes * 60 + secs
+    return None
 
 
 Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
