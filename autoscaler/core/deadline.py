@@ -6,15 +6,18 @@ provisions them (docs/deadlines.md). Spot comes first: these rules act only when
 capacity gave the job nothing this pass, and the workers they add are the first to go.
 
 Two rules (DeadlineRules.rule):
-- `paced`: from the fraction still to do, the hours left before `deadline - margin` and what one
-  worker does per hour, the workers needed now; on-demand makes up what spot lacks, and leaves
-  once spot covers the need with 20% to spare (so a worker is not added and removed in turn).
-- `uniform_progress`: Can't Be Late's rule (Wu et al., NSDI '24) as written for one instance:
-  behind the straight line from start to `deadline - margin`, run every allowed worker (on-demand
-  filling in); on or above it, none on-demand. The benchmark's baseline.
+- `paced`: while on-demand alone (`max_on_demand`, within max) could still finish the rest 1.2x
+  over before `deadline - margin`, wait for spot; past that point, the workers the pace needs
+  now, on-demand making up what spot lacks. On-demand leaves once spot covers the need with 20%
+  to spare, or the slack is back above 1.44x (so a worker is not added and removed in turn).
+- `uniform_progress`: Can't Be Late's rule (Wu et al., NSDI '24) for one elastic job: behind the
+  straight line from start to `deadline - margin`, run every allowed worker (on-demand filling
+  in); above it, none on-demand, once ahead by `margin`'s worth of the line (the paper's
+  hysteresis). The benchmark's baseline.
 
-The anchor (`min_on_demand`) is kept under either rule while the job runs, so a spot wipe-out
-leaves Horovod a host of its previous set and the job goes on without a restart.
+The anchor (`min_on_demand`) is kept under either rule while the job runs, unless spot is calm
+(`calm_after`), so a spot wipe-out leaves Horovod a host of its previous set and the job goes on
+without a restart.
 """
 
 from __future__ import annotations
@@ -89,10 +92,14 @@ class _Pacing:
         return _clamp(self.hi - self.spot, self.anchor.want, self.cap)
 
 
+def _wants_any(policy: Policy) -> bool:
+    return policy.on_demand.min_on_demand > 0 or policy.deadline is not None
+
+
 def on_demand_need(job: Job, policy: Policy, fleet: Fleet, now: datetime) -> OnDemandNeed | None:
     """What `policy` wants of on-demand workers for `job` now; None when it wants none at all."""
     rules, deadline = policy.on_demand, policy.deadline
-    if rules.min_on_demand == 0 and deadline is None:
+    if not _wants_any(policy):
         return None
     lo, hi = policy.bounds(job)
     cap = hi if rules.max_on_demand is None else min(hi, rules.max_on_demand)
@@ -193,12 +200,11 @@ def on_demand(
     ScaleOut past idle capacity, a ScaleIn of on-demand workers no longer needed, or an alert."""
     if growth.action is not Action.NOOP or growth.reason in _NO_SCALER:
         return growth
-    if policy.on_demand.min_on_demand == 0 and policy.deadline is None:
+    if not _wants_any(policy):
         return growth  # the usual case, on every job every pass: no fleet to sort out
     fleet = Fleet.of(staying, nodes)
     need = on_demand_need(job, policy, fleet, now)
-    if need is None:
-        return growth
+    assert need is not None
     have = len(fleet.on_demand)
     tags = (need.alert,) if need.alert else ()
     room = min(ceiling - len(staying), policy.scale_out.max_step or ceiling)

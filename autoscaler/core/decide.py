@@ -60,7 +60,7 @@ def decide_departures(
 ) -> list[Decision]:
     """The departures `decide` would make for the jobs `keys`, and nothing else: the notice fast
     path. A job's departures depend on that job, its policy, the notices and the nodes only, so
-    the two agree (tests/test_core_fast_path.py); growth waits for the full pass."""
+    the two agree (tests/test_core_invariants.py); growth waits for the full pass."""
     nodes = {n.name: n for n in snapshot.nodes}
     chosen = replace(snapshot, jobs=tuple(j for j in snapshot.jobs if j.key in keys))
     plans, _, _ = _plan_jobs(chosen, policies, nodes, now)

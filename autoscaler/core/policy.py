@@ -46,7 +46,7 @@ def _seconds(text: str) -> float | None:
     if _PARTS.match(text):
         return sum(float(n) * _UNIT_SECONDS[unit] for n, unit in _PART.findall(text))
     iso = _ISO.match(text.upper())
-    if iso and text.upper() not in ("P", "PT") and not text.upper().endswith("T"):
+    if iso and any(iso.groups()) and not text.upper().endswith("T"):  # not P, PT or P1DT
         days, hours, minutes, secs = (float(g or 0) for g in iso.groups())
         return days * 86400 + hours * 3600 + minutes * 60 + secs
     return None
@@ -196,8 +196,9 @@ class OnDemandRules(StrictModel):
     out beyond idle spot capacity, the pods go Pending, and the cluster's node autoscaler
     (Karpenter, cluster-autoscaler, ACK/CCE node pools) provisions on-demand nodes for them."""
 
-    # the anchor: kept on on-demand capacity while the job runs, so that a spot wipe-out never
-    # takes every host (Horovod cannot survive losing its whole previous host set)
+    # the anchor: kept on on-demand capacity while the job runs (unless spot is calm, below), so
+    # that a spot wipe-out never takes every host (Horovod cannot survive losing its whole
+    # previous host set)
     min_on_demand: Workers = 0
     # the cap on on-demand workers, whatever the deadline says (None: up to max workers)
     max_on_demand: Workers | None = None
@@ -218,16 +219,16 @@ class OnDemandRules(StrictModel):
 
 class DeadlineRules(StrictModel):
     """Finish by a time, as cheaply as spot allows: spot whenever it is there, on-demand only
-    while progress is behind the line from start to deadline (Can't Be Late, NSDI '24)."""
+    when the deadline is at risk (docs/deadlines.md; core/deadline.py)."""
 
     at: datetime | None = None  # an absolute deadline (with a time zone)
     within: Duration | None = None  # or: this long after the job was created
     # finish this much before the deadline: covers node provisioning, pod start-up, Horovod's
     # reset and the error of the progress estimate
     margin: Duration = timedelta(minutes=30)
-    # paced: just enough on-demand workers to finish in time, removed first when ahead;
-    # uniform_progress: Can't Be Late's rule as written for one instance (behind the line: fill
-    # to max with on-demand; ahead: none), the baseline
+    # paced: spot until on-demand alone could barely finish, then just enough on-demand workers
+    # for the pace, removed first when ahead; uniform_progress: Can't Be Late's rule (behind the
+    # line: fill to max with on-demand; ahead by the margin: none), the baseline
     rule: Literal["paced", "uniform_progress"] = "paced"
 
     @field_validator("at")
