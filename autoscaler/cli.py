@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
+from contextlib import closing
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TextIO
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -17,20 +17,34 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from autoscaler import __version__
 from autoscaler.atomic import atomic_write
 from autoscaler.bench.command import add_parser as _add_bench
+from autoscaler.bench.params import ParamsError
 from autoscaler.config import Config, ConfigError, check_config, load_config
 from autoscaler.core.policy import parse_duration
 from autoscaler.daemon.command import add_parser as _add_run
-from autoscaler.decisionlog import Filter, ReadStats, parse_ts, read_decisions, render_table
+from autoscaler.decisionlog import (
+    STDIN,
+    Filter,
+    LogInputError,
+    ReadStats,
+    log_lines,
+    parse_ts,
+    read_decisions,
+    render_table,
+)
 from autoscaler.programs.discovery_sidecar import add_parser as _add_discovery_sidecar
 from autoscaler.programs.discovery_sidecar import add_scripts_parser as _add_discovery_scripts
 from autoscaler.programs.node_agent import add_parser as _add_node_agent
 from autoscaler.sim.run import simulate
 from autoscaler.sim.trace import TraceError, read_trace, synthetic_trace
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_CONFIG = 0, 1, 2
+# 2: the command line, a config or params file, or a named input that cannot be opened;
+# 1: anything that went wrong while running; 141: stdout closed early (as `cat` under `head`).
+EXIT_OK, EXIT_FAILED, EXIT_BAD_CONFIG, EXIT_PIPE_CLOSED = 0, 1, 2, 141
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. Whatever goes wrong ends in one line on stderr and an exit code, never a
+    traceback (`--debug` shows one for errors we did not foresee)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -38,11 +52,40 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"config error:\n{exc}", file=sys.stderr)
         return EXIT_BAD_CONFIG
-    except (TraceError, FileNotFoundError) as exc:
+    except ParamsError as exc:
+        print(f"params error:\n{exc}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    except LogInputError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        return EXIT_BAD_CONFIG
+    except BrokenPipeError:
+        _detach_stdout()
+        return EXIT_PIPE_CLOSED
     except KeyboardInterrupt:
         return 130
+    except TraceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except OSError as exc:
+        if args.debug:
+            raise
+        if exc.filename is None:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+        print(f"error: {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    except Exception as exc:
+        if args.debug:
+            raise
+        print(f"error: {type(exc).__name__}: {exc} (--debug shows where)", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _detach_stdout() -> None:
+    """The reader went away (`| head`): point stdout at /dev/null so that the interpreter's
+    flush at exit has nowhere to fail and prints no "Exception ignored" traceback."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
         "capacity and cost policies.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument(
+        "--debug", action="store_true", help="show the traceback of an unexpected error"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for register in _COMMANDS:
         register(sub)
@@ -179,8 +225,14 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 # --- decisions ----------------------------------------------------------------------------------
 def _add_decisions(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("decisions", help="show decision log lines as a table, filtered")
-    p.add_argument("file", nargs="?", type=Path, help="JSON-lines log; default: stdin")
+    p = sub.add_parser(
+        "decisions",
+        help="show decision log lines as a table, filtered",
+        description="Read decision logs (plain or gzip, rotated files oldest first, a directory's "
+        "decisions.jsonl*, or - for stdin) and show the decisions as a table or JSON lines. Exit 1 "
+        "when the input holds no decision at all.",
+    )
+    p.add_argument("files", nargs="*", metavar="FILE", help="log files; default: stdin")
     p.add_argument("--job", help="ns/name, or a bare job name")
     p.add_argument("--reason", help="reason code (matches the primary reason or a tag)")
     p.add_argument("--action", choices=["scale_out", "scale_in", "drain", "undrain", "noop"])
@@ -202,27 +254,39 @@ def _since(value: str) -> datetime:
 def cmd_decisions(args: argparse.Namespace) -> int:
     keep = Filter(job=args.job, reason=args.reason, action=args.action, since=args.since)
     stats = ReadStats()
-    with _open_input(args.file) as lines:
+    with closing(log_lines(args.files)) as lines:
         events = (e for e in read_decisions(lines, stats) if keep.keeps(e))
         if args.json:
-            for e in events:
-                sys.stdout.write(json.dumps(e) + "\n")
+            out: Iterable[str] = (json.dumps(e) + "\n" for e in events)
         else:
-            console = Console()
-            # piped output has no width to fit: do not squeeze the table into 80 columns
-            render_table(events, console if console.is_terminal else Console(width=200))
+            console = _table_console()
+            with console.capture() as table:
+                render_table(events, console)
+            out = table.get().splitlines(keepends=True)
+        # line by line: a reader gone away (`| head`) shows as BrokenPipeError, which main
+        # ends quietly; one large write can be cut short without any error
+        for line in out:
+            sys.stdout.write(line)
+        sys.stdout.flush()
+    inputs = ", ".join(args.files) or STDIN
     if stats.skipped:
-        print(f"skipped {len(stats.skipped)} line(s) that are not decisions", file=sys.stderr)
+        print(
+            f"{inputs}: {len(stats.skipped)} of {stats.lines} line(s) are not decisions",
+            file=sys.stderr,
+        )
+    if not stats.decisions:
+        print(f"{inputs}: no decision lines (is this a decision log?)", file=sys.stderr)
+        return EXIT_FAILED
     return EXIT_OK
 
 
-@contextmanager
-def _open_input(path: Path | None) -> Iterator[TextIO]:
-    if path is None:
-        yield sys.stdin
-    else:
-        with path.open(encoding="utf-8") as f:
-            yield f
+def _table_console() -> Console:
+    """The terminal's width on a terminal; piped, rows never wrap (one row, one line)."""
+    console = Console()
+    return console if console.is_terminal else Console(width=_UNWRAPPED, no_color=True)
+
+
+_UNWRAPPED = 10_000
 
 
 _COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
+import re
+import sys
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -72,6 +77,72 @@ def read_decisions(
             continue
         stats.decisions += 1
         yield event
+
+
+STDIN = "-"
+_GZIP_MAGIC = b"\x1f\x8b"
+_ROTATION = re.compile(r"\.(\d+)(?:\.gz)?$")  # logrotate's name.1, name.2.gz: higher is older
+
+
+class LogInputError(Exception):
+    """A named input cannot be read as a log (no such file, a directory without logs)."""
+
+
+def log_lines(names: Sequence[str]) -> Generator[str, None, None]:
+    """The lines of every input, oldest first: plain or gzip (told by content, not by name),
+    `-` for stdin, a directory for the `decisions.jsonl*` in it. Rotated files (`x.2.gz`,
+    `x.1`, `x`) are read in rotation order whatever order they are named in, so a shell glob
+    gives the log from its start. Bytes that are not UTF-8 become U+FFFD: such a line is counted
+    as not a decision rather than stopping the read."""
+    for name in _in_rotation_order(_expand(names or [STDIN])):
+        if name == STDIN:
+            yield from _stdin_lines()
+            continue
+        try:
+            with Path(name).open("rb") as raw:
+                binary = gzip.GzipFile(fileobj=raw) if _gzipped(raw) else raw
+                yield from io.TextIOWrapper(binary, encoding="utf-8", errors="replace")
+        except (OSError, EOFError) as exc:  # missing, unreadable, a truncated or corrupt gzip
+            reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+            raise LogInputError(f"{name}: {reason}") from None
+
+
+def _stdin_lines() -> Iterator[str]:
+    binary = getattr(sys.stdin, "buffer", None)
+    if binary is None:  # replaced by a text stream (tests, embedding)
+        yield from sys.stdin
+        return
+    wrapper = io.TextIOWrapper(binary, encoding="utf-8", errors="replace")
+    try:
+        yield from wrapper
+    finally:
+        wrapper.detach()  # stdin is not ours to close
+
+
+def _gzipped(raw: io.BufferedReader) -> bool:
+    return raw.peek(2)[:2] == _GZIP_MAGIC
+
+
+def _expand(names: Sequence[str]) -> list[str]:
+    out: list[str] = []
+    for name in names:
+        path = Path(name)
+        if name != STDIN and path.is_dir():
+            logs = sorted(str(p) for p in path.glob("decisions.jsonl*") if p.is_file())
+            if not logs:
+                raise LogInputError(f"{name}: a directory with no decisions.jsonl* in it")
+            out.extend(logs)
+        else:
+            out.append(name)
+    return out
+
+
+def _in_rotation_order(names: list[str]) -> list[str]:
+    def age(name: str) -> int:
+        match = _ROTATION.search(name)
+        return int(match.group(1)) if match else 0
+
+    return sorted(names, key=age, reverse=True)  # stable: unrotated names keep their order
 
 
 @dataclass(frozen=True)

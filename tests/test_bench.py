@@ -141,6 +141,6 @@ def test_bad_params_file_is_a_clear_error(
     trace = tmp_path / "t.csv"
     trace.write_text("0,add,node1\n600000,remove,node1\n")
     out = tmp_path / "o"
-    assert main(["bench", "--trace", str(trace), "--params", str(params), "--out", str(out)]) == 1
+    assert main(["bench", "--trace", str(trace), "--params", str(params), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "params error" in err and expected in err

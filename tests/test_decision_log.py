@@ -123,7 +123,7 @@ def test_table_counts_skipped_lines(log_file: Path, capsys: pytest.CaptureFixtur
     assert main(["decisions", str(log_file), "--job", "ml/bert"]) == 0
     captured = capsys.readouterr()
     assert "scale_in" in captured.out and "ml/gpt" not in captured.out
-    assert "skipped 2 line(s)" in captured.err
+    assert "2 of 5 line(s) are not decisions" in captured.err
 
 
 def test_reads_stdin(

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from rich.console import Console
 
 from autoscaler.atomic import atomic_write
-from autoscaler.bench.params import BenchParams, ParamsError, load_params
+from autoscaler.bench.params import BenchParams, load_params
 from autoscaler.bench.report import markdown, plot, summary
 from autoscaler.bench.runner import run_bench
 from autoscaler.config import load_config
 from autoscaler.sim.trace import read_trace
 
-EXIT_OK, EXIT_FAILED = 0, 1
+EXIT_OK = 0
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -60,14 +59,7 @@ def _hours(text: str) -> float:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    try:
-        return _bench(args)
-    except ParamsError as exc:
-        print(f"params error:\n{exc}", file=sys.stderr)
-        return EXIT_FAILED
-
-
-def _bench(args: argparse.Namespace) -> int:
+    """A bad params file raises ParamsError: the CLI prints it and exits 2."""
     params = load_params(args.params) if args.params else BenchParams()
     if args.job_hours is not None:
         params = params.with_job_hours(args.job_hours)
@@ -86,15 +78,14 @@ def _bench(args: argparse.Namespace) -> int:
     with atomic_write(args.out / "bench.md") as f:
         f.write(table)
     console = Console(stderr=True)
+    wrote = ["bench.json", "bench.md", "decisions.jsonl"]
     try:
         plot(bench, args.out / "bench.png")
+        wrote.insert(2, "bench.png")
     except ImportError:
         console.print(
             "no plot: matplotlib is missing (pip install 'spot-autoscaler[bench]')", markup=False
         )
     console.print(table, soft_wrap=True, markup=False)
-    console.print(
-        f"wrote {args.out}/bench.json, bench.md, bench.png, decisions.jsonl "
-        f"in {result['wall_seconds']} s"
-    )
+    console.print(f"wrote {args.out}/{', '.join(wrote)} in {result['wall_seconds']} s")
     return EXIT_OK

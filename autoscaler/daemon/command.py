@@ -9,12 +9,14 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import structlog
 
 from autoscaler.config import Config, load_config
+from autoscaler.core.policy import parse_duration
 from autoscaler.daemon.loop import WakeSignal
 from autoscaler.daemon.metrics import Metrics
 from autoscaler.daemon.service import Daemon
@@ -41,13 +43,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--dry-run", action="store_true", help="decide and log, change nothing (not even the Lease)"
     )
     p.add_argument(
-        "--once", action="store_true", help="one pass once caches have synced, then exit"
+        "--once",
+        action="store_true",
+        help="one pass once caches have synced, then exit; exit 1 at once (one line) when the API "
+        "server does not answer within --connect-timeout",
     )
+    p.add_argument(
+        "--connect-timeout",
+        type=parse_duration,
+        default=timedelta(seconds=10),
+        metavar="DURATION",
+        help="with --once: how long to try reaching the API server (default 10s)",
+    )
+    p.add_argument(
+        "--log-level", choices=["debug", "info", "warning", "error"], help="daemon.log_level"
+    )
+    p.add_argument("--log-format", choices=list(_JSON_LINES), help="daemon.log_format")
     p.set_defaults(func=cmd_run)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    config = load_config(args.config)  # a bad file at start is fatal: the CLI lists its problems
+    config = _with_flags(load_config(args.config), args)  # a bad file at start: the CLI lists it
     settings = config.daemon
     json_lines = _JSON_LINES[settings.log_format]
     configure(json_lines, settings.log_level)
@@ -67,6 +83,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         config, parts, wake, logger, _decision_logger(config, json_lines), args.config, metrics
     )
     if args.once:
+        if problem := parts.reachable(args.connect_timeout.total_seconds()):
+            logger.error(
+                "api_unreachable", error=problem, waited_s=args.connect_timeout.total_seconds()
+            )
+            return EXIT_FAILED
         return EXIT_OK if daemon.run_once() else EXIT_FAILED
     stop = stop_on_signals(logger)
     try:
@@ -75,6 +96,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         logger.error("daemon_failed", error=f"{type(exc).__name__}: {exc}")
         return EXIT_FAILED
     return EXIT_OK
+
+
+def _with_flags(config: Config, args: argparse.Namespace) -> Config:
+    """The command line's log settings over the file's (they stay put when the file reloads:
+    logging is set up once)."""
+    flags = {
+        key: value
+        for key, value in (("log_level", args.log_level), ("log_format", args.log_format))
+        if value is not None
+    }
+    if not flags:
+        return config
+    return config.model_copy(update={"daemon": config.daemon.model_copy(update=flags)})
 
 
 def _decision_logger(config: Config, json_lines: bool | None) -> Any:

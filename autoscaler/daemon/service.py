@@ -60,6 +60,8 @@ class Parts:
     watch_errors: Callable[[], int] = lambda: 0  # failed lists/watches, retried by the caches
     # what a mode takes live from a reloaded config besides the policies (e.g. prices)
     reconfigure: Callable[[Config], None] = lambda _: None
+    # why the outside system cannot be reached after trying for so many seconds; None: it can
+    reachable: Callable[[float], str | None] = lambda within: None
 
 
 class Daemon:

@@ -64,7 +64,7 @@ def _kubernetes(
         KubeCache,
         KubeObserver,
     )
-    from autoscaler.adapters.kube.client import api_client, own_namespace
+    from autoscaler.adapters.kube.client import api_client, own_namespace, unreachable
     from autoscaler.adapters.kube.lease import LeaseLock
     from autoscaler.adapters.kube.rejects import Rejections
 
@@ -115,6 +115,7 @@ def _kubernetes(
         lock=lock,
         fence=fence,
         watch_errors=cache.errors,
+        reachable=lambda within: unreachable(api, within),
     )
 
 

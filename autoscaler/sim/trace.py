@@ -20,12 +20,9 @@ class TraceEvent:
 
 
 def read_trace(path: str | Path) -> list[TraceEvent]:
+    """The trace in a file; OSError when it cannot be read (the CLI: exit 2, naming it)."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise TraceError(f"{path}: cannot read: {exc.strerror}") from exc
-    return parse_trace(text, str(path))
+    return parse_trace(path.read_text(encoding="utf-8"), str(path))
 
 
 def parse_trace(text: str, source: str = "<trace>") -> list[TraceEvent]:

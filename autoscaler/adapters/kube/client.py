@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
+import time
 from pathlib import Path
 
 from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from autoscaler.backoff import Backoff
 
 _SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
@@ -49,3 +54,32 @@ def own_namespace() -> str:
         return _SA_NAMESPACE.read_text(encoding="utf-8").strip() or "default"
     except OSError:
         return "default"
+
+
+_ERRNO = re.compile(r"\[Errno -?\d+\] ([^'\")]+)")
+
+
+def unreachable(api: client.ApiClient, within: float) -> str | None:
+    """None once the API server answers `GET /version`; else, after trying for `within` seconds,
+    why not in a few words (`run --once` fails fast with it instead of retrying every watch).
+
+    A 401 or 403 answers at once: the server is there and refuses our credentials."""
+    host = api.configuration.host
+    deadline = time.monotonic() + within
+    backoff = Backoff(base=0.25, cap=2.0)
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            client.VersionApi(api).get_code(_request_timeout=max(0.1, min(left, 5.0)))
+            return None
+        except ApiException as exc:
+            if exc.status in (401, 403):
+                return f"{host}: {exc.status} {exc.reason} (credentials refused)"
+            return None  # it answered
+        except Exception as exc:  # urllib3: refused, unresolvable, timed out, TLS
+            match = _ERRNO.search(str(exc))
+            why = match.group(1).strip() if match else type(exc).__name__
+        delay = backoff.next_delay()
+        if time.monotonic() + delay >= deadline:
+            return f"{host}: {why}"
+        time.sleep(delay)
