@@ -65,7 +65,7 @@ def test_a_wake_reconciles_at_once_and_notices_are_measured(
     assert metric(text, "spot_autoscaler_reaction_latency_seconds_bucket", le="1.0") == 1
     # as seen by the full pass, which follows the fast path's ScaleIn (this world applies it
     # at once): the two workers of node-0 are gone
-    assert metric(text, "spot_autoscaler_workers", job="default/bert") == 2
+    assert metric(text, "spot_autoscaler_workers", training_job="default/bert") == 2
     assert metric(text, "spot_autoscaler_reconcile_duration_seconds_count") == d.loop.passes
     assert metric(text, "spot_autoscaler_leader") == 1  # no lock in these parts: it acts alone
     assert metric(text, "spot_autoscaler_errors_total", component="actuator") is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import platform
 import socket
 import threading
 from datetime import UTC, datetime, timedelta
@@ -12,9 +13,20 @@ from structlog.testing import CapturingLogger
 from support.waiting import wait_for
 from test_daemon_support import metric
 
+from autoscaler import __version__
 from autoscaler.config import ConfigError, parse_config
 from autoscaler.config.daemon import DaemonSettings, LeaderElectionSettings
-from autoscaler.core import Action, Decision, Job, Notice, NoticeKind, Reason, Worker
+from autoscaler.core import (
+    Action,
+    CapacityType,
+    Decision,
+    GpuNode,
+    Job,
+    Notice,
+    NoticeKind,
+    Reason,
+    Worker,
+)
 from autoscaler.daemon.instrument import GuardedActuator, NoticeTracker, NotLeader
 from autoscaler.daemon.leader import LeaderElector
 from autoscaler.daemon.loop import WakeSignal
@@ -180,8 +192,8 @@ def test_actions_need_the_lease_and_notice_reactions_are_timed_once() -> None:
     guarded = GuardedActuator(Inner(), lambda: leader[0], metrics, tracker)
     received = datetime.now(UTC) - timedelta(seconds=3)
     notice = Notice("n1", NoticeKind.INTERRUPTION, "aws-sqs", "e-1", received_at=received)
-    tracker.seen([notice])
-    tracker.seen([notice])  # seen again next pass: still one notice
+    tracker.seen([notice], {"n1"})
+    tracker.seen([notice], {"n1"})  # seen again next pass: still one notice
     drain = Decision("ns/job", Action.DRAIN, Reason.PREEMPTION_NOTICE, "p", 2, 1, 1, nodes=("n1",))
     guarded.apply(drain, NOW)
     guarded.apply(drain, NOW)  # the scale-in after the drain: the notice is answered already
@@ -201,8 +213,57 @@ def test_worker_series_of_finished_jobs_disappear() -> None:
     metrics.set_workers([Job("ns", "a", 1, 4, workers=(running, pending)), Job("ns", "b", 1, 4)])
     metrics.set_workers([Job("ns", "a", 1, 4, workers=(running,))])
     text = metrics.exposition().decode()
-    assert metric(text, "spot_autoscaler_workers", job="ns/a") == 1
-    assert metric(text, "spot_autoscaler_workers", job="ns/b") is None
+    assert metric(text, "spot_autoscaler_workers", training_job="ns/a") == 1
+    assert metric(text, "spot_autoscaler_workers_max", training_job="ns/a") == 4
+    for gauge in ("workers", "workers_min", "workers_max"):
+        assert metric(text, f"spot_autoscaler_{gauge}", training_job="ns/b") is None
+
+
+def test_notices_whose_workers_go_first_are_lost_and_waiting_ones_age() -> None:
+    now = [NOW]
+    metrics = Metrics()
+    tracker = NoticeTracker(metrics, clock=lambda: now[0])
+
+    def notice(node: str, at_s: int) -> Notice:
+        return Notice(
+            node,
+            NoticeKind.INTERRUPTION,
+            "aws-sqs",
+            f"e-{node}",
+            received_at=NOW + timedelta(seconds=at_s),
+        )
+
+    evicted, withdrawn, idle = notice("n1", 0), notice("n2", 5), notice("n3", 0)
+    tracker.seen([evicted, withdrawn, idle], busy_nodes={"n1", "n2"})  # n3: nothing to drain
+    now[0] = NOW + timedelta(seconds=30)
+    assert tracker.oldest_open_age() == 30
+    tracker.seen([evicted, idle], busy_nodes={"n2"})  # n1's workers gone first; n2's withdrawn
+    text = metrics.exposition().decode()
+    assert (
+        metric(text, "spot_autoscaler_notices_lost_total", source="aws-sqs", kind="interruption")
+        == 1
+    )
+    assert metric(text, "spot_autoscaler_notice_unanswered_age_seconds") == 0
+    assert metric(text, "spot_autoscaler_notices_total", source="aws-sqs", kind="interruption") == 3
+
+
+def test_gpus_and_cost_by_capacity_type_and_the_build() -> None:
+    metrics = Metrics()
+    metrics.set_nodes(
+        [
+            GpuNode("s1", 8, 6, CapacityType.SPOT, price_per_hour=7.2),
+            GpuNode("s2", 8, 2, CapacityType.SPOT),  # no known price: its GPUs count, no cost
+            GpuNode("o1", 4, 4, CapacityType.ON_DEMAND, price_per_hour=36.0),
+        ]
+    )
+    text = metrics.exposition().decode()
+    assert metric(text, "spot_autoscaler_gpus_requested", capacity_type="spot") == 8
+    assert metric(text, "spot_autoscaler_gpus_requested", capacity_type="on-demand") == 4
+    cost = "spot_autoscaler_gpu_nodes_cost_dollars_per_second"
+    assert metric(text, cost, capacity_type="spot") == pytest.approx(0.002)
+    assert metric(text, cost, capacity_type="on-demand") == pytest.approx(0.01)
+    build = {"version": __version__, "python": platform.python_version()}
+    assert metric(text, "spot_autoscaler_build_info", **build) == 1
 
 
 def test_daemon_settings_defaults_and_checks() -> None:

@@ -16,23 +16,38 @@ NoticeKey = tuple[str, str]  # (source, id): what makes a notice distinct
 
 
 class NoticeTracker:
-    """Counts each notice once, and times it until a drain or scale-in on its node is applied."""
+    """Counts each notice once, and times it until a drain or scale-in on its node is applied.
 
-    def __init__(self, metrics: Metrics) -> None:
+    A notice is open while its node has workers (not already terminating) and nothing answered
+    it. If they go first (the node died, a node handler evicted them), it is counted as lost:
+    those workers may have left Horovod abruptly. Withdrawn while the workers stay, it is just
+    forgotten."""
+
+    def __init__(
+        self, metrics: Metrics, clock: Callable[[], datetime] = lambda: datetime.now(UTC)
+    ) -> None:
         self._metrics = metrics
-        self._open: dict[NoticeKey, Notice] = {}  # seen, not yet answered
+        self._clock = clock
+        self._open: dict[NoticeKey, Notice] = {}  # on a node with workers, not yet answered
         self._known: set[NoticeKey] = set()
+        metrics.unanswered_age.set_function(self.oldest_open_age)
 
-    def seen(self, notices: Iterable[Notice]) -> None:
+    def seen(self, notices: Iterable[Notice], busy_nodes: set[str]) -> None:
         current: set[NoticeKey] = set()
         for notice in notices:
             key = (notice.source, notice.id)
             current.add(key)
             if key not in self._known:
                 self._metrics.notices.labels(notice.source, notice.kind.value).inc()
-                self._open[key] = notice
+                if notice.node in busy_nodes:
+                    self._open[key] = notice
         self._known = current  # withdrawn or expired notices are forgotten: memory stays bounded
-        self._open = {k: n for k, n in self._open.items() if k in current}
+        for key, notice in list(self._open.items()):
+            if notice.node not in busy_nodes:
+                if self._open.pop(key, None) is not None:  # not answered meanwhile (threads)
+                    self._metrics.notices_lost.labels(notice.source, notice.kind.value).inc()
+            elif key not in current:
+                self._open.pop(key, None)
 
     def answered(self, nodes: Iterable[str], at: datetime) -> None:
         nodes = set(nodes)
@@ -41,6 +56,11 @@ class NoticeTracker:
             answered = notice.node in nodes and self._open.pop(key, None) is not None
             if answered and notice.received_at is not None:
                 self._metrics.reaction.observe(max(0.0, (at - notice.received_at).total_seconds()))
+
+    def oldest_open_age(self) -> float:
+        """Read at scrape time: a notice waiting on a hung pass still ages."""
+        received = [n.received_at for n in list(self._open.values()) if n.received_at]
+        return max(0.0, (self._clock() - min(received)).total_seconds()) if received else 0.0
 
 
 class MeasuredObserver:
@@ -51,8 +71,12 @@ class MeasuredObserver:
 
     def snapshot(self, now: datetime) -> Snapshot:
         snapshot = self._inner.snapshot(now)
-        self._tracker.seen(snapshot.notices)
+        busy = {
+            w.node for job in snapshot.jobs for w in job.workers if w.node and not w.terminating
+        }
+        self._tracker.seen(snapshot.notices, busy)
         self._metrics.set_workers(snapshot.jobs)
+        self._metrics.set_nodes(snapshot.nodes)
         return snapshot
 
 

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import platform
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from autoscaler.core import Action, Decision, Job, Reason
+from autoscaler import __version__
+from autoscaler.core import Action, CapacityType, Decision, GpuNode, Job, Reason
 
 PREFIX = "spot_autoscaler"
+# Not `job`: Prometheus sets `job` on every series (the scrape job) and would rename ours to
+# `exported_job`.
+JOB_LABEL = "training_job"
+_SECONDS_PER_HOUR = 3600.0
 # A spot notice gives 2 minutes (AWS) or less: resolve the first seconds finely.
 _REACTION_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 90, 120, 300)
 _RECONCILE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -39,8 +45,42 @@ class Metrics:
             buckets=_REACTION_BUCKETS,
             registry=r,
         )
+        Info(f"{PREFIX}_build", "The running build.", registry=r).info(
+            {"version": __version__, "python": platform.python_version()}
+        )
         self.workers = Gauge(
-            f"{PREFIX}_workers", "Running workers per elastic job.", ["job"], registry=r
+            f"{PREFIX}_workers", "Running workers per elastic job.", [JOB_LABEL], registry=r
+        )
+        self.workers_min = Gauge(
+            f"{PREFIX}_workers_min", "The job's min workers.", [JOB_LABEL], registry=r
+        )
+        self.workers_max = Gauge(
+            f"{PREFIX}_workers_max", "The job's max workers.", [JOB_LABEL], registry=r
+        )
+        self.notices_lost = Counter(
+            f"{PREFIX}_notices_lost",
+            "Notices whose node's workers went before a drain or scale-in for them was applied "
+            "(they may have left abruptly).",
+            ["source", "kind"],
+            registry=r,
+        )
+        self.unanswered_age = Gauge(
+            f"{PREFIX}_notice_unanswered_age_seconds",
+            "Age of the oldest notice on a node with workers that no drain or scale-in has "
+            "answered yet (0: none).",
+            registry=r,
+        )
+        self.gpus_requested = Gauge(
+            f"{PREFIX}_gpus_requested",
+            "GPUs requested by pods on GPU nodes, by capacity type.",
+            ["capacity_type"],
+            registry=r,
+        )
+        self.cost_rate = Gauge(
+            f"{PREFIX}_gpu_nodes_cost_dollars_per_second",
+            "What the GPU nodes of known price cost, by capacity type (x 3600 for USD per hour).",
+            ["capacity_type"],
+            registry=r,
         )
         self._errors = _Errors()
         r.register(self._errors)
@@ -117,9 +157,22 @@ class Metrics:
         for job in jobs:
             seen.add(job.key)
             self.workers.labels(job.key).set(sum(1 for w in job.workers if not w.pending))
+            self.workers_min.labels(job.key).set(job.min_workers)
+            self.workers_max.labels(job.key).set(job.max_workers)
         for gone in self._jobs - seen:  # a finished job's series must not linger at its last value
-            self.workers.remove(gone)
+            for gauge in (self.workers, self.workers_min, self.workers_max):
+                gauge.remove(gone)
         self._jobs = seen
+
+    def set_nodes(self, nodes: Iterable[GpuNode]) -> None:
+        gpus = dict.fromkeys(CapacityType, 0.0)
+        cost = dict.fromkeys(CapacityType, 0.0)
+        for node in nodes:
+            gpus[node.capacity_type] += node.gpus_requested
+            cost[node.capacity_type] += (node.price_per_hour or 0.0) / _SECONDS_PER_HOUR
+        for capacity in CapacityType:
+            self.gpus_requested.labels(capacity.value).set(gpus[capacity])
+            self.cost_rate.labels(capacity.value).set(cost[capacity])
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
