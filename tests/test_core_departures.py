@@ -8,6 +8,7 @@ from datetime import timedelta
 from core_fixtures import NOW, job, node, notice, only, policies, run, snapshot, workers
 
 from autoscaler.core import Action, NoticeKind, Reason, Scaler, ScalerKind, Worker
+from autoscaler.core.policy import POLICY_LABEL
 
 
 def test_interruption_drains_then_scales_in_exactly_the_pods_on_that_node() -> None:
@@ -244,3 +245,18 @@ def test_clamp_max_takes_the_highest_indices_when_the_operator_removes_those() -
     assert only(run(snapshot(nodes, [plain])), Action.SCALE_IN)[0].pods == ("bert-worker-0",)
     top = replace(plain, removes_highest_first=True)
     assert only(run(snapshot(nodes, [top])), Action.SCALE_IN)[0].pods == ("bert-worker-2",)
+
+
+def test_a_job_pinned_to_no_policy_still_leaves_a_noticed_node_but_does_not_grow() -> None:
+    """A typo in the policy label must not cost workers abruptly, nor add any on a guess."""
+    pinned = job(placement=["a", "b"], labels={POLICY_LABEL: "defualt"})
+    noticed = run(snapshot([node("a"), node("b")], [pinned], [notice("a")]))
+    assert [(d.action, d.policy) for d in noticed] == [
+        (Action.DRAIN, "default"),
+        (Action.SCALE_IN, "default"),
+    ]
+    [growth] = run(snapshot([node("a"), node("b")], [pinned]))
+    assert (growth.action, growth.reason) == (Action.NOOP, Reason.UNKNOWN_POLICY)
+    assert "'defualt' names no policy" in growth.message
+    spelt = job(placement=["a", "b"], labels={POLICY_LABEL: "default"})
+    assert only(run(snapshot([node("a"), node("b")], [spelt])), Action.SCALE_OUT)

@@ -178,6 +178,7 @@ def test_every_reason_and_notice_kind_carries_its_rules_metadata() -> None:
         Reason.SCALER_STUCK,
         Reason.DEADLINE_INFEASIBLE,
         Reason.NO_PROGRESS,
+        Reason.UNKNOWN_POLICY,
     ]
     assert Reason.CLAMP_MAX.info.message == "at max workers" and Reason.STEADY == "steady"
     hardness = {k: k.hardness for k in NoticeKind}

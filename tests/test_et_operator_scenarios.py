@@ -24,6 +24,7 @@ from support.eviction import evict
 from support.waiting import wait_for
 
 from autoscaler.core import Action, Reason
+from autoscaler.core.policy import POLICY_LABEL
 
 NTH_ITN = {"key": "aws-node-termination-handler/spot-itn", "value": "evt-9", "effect": "NoSchedule"}
 
@@ -215,3 +216,26 @@ def test_new_worker_names_are_predicted_as_et_operator_makes_them(
     operator.step()
     [out] = kube.server.objects("ScaleOut", NS)
     assert tuple(out["status"]["addPods"][:2]) == predicted == ("bert-worker-3", "bert-worker-4")
+
+
+def test_a_misspelt_policy_label_grows_nothing_and_warns_once_naming_it(
+    kube: Kube, tmp_path: Path
+) -> None:
+    kube.server.seed(
+        node("a"),
+        node("b"),
+        training_job("bert", replicas=2, labels={POLICY_LABEL: "defualt"}),
+        launcher("bert", "a"),
+        worker("bert", 0, "a"),
+        worker("bert", 1, "b"),
+    )
+    EtOperator(kube.server, NS, tmp_path / "hostfile").step()
+    rec = kube.reconciler()
+    for _ in range(3):
+        [decision] = rec.tick(now())  # idle GPUs everywhere, yet no ScaleOut on a guess
+        assert (decision.action, decision.reason) == (Action.NOOP, Reason.UNKNOWN_POLICY)
+        assert "'defualt' names no policy (there are: default)" in decision.message
+    assert kube.objects("ScaleOut") == []
+    [event] = kube.events("UnknownPolicy")  # once per episode, not once per pass
+    assert event["type"] == "Warning" and "'defualt'" in event["message"]
+    assert event["involvedObject"]["name"] == "bert"

@@ -39,6 +39,7 @@ _NO_SCALER = frozenset(
         Reason.JOB_NOT_RUNNING,
         Reason.BACKOFF,
         Reason.SCALE_OUT_DISABLED,
+        Reason.UNKNOWN_POLICY,
     }
 )
 

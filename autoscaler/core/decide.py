@@ -23,7 +23,7 @@ from autoscaler.core.model import (
     Worker,
 )
 from autoscaler.core.notices import NodeRisk, classify
-from autoscaler.core.policy import Policy, PolicySet, PreemptionRules
+from autoscaler.core.policy import POLICY_LABEL, Policy, PolicySet, PreemptionRules
 
 
 @dataclass(slots=True)
@@ -36,6 +36,7 @@ class _Plan:
     ceiling: int  # max workers, less a doomed host kept in discovery (it still counts)
     claim: Claim | None = None
     blocked: Reason | None = None
+    note: str = ""  # says more than the blocking reason's own message
 
 
 def decide(snapshot: Snapshot, policies: PolicySet, now: datetime) -> list[Decision]:
@@ -86,24 +87,47 @@ def _plan_jobs(
         policy = effective[base.name]
         if policy.preemption not in risks:
             risks[policy.preemption] = classify(snapshot.notices, policy.preemption, now)
-        plan, hold, spend = _plan_job(job, policy, risks[policy.preemption], nodes, now)
+        plan, hold, spend = _plan_job(
+            job, policy, risks[policy.preemption], nodes, now, _pin_problem(job, policies, policy)
+        )
         plans.append(plan)
         held.extend(hold)
         cluster_spend += spend
     return plans, held, cluster_spend
 
 
+def _pin_problem(job: Job, policies: PolicySet, fallback: Policy) -> str:
+    """Why a job pinned to a policy that does not exist may not grow ("" when it is not)."""
+    pinned = policies.unknown_pin(job)
+    if pinned is None:
+        return ""
+    names = ", ".join(p.name for p in policies.policies)
+    return (
+        f"label {POLICY_LABEL}={pinned!r} names no policy (there are: {names}); no scale-out "
+        f"until it does; notices still drain it under {fallback.name!r}"
+    )
+
+
 def _plan_job(
-    job: Job, policy: Policy, risk: NodeRisk, nodes: Mapping[str, GpuNode], now: datetime
+    job: Job,
+    policy: Policy,
+    risk: NodeRisk,
+    nodes: Mapping[str, GpuNode],
+    now: datetime,
+    pin_problem: str = "",
 ) -> tuple[_Plan, list[Claim], float]:
     """One job: who leaves, whether it may grow (a claim on idle GPUs), its spend per hour."""
     lo, hi = policy.bounds(job)
     departures = plan_departures(job, policy, risk, nodes, (lo, hi), now)
-    plan = _Plan(job, policy, departures, hi - (departures.kept is not None))
+    plan = _Plan(job, policy, departures, hi - (departures.kept is not None), note=pin_problem)
     # a doomed host kept for Horovod's sake counts towards max, not towards min: refill it
     staying = _staying(job, departures)
     spend = _spend(job, staying, nodes)
-    plan.blocked = departures.blocks_scale_out or _growth_blocked(job, policy, now)
+    plan.blocked = (
+        departures.blocks_scale_out
+        or (Reason.UNKNOWN_POLICY if pin_problem else None)
+        or _growth_blocked(job, policy, now)
+    )
     held: list[Claim] = []
     if plan.blocked is None and len(staying) < plan.ceiling:
         plan.claim = Claim(job, policy, len(staying), plan.ceiling, spend)
@@ -154,7 +178,13 @@ def _share(pool: CapacityPool, plans: list[_Plan], held: list[Claim], now: datet
 
 # Growth blocks that do not lift within a scaler's lifetime: no room is held for these.
 _NOT_SOON = frozenset(
-    {Reason.JOB_NOT_RUNNING, Reason.SCALE_OUT_DISABLED, Reason.BACKOFF, Reason.SCALER_STUCK}
+    {
+        Reason.JOB_NOT_RUNNING,
+        Reason.SCALE_OUT_DISABLED,
+        Reason.BACKOFF,
+        Reason.SCALER_STUCK,
+        Reason.UNKNOWN_POLICY,
+    }
 )
 
 
@@ -201,7 +231,7 @@ def _growth_decision(plan: _Plan, pool: CapacityPool, now: datetime) -> Decision
     below = (Reason.BELOW_MIN,) if staying < lo else ()
     if claim is None:
         reason = blocked or Reason.STEADY
-        message = reason.info.message
+        message = plan.note or reason.info.message
         if reason is Reason.SCALER_STUCK and (block := scaler_block(job, policy, now)):
             message = block[1]
         return Decision.noop(job, reason, policy.name, tags=below, message=message)

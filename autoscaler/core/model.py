@@ -131,6 +131,11 @@ class Reason(_Carrying):
         "no_progress",
         ReasonInfo("a deadline is set but the job reports no progress", alert=True),
     )
+    # the job's spot-autoscaler.io/policy label names no policy: no growth on a guess
+    UNKNOWN_POLICY = (
+        "unknown_policy",
+        ReasonInfo("the job's policy label names no policy: no scale-out", alert=True),
+    )
 
 
 class ScalerKind(StrEnum):

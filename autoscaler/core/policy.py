@@ -377,3 +377,10 @@ class PolicySet(StrictModel):
             if policy.name == self.default_policy:
                 return policy
         return None
+
+    def unknown_pin(self, job: Job) -> str | None:
+        """The job's policy label when it names no policy (a typo): `for_job` fell back."""
+        pinned = job.labels.get(POLICY_LABEL)
+        if pinned is None or any(p.name == pinned for p in self.policies):
+            return None
+        return pinned
