@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: simulate test horovod lint chaos clean
+.PHONY: simulate test horovod lint chaos docs clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ lint: $(VENV)/.installed  # import contracts, ruff check + format, mypy: also pa
 chaos: $(VENV)/.installed
 	CHAOS_LONG=1 $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/test_chaos.py
 	CONFIG_FUZZ_FILES=10000 $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_config_fuzz.py
+
+# docs/configuration.md from the config model (tests/test_config_reference.py fails while stale)
+docs: $(VENV)/.installed
+	$(BIN)/python -m autoscaler.config.reference > docs/configuration.md
 
 clean:
 	rm -rf $(VENV) simulate-out .pytest_cache

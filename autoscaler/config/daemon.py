@@ -16,15 +16,13 @@ NonNegative = Annotated[Duration, Field(ge=timedelta(0))]
 class LeaderElectionSettings(StrictModel):
     """A coordination.k8s.io/v1 Lease, with client-go's timing rules: only the holder acts."""
 
-    enabled: bool = True
-    lease_name: str = "spot-autoscaler"
-    lease_namespace: str | None = (
-        None  # None: the pod's own namespace (POD_NAMESPACE / service account)
-    )
+    enabled: bool = True  # false: this replica acts alone (run one replica only)
+    lease_name: str = "spot-autoscaler"  # the Lease object's name
+    # null: the pod's own namespace (POD_NAMESPACE, else the service account's)
+    lease_namespace: str | None = None
     lease_duration: Positive = timedelta(seconds=15)  # others wait this long for a silent holder
-    renew_deadline: Positive = timedelta(
-        seconds=10
-    )  # the holder stops acting if not renewed by then
+    # the holder stops acting if not renewed by then
+    renew_deadline: Positive = timedelta(seconds=10)
     retry_period: Positive = timedelta(seconds=2)  # between acquire / renew attempts
     identity: str | None = None  # None: $POD_NAME, else hostname-pid
 
@@ -37,6 +35,10 @@ class LeaderElectionSettings(StrictModel):
 
 
 class DaemonSettings(StrictModel):
+    """`spot-autoscaler run`: how the daemon runs, listens and logs."""
+
+    # kubernetes: a cluster's jobs via the API server; standalone: one horovodrun job on plain
+    # hosts (the `standalone:` section), no API server
     mode: Literal["kubernetes", "standalone"] = "kubernetes"
     tick_interval: Positive = timedelta(seconds=15)  # periodic reconcile; watches wake it sooner
     # after the first wake-up, wait this long for more before reconciling: a burst (one SQS
@@ -51,10 +53,10 @@ class DaemonSettings(StrictModel):
     liveness_timeout: Positive = timedelta(minutes=2)
     # one port for /metrics, /healthz and /readyz; 0 = any free port
     metrics_port: Annotated[int, Field(ge=0, le=65535)] = 9090
-    metrics_bind_address: str = "0.0.0.0"
+    metrics_bind_address: str = "0.0.0.0"  # 127.0.0.1 keeps the port off the network
     # auto: console lines on a terminal, else JSON
     log_format: Literal["json", "console", "auto"] = "auto"
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"  # `run --log-level` overrides
     leader_election: LeaderElectionSettings = LeaderElectionSettings()
 
     @property

@@ -36,19 +36,21 @@ class DiscoverySettings(StrictModel):
 class StandaloneHost(StrictModel):
     """A machine Horovod can run on; `slots` = its GPUs (processes Horovod may start there)."""
 
-    name: HostName
-    slots: Annotated[int, Field(ge=1)] = 1
-    capacity_type: CapacityType = CapacityType.SPOT
-    price_per_hour: Price | None = None
+    name: HostName  # as horovodrun reaches it (a DNS name or address)
+    slots: Annotated[int, Field(ge=1)] = 1  # its GPUs
+    capacity_type: CapacityType = CapacityType.SPOT  # spot hosts may get notices
+    price_per_hour: Price | None = None  # the whole host, USD; null: unknown (caps exclude it)
 
 
 class StandaloneJob(StrictModel):
-    name: str
+    """The one horovodrun job a standalone daemon scales."""
+
+    name: str  # for policy matching and the decision log
     namespace: str = "standalone"  # only for policy matching and the decision log (`ns/name`)
-    min_workers: Workers = 1
-    max_workers: Workers
+    min_workers: Workers = 1  # hosts in the discovery file at the least
+    max_workers: Workers  # hosts in the discovery file at the most
     gpus_per_worker: Annotated[int, Field(ge=1)] = 1  # slots per worker
-    labels: dict[str, str] = {}
+    labels: dict[str, str] = {}  # for policy `match.labels` and the policy label
 
     @model_validator(mode="after")
     def _ordered(self) -> StandaloneJob:
@@ -60,10 +62,11 @@ class StandaloneJob(StrictModel):
 class StandaloneSettings(StrictModel):
     """`standalone:` horovodrun on plain machines: we own the whole discovery file."""
 
-    hosts: list[StandaloneHost] = []
-    job: StandaloneJob | None = None
+    hosts: list[StandaloneHost] = []  # every machine the job may use
+    job: StandaloneJob | None = None  # required in standalone mode
     discovery_file: Path = Path("/var/lib/spot-autoscaler/hosts")  # horovodrun cats this file
     notice_dir: Path | None = None  # `<host>.json` in it = a notice for that host
+    # how often `notice_dir` is read (at most 0.5 s: a notice must drain within a second)
     notice_poll: Annotated[Duration, Field(gt=timedelta(0), le=timedelta(seconds=0.5))] = timedelta(
         seconds=0.25
     )

@@ -21,10 +21,10 @@ class CapacityRule(StrictModel):
     - `{label: L, not_equals: V, type: T}`: type T when the label is present with another value.
     """
 
-    label: str
-    equals: str | None = None
-    not_equals: str | None = None
-    type: CapacityType | None = None
+    label: str  # the node label to read
+    equals: str | None = None  # the rule holds when the label has this value
+    not_equals: str | None = None  # the rule holds when the label is there with another value
+    type: CapacityType | None = None  # what the node is then (without equals/not_equals: the value)
 
     @model_validator(mode="after")
     def _consistent(self) -> CapacityRule:
@@ -81,13 +81,13 @@ class SharedGpuSettings(StrictModel):
     """ACK shared-GPU nodes advertise GPU memory (GiB) instead of whole GPUs. Their capacity is
     counted in GPU equivalents: memory requested / (memory allocatable / GPU count)."""
 
-    node_label: str = "ack.node.gpu.schedule"
+    node_label: str = "ack.node.gpu.schedule"  # the node label that marks a sharing mode
     # ACK's GPU-sharing modes ("Enable scheduling features", ACK docs): cgpu (cGPU memory
     # isolation), core_mem (compute and memory isolated), share (no isolation), mps (NVIDIA MPS);
     # `default` (whole GPUs) and `topology` are not sharing
     node_label_values: list[str] = ["cgpu", "core_mem", "share", "mps"]
-    memory_resource: str = "aliyun.com/gpu-mem"
-    count_resource: str = "aliyun.com/gpu-count"
+    memory_resource: str = "aliyun.com/gpu-mem"  # the extended resource of GPU memory (GiB)
+    count_resource: str = "aliyun.com/gpu-count"  # the extended resource of physical GPUs
 
     @model_validator(mode="before")
     @classmethod

@@ -34,14 +34,14 @@ class Prices(StrictModel):
     """Node prices per hour by instance type; live spot prices from the clouds override `spot`."""
 
     on_demand: dict[str, Price] = {}  # USD per node-hour by instance type
-    spot: dict[str, Price] = {}
+    spot: dict[str, Price] = {}  # USD per node-hour by instance type (live feeds override)
     # USD per GPU-hour for instance types not listed (x the node's GPUs); None: no price
     default_on_demand_per_gpu_hour: Price | None = None
-    default_spot_per_gpu_hour: Price | None = None
+    default_spot_per_gpu_hour: Price | None = None  # the same for spot nodes
     # Removed (one per-node figure for every unknown type): only null is accepted, so an old
     # config fails check-config naming the new key instead of silently mispricing nodes.
     default_on_demand: Any = None
-    default_spot: Any = None
+    default_spot: Any = None  # removed: only null is accepted (see default_on_demand)
 
     @field_validator("default_on_demand", "default_spot")
     @classmethod

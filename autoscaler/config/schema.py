@@ -24,7 +24,7 @@ class Config(StrictModel):
 
     policy_set: PolicySet = Field(default_factory=PolicySet)
     prices: Prices = Field(default_factory=Prices)
-    simulate: SimulationSettings = Field(default_factory=lambda: SimulationSettings())
+    simulate: SimulationSettings = Field(default_factory=lambda: SimulationSettings())  # `simulate`
     daemon: DaemonSettings = Field(default_factory=DaemonSettings)
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
     aws: AwsSettings = Field(default_factory=AwsSettings)
@@ -43,22 +43,26 @@ class Config(StrictModel):
 
 
 class SimJob(StrictModel):
-    namespace: str = "default"
-    name: str
-    min_workers: Workers = 1
-    max_workers: Workers
-    gpus_per_worker: Annotated[float, Field(gt=0)] = 1.0
-    priority: int = 0
-    labels: dict[str, str] = {}
+    """One simulated elastic job; it starts at `min_workers`."""
+
+    namespace: str = "default"  # for policy matching and the log's `ns/name`
+    name: str  # the job's name
+    min_workers: Workers = 1  # the job's own min
+    max_workers: Workers  # the job's own max
+    gpus_per_worker: Annotated[float, Field(gt=0)] = 1.0  # GPUs each worker takes
+    priority: int = 0  # higher gets idle capacity first
+    labels: dict[str, str] = {}  # for policy `match.labels` and the policy label
 
 
 class SyntheticTrace(StrictModel):
-    hours: Annotated[float, Field(gt=0)] = 8.0
-    max_nodes: Annotated[int, Field(ge=1)] = 16
-    mean_up_hours: Annotated[float, Field(gt=0)] = 1.5
-    mean_down_hours: Annotated[float, Field(gt=0)] = 0.4
-    wave_every_hours: Annotated[float, Field(gt=0)] = 2.5
-    wave_fraction: Annotated[float, Field(gt=0, le=1)] = 0.4
+    """The spot trace `simulate` makes from `--seed` when no `--trace` is given."""
+
+    hours: Annotated[float, Field(gt=0)] = 8.0  # how long the trace runs
+    max_nodes: Annotated[int, Field(ge=1)] = 16  # spot nodes at most
+    mean_up_hours: Annotated[float, Field(gt=0)] = 1.5  # a node's mean life (exponential)
+    mean_down_hours: Annotated[float, Field(gt=0)] = 0.4  # mean wait before a node comes back
+    wave_every_hours: Annotated[float, Field(gt=0)] = 2.5  # mean time between preemption waves
+    wave_fraction: Annotated[float, Field(gt=0, le=1)] = 0.4  # share of the nodes a wave takes
 
 
 class OnDemandPool(StrictModel):
@@ -79,16 +83,17 @@ class SimulationSettings(StrictModel):
     """`simulate`: how the replayed world behaves. Defaults follow the references (AWS 2-min notice,
     Bamboo's p3.2xlarge with 1 V100 at $0.91 spot / $3.06 on-demand)."""
 
-    tick: Duration = timedelta(seconds=10)
-    notice_lead_time: Duration = timedelta(seconds=120)
+    tick: Duration = timedelta(seconds=10)  # the simulated daemon's reconcile interval
+    notice_lead_time: Duration = timedelta(seconds=120)  # notice to node death (`--lead-time`)
+    # chance that a preemption comes with no notice at all (the workers then fail abruptly)
     notice_miss_probability: Annotated[float, Field(ge=0, le=1)] = 0.0
     pod_startup: Duration = timedelta(seconds=45)  # schedule + pull + start until Running
     scale_in_grace: Duration = timedelta(seconds=5)  # launcher's processes exit, pods deleted
-    gpus_per_node: Annotated[int, Field(ge=1)] = 1
-    instance_type: str = "p3.2xlarge"
+    gpus_per_node: Annotated[int, Field(ge=1)] = 1  # GPUs of each trace node
+    instance_type: str = "p3.2xlarge"  # of each trace node (for `prices`)
     spot_price_per_hour: Price = 0.91  # used when `prices` has no entry for the instance type
-    on_demand_price_per_hour: Price = 3.06
-    on_demand_nodes: Annotated[int, Field(ge=0)] = 0
+    on_demand_price_per_hour: Price = 3.06  # used when `prices` has no on-demand entry
+    on_demand_nodes: Annotated[int, Field(ge=0)] = 0  # on-demand nodes up all the time
     on_demand_pool: OnDemandPool | None = None  # None: no node autoscaler, pending pods wait
     jobs: list[SimJob] = [SimJob(name="bert", min_workers=2, max_workers=32)]
     synthetic: SyntheticTrace = SyntheticTrace()

@@ -67,8 +67,10 @@ class StrictModel(BaseModel):
 class Quantum(StrictModel):
     """Which worker counts a scale-out may land on (Volcano #4666 asks for powers of two)."""
 
+    # `any`, `power_of_two`, or `multiple_of` (with `n`); YAML also takes `quantum: power_of_two`
+    # and `quantum: {multiple_of: 4}`
     mode: Literal["any", "power_of_two", "multiple_of"] = "any"
-    n: Annotated[int, Field(ge=1)] = 1
+    n: Annotated[int, Field(ge=1)] = 1  # the step of `multiple_of`
 
     @model_validator(mode="before")
     @classmethod
@@ -99,9 +101,9 @@ class Quantum(StrictModel):
 class Match(StrictModel):
     """Which jobs a policy governs. Empty = every job. Names are globs on `ns/name` or `name`."""
 
-    names: list[str] = []
-    namespaces: list[str] = []
-    labels: dict[str, str] = {}
+    names: list[str] = []  # globs on `ns/name` or `name`, e.g. `ml/bert-*`; empty: any
+    namespaces: list[str] = []  # exact namespaces; empty: any
+    labels: dict[str, str] = {}  # every one must equal the job's label of that key
 
     def selects(self, job: Job) -> bool:
         if self.namespaces and job.namespace not in self.namespaces:
@@ -120,7 +122,9 @@ class Match(StrictModel):
 
 
 class ScaleOutRules(StrictModel):
-    enabled: bool = True
+    """When and how the job grows onto idle GPU capacity."""
+
+    enabled: bool = True  # false: the job never grows (departures and min still apply)
     min_idle: Duration = timedelta(seconds=60)  # capacity must stay idle this long first
     # since the job's last finished scale-out: every scale-out costs each worker a reset, so
     # growth is batched; a forced scale-in does not restart it. 2m measured best on Bamboo traces
@@ -131,6 +135,7 @@ class ScaleOutRules(StrictModel):
     timeout: Duration = timedelta(minutes=3)
     backoff: Duration = timedelta(minutes=2)  # after a failed / rolled-back ScaleOut
     max_step: Annotated[int, Field(ge=1)] | None = None  # most workers added in one scaler
+    # idle capacity of these node types may take new workers
     capacity_types: list[CapacityType] = [CapacityType.SPOT, CapacityType.ON_DEMAND]
     quantum: Quantum = Quantum()
     # ACK shared-GPU nodes (ack.node.gpu.schedule=share, GPU memory instead of whole GPUs) take
@@ -177,8 +182,8 @@ class HorovodRules(StrictModel):
 class Limits(StrictModel):
     """Narrow a job's own min/max (et-operator does not enforce them; we do)."""
 
-    min_workers: Workers | None = None
-    max_workers: Workers | None = None
+    min_workers: Workers | None = None  # raises the job's own min (null: the job's)
+    max_workers: Workers | None = None  # lowers the job's own max (null: the job's)
 
     @model_validator(mode="after")
     def _ordered(self) -> Limits:
@@ -206,7 +211,7 @@ class OnDemandRules(StrictModel):
     # workers have each run this long (None: the anchor stays while the job runs). A wave of
     # notices or a fresh set of spot workers brings it back.
     calm_after: Duration | None = None
-    calm_spot_workers: Annotated[int, Field(ge=1)] = 4
+    calm_spot_workers: Annotated[int, Field(ge=1)] = 4  # how many spot workers `calm_after` needs
 
     @model_validator(mode="after")
     def _ordered(self) -> OnDemandRules:
@@ -255,12 +260,12 @@ class DeadlineRules(StrictModel):
 class Window(StrictModel):
     """Overrides in force for `duration` after each time the cron `schedule` fires."""
 
-    name: str
+    name: str  # for the decision log
     schedule: str  # 5-field cron, evaluated in UTC
-    duration: Duration
-    limits: Limits | None = None
-    max_price_per_gpu_hour: Price | None = None
-    budget_per_hour: Price | None = None
+    duration: Duration  # how long the overrides last after each firing
+    limits: Limits | None = None  # replaces the policy's limits meanwhile
+    max_price_per_gpu_hour: Price | None = None  # replaces cost.max_price_per_gpu_hour meanwhile
+    budget_per_hour: Price | None = None  # replaces cost.budget_per_hour meanwhile
     scale_out: bool | None = None  # false freezes growth during the window
 
     @field_validator("schedule")
@@ -277,7 +282,9 @@ class Window(StrictModel):
 
 
 class Policy(StrictModel):
-    name: str
+    """One named set of rules; a job follows exactly one."""
+
+    name: str  # what `spot-autoscaler.io/policy` and `default_policy` refer to
     match: Match = Match()
     priority: int | None = None  # overrides the job's own priority when set
     limits: Limits = Limits()
@@ -354,6 +361,7 @@ class PolicySet(StrictModel):
     policies: list[Policy] = [Policy(name="default")]
     # used for jobs no policy matches; None leaves such jobs alone
     default_policy: str | None = "default"
+    # USD per hour all managed jobs' running workers may cost together (null: no cap)
     cluster_budget_per_hour: Price | None = None
 
     @model_validator(mode="after")
