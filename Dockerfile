@@ -8,7 +8,7 @@ COPY pyproject.toml README.md ./
 COPY autoscaler ./autoscaler
 # A venv is self-contained, so the runtime stage copies it whole; pip compiles the bytecode
 # here because the runtime root filesystem is read-only.
-RUN python -m venv /opt/venv && /opt/venv/bin/pip install .
+RUN python -m venv /opt/venv && /opt/venv/bin/pip install '.[all]'
 
 FROM python:3.11-slim
 RUN groupadd --system --gid 65532 autoscaler \

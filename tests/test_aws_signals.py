@@ -5,6 +5,7 @@ through the decision core."""
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -27,7 +28,7 @@ from autoscaler.adapters.aws.prices import ec2_spot_prices
 from autoscaler.adapters.aws.queue import SqsNoticeSource
 from autoscaler.adapters.cloud_sources import SpotPriceFeed
 from autoscaler.adapters.polling import run_every
-from autoscaler.adapters.sources import SourceContext, build_sources
+from autoscaler.adapters.sources import SdkMissing, SourceContext, build_sources
 from autoscaler.backoff import Backoff
 from autoscaler.boards import NoticeBoard, PriceBook
 from autoscaler.config import Config
@@ -388,3 +389,16 @@ def test_config_decides_which_sources_run(aws: Aws) -> None:
     assert names(AwsSettings(enabled=True, prices={"enabled": True})) == ["aws-prices"]
     no_prices = AwsSettings(enabled=True, queue_url=aws.queue_url, prices={"enabled": False})
     assert names(no_prices) == ["aws-sqs"]
+
+
+def test_a_configured_source_without_its_sdk_says_which_extra_to_install(
+    aws: Aws, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cloud SDKs are extras (`spot-autoscaler[aws]`): a config that wants AWS on an install
+    without boto3 gets one clear line, not an ImportError from deep inside an adapter."""
+    for module in [m for m in sys.modules if m.startswith("autoscaler.adapters.aws")]:
+        monkeypatch.delitem(sys.modules, module)
+    monkeypatch.setitem(sys.modules, "boto3", None)  # as if not installed
+    ctx = SourceContext(NoticeBoard(), PriceBook(), aws.wakes.append, Index(), lambda: [GPU_TYPE])
+    with pytest.raises(SdkMissing, match=r"aws-sqs .* boto3 is not installed: pip install "):
+        build_sources(Config(aws=AwsSettings(enabled=True, queue_url=aws.queue_url)), ctx)

@@ -205,6 +205,10 @@ def test_deployment_runs_two_safe_replicas_with_probes_on_the_metrics_port() -> 
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+    # sized from the scale benchmark: the limit holds 20,000 nodes' 930 MB peak, the request 5,000's
+    assert mebibytes(container["resources"]["limits"]["memory"]) * 2**20 > 930e6 * 1.2
+    assert mebibytes(container["resources"]["requests"]["memory"]) * 2**20 > 301e6 * 1.2
+    assert pod["priorityClassName"] == "system-cluster-critical"  # not preempted by training pods
     security = container["securityContext"]
     assert security["readOnlyRootFilesystem"] and not security["allowPrivilegeEscalation"]
     assert security["capabilities"] == {"drop": ["ALL"]}
@@ -219,6 +223,11 @@ def test_deployment_runs_two_safe_replicas_with_probes_on_the_metrics_port() -> 
     service = one("Service")
     assert service["spec"]["selector"].items() <= spec["template"]["metadata"]["labels"].items()
     assert [p["targetPort"] for p in service["spec"]["ports"]] == ["metrics"]
+
+
+def mebibytes(quantity: str) -> float:
+    assert quantity.endswith(("Mi", "Gi")), quantity
+    return float(quantity[:-2]) * (1024 if quantity.endswith("Gi") else 1)
 
 
 def test_the_example_job_is_managed_by_the_shipped_config() -> None:

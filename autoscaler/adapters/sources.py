@@ -42,43 +42,64 @@ class SourceContext:
         return self.shared[key]  # type: ignore[no-any-return]
 
 
+class SdkMissing(RuntimeError):
+    """A configured source's cloud SDK is not installed (it is an extra of the package)."""
+
+
 @dataclass(frozen=True)
 class SourceEntry:
     name: str
     wanted: Callable[[Config], bool]
     builder: str  # "module:function(config, ctx) -> Source", imported only when wanted
+    extra: str  # the package extra that installs its SDK: `pip install 'spot-autoscaler[X]'`
 
     def build(self, config: Config, ctx: SourceContext) -> Source:
         module, function = self.builder.split(":")
-        make: Callable[[Config, SourceContext], Source] = getattr(
-            importlib.import_module(module), function
-        )
+        try:
+            found = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if (exc.name or "").startswith("autoscaler"):
+                raise
+            raise SdkMissing(
+                f"{self.name} is configured ({self.extra}.enabled) but {exc.name} is not "
+                f"installed: pip install 'spot-autoscaler[{self.extra}]' (the image has it)"
+            ) from None
+        make: Callable[[Config, SourceContext], Source] = getattr(found, function)
         return make(config, ctx)
 
 
 _AWS, _ALI = "autoscaler.adapters.aws", "autoscaler.adapters.alibaba"
 SOURCES: tuple[SourceEntry, ...] = (
     SourceEntry(
-        "aws-sqs", lambda c: c.aws.enabled and bool(c.aws.queue_url), f"{_AWS}.queue:build"
+        "aws-sqs",
+        lambda c: c.aws.enabled and bool(c.aws.queue_url),
+        f"{_AWS}.queue:build",
+        "aws",
     ),
     SourceEntry(
-        "aws-prices", lambda c: c.aws.enabled and c.aws.prices.enabled, f"{_AWS}.prices:build"
+        "aws-prices",
+        lambda c: c.aws.enabled and c.aws.prices.enabled,
+        f"{_AWS}.prices:build",
+        "aws",
     ),
-    SourceEntry("alibaba-ecs", lambda c: c.alibaba.enabled, f"{_ALI}.recycling:build"),
+    SourceEntry("alibaba-ecs", lambda c: c.alibaba.enabled, f"{_ALI}.recycling:build", "alibaba"),
     SourceEntry(
         "alibaba-cloudmonitor",
         lambda c: c.alibaba.enabled and c.alibaba.cloudmonitor.enabled,
         f"{_ALI}.cloudmonitor:build",
+        "alibaba",
     ),
     SourceEntry(
         "alibaba-webhook",
         lambda c: c.alibaba.enabled and c.alibaba.webhook.enabled,
         f"{_ALI}.webhook:build",
+        "alibaba",
     ),
     SourceEntry(
         "alibaba-prices",
         lambda c: c.alibaba.enabled and c.alibaba.prices.enabled,
         f"{_ALI}.prices:build",
+        "alibaba",
     ),
 )
 
