@@ -27,3 +27,21 @@ def test_core_never_reads_the_clock_or_files() -> None:
         if banned.search(line)
     ]
     assert offenders == []
+
+
+def test_without_the_cloud_extras_everything_but_the_cloud_sources_imports() -> None:
+    """boto3 and the Alibaba SDKs are extras: the CLI, the Kubernetes and standalone daemons,
+    the node agent and the discovery sidecar must load without them."""
+    code = (
+        "import sys\n"
+        "for sdk in ('boto3', 'botocore', 'aliyunsdkcore', 'aliyunsdkecs',"
+        " 'alibabacloud_credentials'):\n"
+        "    sys.modules[sdk] = None\n"
+        "import autoscaler.cli, autoscaler.daemon.wiring, autoscaler.adapters.kube\n"
+        "import autoscaler.adapters.standalone, autoscaler.programs.node_agent\n"
+        "import autoscaler.programs.discovery_sidecar, autoscaler.sim.run\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
