@@ -12,7 +12,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from autoscaler import __version__
 from autoscaler.atomic import atomic_write
@@ -34,8 +33,10 @@ from autoscaler.decisionlog import (
 from autoscaler.programs.discovery_sidecar import add_parser as _add_discovery_sidecar
 from autoscaler.programs.discovery_sidecar import add_scripts_parser as _add_discovery_scripts
 from autoscaler.programs.node_agent import add_parser as _add_node_agent
+from autoscaler.sim.plot import plot_summary
 from autoscaler.sim.run import simulate
 from autoscaler.sim.trace import TraceError, read_trace, synthetic_trace
+from autoscaler.terminal import progress_bar
 
 # 2: the command line, a config or params file, or a named input that cannot be opened;
 # 1: anything that went wrong while running; 141: stdout closed early (as `cat` under `head`).
@@ -148,15 +149,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     with (
         atomic_write(args.out / "decisions.jsonl") as log,
-        Progress(
-            TextColumn("simulating"),
-            BarColumn(),
-            TextColumn("{task.fields[at]}"),
-            TimeElapsedColumn(),
-            console=console,
-            disable=not console.is_terminal,
-            transient=True,
-        ) as bar,
+        progress_bar(console, "simulating", "{task.fields[at]}") as bar,
     ):
         task = bar.add_task("sim", total=1.0, at="")
 
@@ -171,11 +164,17 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     with atomic_write(args.out / "summary.json") as f:
         json.dump(summary, f, indent=2)
         f.write("\n")
-    _print_summary(console, summary, args.out)
+    wrote = ["decisions.jsonl", "summary.json"]
+    try:
+        plot_summary(summary, args.out / "summary.png")
+        wrote.append("summary.png")
+    except ImportError:
+        console.print("no picture: matplotlib is missing (pip install 'spot-autoscaler[bench]')")
+    _print_summary(console, summary, args.out, wrote)
     return EXIT_OK
 
 
-def _print_summary(console: Console, summary: dict, out: Path) -> None:
+def _print_summary(console: Console, summary: dict, out: Path, wrote: list[str]) -> None:
     n, gpu_h = summary["notices"], summary["gpu_hours"]
     cost, on_demand = summary["cost_usd"], summary["on_demand_cost_usd"]
     saved = f"{1 - cost / on_demand:.0%}" if on_demand else "-"
@@ -192,8 +191,7 @@ def _print_summary(console: Console, summary: dict, out: Path) -> None:
         f"  notices {n['posted']}: {n['handled_gracefully']} node(s) drained in time, "
         f"{n['missed']} missed; workers {n['workers_removed_gracefully']} left gracefully, "
         f"{n['workers_lost_abruptly']} abruptly",
-        f"  wrote {out / 'decisions.jsonl'} and {out / 'summary.json'} "
-        f"in {summary['wall_seconds']} s",
+        f"  wrote {out}/{', '.join(wrote)} in {summary['wall_seconds']} s",
     ]
     for line in lines:
         console.print(line)

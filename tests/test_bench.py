@@ -44,6 +44,15 @@ def _bench(params: BenchParams | None = None) -> dict:
     return summary(bench)
 
 
+def test_each_policy_run_is_announced_before_it_starts() -> None:
+    """What `bench`'s progress bar shows: the policy being run, and how many are done."""
+    heard: list[tuple[str, int, int]] = []
+    params = BenchParams.model_validate({"jobs": [{"target_on_demand_hours": 0.5}]})
+    bench = run_bench(params, _trace(), "t", seed=4, starting=lambda *a: heard.append(a))
+    assert [name for name, _, _ in heard] == list(bench.results)
+    assert [(i, n) for _, i, n in heard] == [(i, len(bench.results)) for i in range(len(heard))]
+
+
 @pytest.fixture(scope="module")
 def default_run() -> dict:
     # the default target (4 h of on-demand work) is sized for Bamboo's 11-hour traces

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,28 @@ def test_default_simulate_needs_no_arguments(
     assert main(["simulate"]) == 0
     summary = json.loads((tmp_path / "simulate-out" / "summary.json").read_text())
     assert summary["trace"] == "synthetic(seed=1)" and summary["gpu_hours"]["spot"] > 0
+    # the picture's data: spot nodes, notices, cost (sampled, ending at the total)
+    assert max(n for _, n in summary["spot_nodes_over_time"]) == summary["nodes_max"]
+    assert len(summary["notices_at"]) == summary["notices"]["posted"] > 0
+    assert len(summary["cost_over_time"]) <= 501
+    assert summary["cost_over_time"][-1][1] == pytest.approx(summary["cost_usd"], abs=0.01)
+    assert (tmp_path / "simulate-out" / "summary.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("command", ["simulate", "bench"])
+def test_without_matplotlib_no_picture_is_claimed(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
+    trace = tmp_path / "t.csv"
+    trace.write_text("0,add,node1\n0,add,node2\n3600000,remove,node1\n7200000,remove,node2\n")
+    assert main([command, "--trace", str(trace), "--out", str(tmp_path / "o")]) == 0
+    err = capsys.readouterr().err
+    assert "matplotlib is missing" in err and ".png" not in err.split("wrote")[-1]
+    assert not list((tmp_path / "o").glob("*.png"))
 
 
 def test_bad_trace_lines_are_reported_with_their_line() -> None:

@@ -14,6 +14,7 @@ from autoscaler.bench.report import markdown, plot, summary
 from autoscaler.bench.runner import run_bench
 from autoscaler.config import load_config
 from autoscaler.sim.trace import read_trace
+from autoscaler.terminal import progress_bar
 
 EXIT_OK = 0
 
@@ -68,8 +69,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
     policies = load_config(args.config).policy_set if args.config else None
     trace = read_trace(args.trace)
     args.out.mkdir(parents=True, exist_ok=True)
-    with atomic_write(args.out / "decisions.jsonl") as log:
-        bench = run_bench(params, trace, str(args.trace), args.seed, policies, log)
+    console = Console(stderr=True)
+    with (
+        atomic_write(args.out / "decisions.jsonl") as log,
+        progress_bar(
+            console, "{task.description:<20}", "{task.completed}/{task.total} policies"
+        ) as bar,
+    ):
+        task = bar.add_task("starting", total=None)
+
+        def starting(name: str, done: int, total: int) -> None:
+            bar.update(task, description=name, completed=done, total=total)
+
+        bench = run_bench(params, trace, str(args.trace), args.seed, policies, log, starting)
     result = summary(bench)
     with atomic_write(args.out / "bench.json") as f:
         json.dump(result, f, indent=2)
@@ -77,7 +89,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     table = markdown(result)
     with atomic_write(args.out / "bench.md") as f:
         f.write(table)
-    console = Console(stderr=True)
     wrote = ["bench.json", "bench.md", "decisions.jsonl"]
     try:
         plot(bench, args.out / "bench.png")

@@ -8,6 +8,7 @@ from typing import Any
 from autoscaler.bench.result import PolicyResult
 from autoscaler.bench.runner import Bench
 from autoscaler.bench.world import time_mean
+from autoscaler.sim.plot import steps
 
 WORK_UNIT = "single-worker hours: one worker training alone for an hour does 1.0"
 _RATIOS = ("cost_usd", "work_done", "cost_per_work", "completion_hours")
@@ -197,11 +198,11 @@ def plot(bench: Bench, path: Path) -> None:
 
     world = bench.world
     fig, (nodes, workers, work, cost) = plt.subplots(4, 1, sharex=True, figsize=(10, 12))
-    t, n = _steps(world.available, world.end)
+    t, n = steps(world.available, world.end)
     nodes.step(t, n, where="post", color="black")
     nodes.set_ylabel("spot nodes up")
     for name, r in bench.results.items():
-        t, n = _steps(r.workers, world.end)
+        t, n = steps(r.workers, world.end)
         workers.step(t, n, where="post", label=name, linewidth=1)
         done = [*r.work_over_time(), (world.end, r.work_done)]  # flat after the last change
         work.plot([p[0] / 3600 for p in done], [p[1] for p in done], label=name, linewidth=1)
@@ -221,8 +222,3 @@ def plot(bench: Bench, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def _steps(series: list[tuple[float, int]], end: float) -> tuple[list[float], list[int]]:
-    points = [*series, (end, series[-1][1])] if series else [(0.0, 0), (end, 0)]
-    return [p[0] / 3600 for p in points], [p[1] for p in points]

@@ -31,9 +31,11 @@ def run_bench(
     seed: int,
     policies: PolicySet | None = None,
     decisions_out: TextIO | None = None,
+    starting: Callable[[str, int, int], None] | None = None,
 ) -> Bench:
     """`policies` drive the autoscaler and uniform_progress (default: the built-in default
-    policy); uniform_progress runs only with a deadline (params.deadline_hours)."""
+    policy); uniform_progress runs only with a deadline (params.deadline_hours). `starting(name,
+    i, n)` hears of each policy's run before it starts (a progress bar)."""
     started = time.perf_counter()
     world = resolve(params, trace, trace_name, seed)
     runs: dict[str, Callable[[], PolicyResult]] = {
@@ -46,5 +48,9 @@ def run_bench(
     }
     if world.deadline is None:  # the uniform-progress rule is about a deadline
         del runs["uniform_progress"]
-    results = {name: run() for name, run in runs.items()}
+    results: dict[str, PolicyResult] = {}
+    for i, (name, run) in enumerate(runs.items()):
+        if starting is not None:
+            starting(name, i, len(runs))
+        results[name] = run()
     return Bench(params, world, results, time.perf_counter() - started)

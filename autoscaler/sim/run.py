@@ -93,6 +93,8 @@ class Replay:
     notices: NoticeStats
     end: float  # seconds: the last tick
     nodes_max: int
+    spot_nodes: list[tuple[float, int]] = field(default_factory=list)  # (t, up) at each change
+    notices_at: list[float] = field(default_factory=list)  # t of each notice posted
 
 
 def sim_cluster(
@@ -138,15 +140,7 @@ def simulate(
     started = time.perf_counter()
     run = replay(config, trace, seed, cluster, reconciler.tick, progress)
     return _summary(
-        config,
-        cluster,
-        run.accounts,
-        run.notices,
-        decisions,
-        run.end,
-        run.nodes_max,
-        time.perf_counter() - started,
-        reconciler.errors,
+        config, cluster, run, decisions, time.perf_counter() - started, reconciler.errors
     )
 
 
@@ -171,6 +165,8 @@ def replay(
         cluster.add_node(_node(config, f"on-demand-{i + 1}", spot=False))
     nodes_max = 0
     noticed_workers: dict[str, int] = {}  # noticed node -> running workers it had then
+    spot_nodes: list[tuple[float, int]] = [(0.0, 0)]
+    notices_at: list[float] = []
 
     while events:
         t = events[0][0]
@@ -188,11 +184,14 @@ def replay(
             if kind == "add":
                 cluster.add_node(_node(config, node, spot=True))
                 nodes_max = max(nodes_max, len(cluster.nodes))
+                spot_nodes.append((t, spot_nodes[-1][1] + 1))
             elif kind == "remove":
                 losses = cluster.remove_node(node, now)
                 _tally_removal(notices, losses, noticed_workers.pop(node, 0))
+                spot_nodes.append((t, spot_nodes[-1][1] - 1))
             elif kind == "notice":
                 notices.posted += 1
+                notices_at.append(t)
                 noticed_workers[node] = sum(
                     1 for p in cluster.pods.values() if p.node == node and p.running
                 )
@@ -214,7 +213,7 @@ def replay(
         if progress is not None:
             progress(t, end)
     accounts.advance(cluster, EPOCH + timedelta(seconds=end))
-    return Replay(accounts, notices, end, nodes_max)
+    return Replay(accounts, notices, end, nodes_max, spot_nodes, notices_at)
 
 
 def horizon(trace: list[TraceEvent], tick: timedelta) -> float:
@@ -280,15 +279,13 @@ def _tally_removal(stats: NoticeStats, losses: list[Loss], noticed: int) -> None
 def _summary(
     config: Config,
     cluster: SimulatedCluster,
-    accounts: Accounts,
-    notices: NoticeStats,
+    run: Replay,
     decisions: Counter[tuple[str, str]],
-    end: float,
-    nodes_max: int,
     wall: float,
     errors: int,
 ) -> dict[str, Any]:
     s = config.simulate
+    accounts, notices, end = run.accounts, run.notices, run.end
     gpu_hours = sum(accounts.gpu_hours.values())
     on_demand_gpu_price = (
         config.prices.for_node(s.instance_type, False, s.gpus_per_node, warn=False)
@@ -310,7 +307,13 @@ def _summary(
         by_reason[reason] += n
     return {
         "duration_hours": round(end / 3600, 3),
-        "nodes_max": nodes_max,
+        "nodes_max": run.nodes_max,
+        # for the picture (sim/plot.py): change points, notice times, cost sampled
+        "spot_nodes_over_time": [[round(t, 3), n] for t, n in run.spot_nodes],
+        "notices_at": [round(t, 3) for t in run.notices_at],
+        "cost_over_time": [
+            [round(t, 3), round(c, 4)] for t, c in _sampled(accounts.cost_over_time)
+        ],
         "jobs": jobs,
         "gpu_hours": {k: round(accounts.gpu_hours.get(k, 0.0), 3) for k in ("spot", "on-demand")},
         "worker_hours": round(accounts.worker_hours, 3),
@@ -333,6 +336,12 @@ def _summary(
         "actuation_errors": errors,
         "wall_seconds": round(wall, 3),
     }
+
+
+def _sampled(series: list[tuple[float, float]], most: int = 500) -> list[tuple[float, float]]:
+    """At most `most` points, the last one kept: a cumulative curve loses nothing visible."""
+    picked = series[:: max(1, -(-len(series) // most))]  # ceil: never more than `most`
+    return picked if not series or picked[-1] == series[-1] else [*picked, series[-1]]
 
 
 def _time_mean(series: list[tuple[float, int]], end: float) -> float:
