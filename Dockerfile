@@ -4,11 +4,12 @@
 FROM python:3.11-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE constraints.txt ./
 COPY autoscaler ./autoscaler
 # A venv is self-contained, so the runtime stage copies it whole; pip compiles the bytecode
-# here because the runtime root filesystem is read-only.
-RUN python -m venv /opt/venv && /opt/venv/bin/pip install '.[all]'
+# here because the runtime root filesystem is read-only. constraints.txt (scripts/lock.sh) pins
+# every dependency: two builds of one commit install the same versions.
+RUN python -m venv /opt/venv && /opt/venv/bin/pip install -c constraints.txt '.[all]'
 
 FROM python:3.11-slim
 RUN groupadd --system --gid 65532 autoscaler \

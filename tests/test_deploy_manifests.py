@@ -9,17 +9,22 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from support.kube_api import KubeApiServer
+from support.kustomize import build, find, needs_kubectl
 from support.rbac import role_grants
 from support.waiting import wait_for
 from test_daemon_support import JOB, KUBE_CONFIG, node, wired_daemon, worker
 
 from autoscaler.adapters.kube.kinds import KINDS
+from autoscaler.adapters.sources import SOURCES
 from autoscaler.cli import main
 from autoscaler.config import parse_config
 from autoscaler.core import Notice, NoticeKind
@@ -267,3 +272,69 @@ def test_the_docs_table_lists_every_job_kind() -> None:
         assert row.startswith(f"| `{kind.backend}` | `{jobs.kind}` ({jobs.group}/{jobs.version})")
         assert all(helper.kind in row for helper in kind.helpers)
         assert kind.docs in row
+
+
+def configs_but(text: str, *sections: str) -> dict[str, Any]:
+    dumped = parse_config(text).model_dump(mode="json")
+    return {k: v for k, v in dumped.items() if k not in sections}
+
+
+@needs_kubectl
+@pytest.mark.parametrize(
+    ("cloud", "sources", "identity"),
+    [
+        ("eks", ["aws-sqs", "aws-prices"], ("ServiceAccount", "eks.amazonaws.com/role-arn")),
+        (
+            "ack",
+            ["alibaba-ecs", "alibaba-cloudmonitor", "alibaba-prices"],
+            ("ServiceAccount", "pod-identity.alibabacloud.com/role-name"),
+        ),
+    ],
+)
+def test_a_cloud_component_turns_on_its_sources_and_its_workload_identity(
+    tmp_path: Path, cloud: str, sources: list[str], identity: tuple[str, str]
+) -> None:
+    objects = build(tmp_path, f"components/{cloud}")
+    text = find(objects, "ConfigMap", "spot-autoscaler-config")["data"]["config.yaml"]
+    config = parse_config(text, f"components/{cloud}/config.yaml")
+    assert [s.name for s in SOURCES if s.wanted(config)] == sources
+    # the base config everywhere else: the component only turns a cloud on
+    assert configs_but(text, "aws", "alibaba") == configs_but(
+        embedded_config_text(), "aws", "alibaba"
+    )
+    kind, annotation = identity
+    [account] = [o for o in objects if o["kind"] == kind]
+    assert annotation in account["metadata"]["annotations"]
+    if cloud == "ack":  # RRSA's webhook injects only into labelled namespaces
+        namespace = find(objects, "Namespace", NAMESPACE)
+        assert namespace["metadata"]["labels"]["pod-identity.alibabacloud.com/injection"] == "on"
+    deployment = find(objects, "Deployment", "spot-autoscaler")
+    [volume] = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if "configMap" in v]
+    assert volume["configMap"]["name"] == "spot-autoscaler-config"  # no hash suffix to chase
+
+
+def test_the_image_pins_every_runtime_dependency() -> None:
+    """constraints.txt (scripts/lock.sh) covers the package's runtime closure with [all]."""
+    pinned = {
+        canonicalize_name(line.split("==")[0])
+        for line in (ROOT / "constraints.txt").read_text().splitlines()
+        if "==" in line
+    }
+    needed: set[str] = set()
+    todo = [Requirement(r) for r in metadata.requires("spot-autoscaler") or []]
+    while todo:
+        req = todo.pop()
+        extras = {"all", "aws", "alibaba"}
+        if req.marker is not None and not any(req.marker.evaluate({"extra": e}) for e in extras):
+            continue
+        name = canonicalize_name(req.name)
+        if name in needed or name == "spot-autoscaler":
+            continue
+        needed.add(name)
+        todo += [
+            Requirement(r)
+            for r in metadata.requires(req.name) or []
+            if "extra ==" not in r  # a dependency's own extras are not installed
+        ]
+    assert needed - pinned == set(), "run scripts/lock.sh"
+    assert "-c constraints.txt" in (ROOT / "Dockerfile").read_text()

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from support.kustomize import build, needs_kubectl
 
 from autoscaler.core import (
     Action,
@@ -129,24 +128,14 @@ def test_dashboard_panels_have_targets_and_a_datasource_variable() -> None:
         assert panel["targets"] and panel["datasource"]["uid"] == "${datasource}"
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (kustomize) not installed")
+@needs_kubectl
 def test_kustomize_builds_the_install_with_monitoring(tmp_path: Path) -> None:
-    overlay = tmp_path / "overlay"
-    overlay.mkdir()
-    shutil.copytree(ROOT / "deploy", overlay / "base")
-    (overlay / "kustomization.yaml").write_text(
-        "resources: [base]\ncomponents: [base/monitoring]\n"
-    )
-    built = subprocess.run(
-        ["kubectl", "kustomize", str(overlay)], capture_output=True, text=True, timeout=60
-    )
-    assert built.returncode == 0, built.stderr
-    objects = {(d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(built.stdout) if d}
+    objects = build(tmp_path, "monitoring")
+    names = {(d["kind"], d["metadata"]["name"]) for d in objects}
     assert {
         ("ServiceMonitor", "spot-autoscaler"),
         ("PrometheusRule", "spot-autoscaler"),
         ("ConfigMap", "spot-autoscaler-dashboard"),
         ("Deployment", "spot-autoscaler"),
-    } <= objects
-    namespaces = {d["metadata"].get("namespace") for d in yaml.safe_load_all(built.stdout) if d}
-    assert namespaces <= {"spot-autoscaler", None}
+    } <= names
+    assert {d["metadata"].get("namespace") for d in objects} <= {"spot-autoscaler", None}
