@@ -260,7 +260,8 @@ def cmd_decisions(args: argparse.Namespace) -> int:
             console = _table_console()
             with console.capture() as table:
                 render_table(events, console)
-            out = table.get().splitlines(keepends=True)
+            # no table at all when nothing in the input was a decision (not an empty one)
+            out = table.get().splitlines(keepends=True) if stats.decisions else []
         # line by line: a reader gone away (`| head`) shows as BrokenPipeError, which main
         # ends quietly; one large write can be cut short without any error
         for line in out:
