@@ -78,6 +78,7 @@ class Reconciler:
         self.idle_since: dict[str, datetime] = {}
         self._last_noop: dict[str, tuple[str, tuple[str, ...]]] = {}  # job -> (reason, tags)
         self.errors = 0
+        self.gave_way = False  # the last tick stopped for a waiting notice (see tick)
         self.kept = True  # False: standing objects are left over (keep_more, or the next pass)
         self._managed: list[Job] = []
         # drains of different jobs are independent writes racing nodes' deaths: with more than
@@ -88,10 +89,20 @@ class Reconciler:
             else None
         )
 
-    def tick(self, now: datetime) -> list[Decision]:
+    def tick(self, now: datetime, give_way: Callable[[], bool] = lambda: False) -> list[Decision]:
+        """One full pass. `give_way()` is asked before deciding and before acting: True (a notice
+        is waiting) ends the pass there with nothing applied and `gave_way` set; the caller
+        answers the notice on the fast path and runs the pass again."""
+        self.gave_way = False
         snapshot = self.observer.snapshot(now)
         self.idle_since = track_idle(self.idle_since, snapshot.nodes, now)
+        if give_way():
+            self.gave_way = True
+            return []
         decisions = decide(replace(snapshot, idle_since=self.idle_since), self.policies, now)
+        if give_way():
+            self.gave_way = True
+            return []
         self._act(decisions, now)
         self._managed = [j for j in snapshot.jobs if self.policies.for_job(j) is not None]
         self._keep(self._managed, now)

@@ -42,6 +42,8 @@ import boto3  # noqa: E402
 from kubernetes import client, watch  # noqa: E402
 from moto.server import ThreadedMotoServer  # noqa: E402
 
+from autoscaler.adapters.kube.guard import desired_guard  # noqa: E402
+from autoscaler.adapters.kube.kinds import et_operator  # noqa: E402
 from autoscaler.annotations import DRAINED_ANNOTATION, decode_drained  # noqa: E402
 from benchmarks.scale import raw_job  # noqa: E402
 from tests.support.kube_api import KubeApiServer  # noqa: E402
@@ -88,6 +90,19 @@ class Cluster:
         for slot in range(self.n):
             objs += self._node_and_pods(slot)
         self.api.seed(*objs)
+
+    def seed_guards(self) -> None:
+        """Every job's eviction guard, as the daemon writes it (guard.desired_guard), so the run
+        starts in the steady state of a daemon that has been up a while; without it the daemon
+        writes them first, a few per pass (5,000 take longer than the benchmark may)."""
+        labels = et_operator.KIND.guard_labels
+        assert labels is not None
+        self.api.seed(
+            *(
+                desired_guard(job, labels(job["metadata"]["name"]))
+                for job in self.api.objects("trainingjobs", NS)
+            )
+        )
 
     def replace(self, slot: int) -> None:
         """The reclaimed node is gone; a fresh one arrives with fresh workers for the same jobs."""
@@ -275,7 +290,9 @@ def interruption(instance: str) -> str:
     )
 
 
-def run_size(nodes: int, notices: int, round_size: int, spacing: float) -> dict[str, Any]:
+def run_size(
+    nodes: int, notices: int, round_size: int, spacing: float, guards: str = "seeded"
+) -> dict[str, Any]:
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's access log
     moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     moto.start()
@@ -310,6 +327,8 @@ def run_size(nodes: int, notices: int, round_size: int, spacing: float) -> dict[
         )
         cluster = Cluster(api, nodes)
         cluster.seed()
+        if guards == "seeded":
+            cluster.seed_guards()
         kubeconfig = api.kubeconfig(str(Path(tmp) / "kubeconfig"))
         config = Path(tmp) / "config.yaml"
         port = _free_port()
@@ -336,6 +355,9 @@ def run_size(nodes: int, notices: int, round_size: int, spacing: float) -> dict[
             ready = _wait_for_daemon(api, jobs=nodes)
             samples = _rounds(cluster, sqs, queue, seen, notices, round_size, spacing, daemon)
             metrics = _scrape(port)
+            guard_writes = sum(
+                api.count(method, "poddisruptionbudgets") for method in ("POST", "PUT", "PATCH")
+            )
         finally:
             daemon.terminate()
             _, err = daemon.communicate(timeout=30)
@@ -351,6 +373,9 @@ def run_size(nodes: int, notices: int, round_size: int, spacing: float) -> dict[
         "drain_s": _stats(drain),
         "scale_in_s": _stats(scale_in),
         "daemon_errors": _errors(err),
+        # budgets the daemon wrote (seeded ones found right are left alone; replaced nodes'
+        # fresh workers need none: the budget selects by job)
+        "guard_writes": guard_writes,
         # the daemon's own view: one pass, and a notice received -> its drain/ScaleIn applied
         "pass_mean_s": _mean(metrics, "spot_autoscaler_reconcile_duration_seconds"),
         "daemon_reaction_mean_s": _mean(metrics, "spot_autoscaler_reaction_latency_seconds"),
@@ -453,11 +478,17 @@ def main() -> int:
     parser.add_argument("--notices", type=int, default=200, help="notices per size")
     parser.add_argument("--round", type=int, default=10, help="notices per round")
     parser.add_argument("--spacing", type=float, default=0.1, help="seconds between notices")
+    parser.add_argument(
+        "--guards",
+        choices=["seeded", "daemon"],
+        default="seeded",
+        help="eviction guards already there (steady state), or written by the daemon first",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     results = []
     for size in map(int, args.sizes.split(",")):
-        r = run_size(size, args.notices, args.round, args.spacing)
+        r = run_size(size, args.notices, args.round, args.spacing, args.guards)
         results.append(r)
         print(
             f"{r['nodes']:,} nodes / {r['pods']:,} pods, {r['notices']} notices "

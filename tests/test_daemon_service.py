@@ -5,16 +5,19 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from structlog.testing import CapturingLogger
 from support.waiting import wait_for
 from test_daemon_support import CONFIG, Recorder, World, config, daemon, events, http_get, metric
 
-from autoscaler.core import Snapshot
-from autoscaler.daemon.loop import WakeSignal
+from autoscaler.boards import notice_wake
+from autoscaler.core import Notice, NoticeKind, Snapshot
+from autoscaler.daemon.loop import _MAX_GIVE_WAY, WakeSignal
 from autoscaler.daemon.service import Daemon, Parts
+from autoscaler.reconcile import Reconciler
 
 
 @pytest.fixture
@@ -258,3 +261,40 @@ def test_reload_hands_new_prices_to_the_mode(tmp_path: Path) -> None:
         assert "config_change_needs_restart" not in events(log)
     finally:
         d.stop()
+
+
+def test_a_full_pass_gives_way_to_a_notice_and_is_not_starved_by_a_stream_of_them() -> None:
+    """A notice that arrives while a full pass is deciding is answered first (the pass stops
+    before acting and runs again); a notice on every pass still lets one finish after
+    `_MAX_GIVE_WAY` give-ways, so growth is late, never lost."""
+    world = World(nodes=2, gpus=2)
+    recorder = Recorder(world)
+    wake = WakeSignal()
+    snapshots = [0]
+
+    class NoticeEveryPass:
+        def snapshot(self, now: datetime) -> Snapshot:
+            snapshots[0] += 1
+            node = f"node-{snapshots[0]}"
+            wake(notice_wake(Notice(node, NoticeKind.INTERRUPTION, "aws-sqs", node)))
+            return world.snapshot(now)
+
+    d, log = daemon(config(), Parts(observer=NoticeEveryPass(), actuator=recorder), wake)
+    d.start()
+    try:
+        wait_for(lambda: d.loop.passes >= 2, what="full passes despite a notice every pass")
+    finally:
+        d.stop()
+    assert "scale_out" in recorder.actions()  # growth happened, late
+    assert snapshots[0] >= 2 * (_MAX_GIVE_WAY + 1)  # each full pass gave way 3 times first
+
+
+def test_a_tick_that_gives_way_applies_nothing() -> None:
+    world = World()
+    recorder = Recorder(world)
+    reconciler = Reconciler(world, recorder, config().policy_set, CapturingLogger())
+    now = datetime.now(UTC)
+    assert reconciler.tick(now, give_way=lambda: True) == [] and reconciler.gave_way
+    assert recorder.applied == []
+    assert reconciler.tick(now) and not reconciler.gave_way
+    assert recorder.actions() == ["scale_out"]

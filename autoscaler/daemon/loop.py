@@ -22,6 +22,9 @@ from autoscaler.daemon.metrics import Metrics
 from autoscaler.reconcile import Reconciler
 
 _SYNC_POLL = 0.2  # seconds between looks at the caches until they have synced
+# A full pass gives way to a waiting notice at most this many times in a row, then runs to the
+# end: a stream of notices (or of Node events, which may be one) must not starve growth.
+_MAX_GIVE_WAY = 3
 
 
 class WakeSignal:
@@ -43,6 +46,11 @@ class WakeSignal:
     def pending(self) -> bool:
         """A wake came since the last take."""
         return self._event.is_set()
+
+    def notice_pending(self) -> bool:
+        """A wake that may carry a notice came since the last take."""
+        with self._lock:
+            return any(map(may_be_notice, self._reasons))
 
     def take(self) -> set[str]:
         """The reasons gathered since the last take; the next wake starts a new batch."""
@@ -77,6 +85,7 @@ class ReconcileLoop:
         self._thread: threading.Thread | None = None
         self._pending: PolicySet | None = None
         self.heartbeat = time.monotonic()  # when the loop last came round: /healthz
+        self._gave_way = 0  # full passes in a row that stopped for a notice
         self.passes = 0  # completed passes (tests and --once read it)
 
     def set_policies(self, policies: PolicySet) -> None:
@@ -103,7 +112,7 @@ class ReconcileLoop:
         errors_before = self.reconciler.errors
         started = time.perf_counter()
         try:
-            decisions = self.reconciler.tick(datetime.now(UTC))
+            decisions = self.reconciler.tick(datetime.now(UTC), self._give_way)
         except Exception as exc:  # the observer could not see the world: retry after a back-off
             self._metrics.error("reconcile")
             self._logger.error(
@@ -115,6 +124,11 @@ class ReconcileLoop:
             return False
         finally:
             self._metrics.reconcile.observe(time.perf_counter() - started)
+        if self.reconciler.gave_way:  # a notice came meanwhile: answer it, then pass again
+            self._gave_way += 1
+            self._wake("pass gave way to a notice")
+            return True
+        self._gave_way = 0
         self.passes += 1
         # standing objects left over (thousands of budgets at start-up): a few writes at a
         # time while nothing else is waiting, so a notice's pass never queues behind them all
@@ -128,6 +142,11 @@ class ReconcileLoop:
             seconds=round(time.perf_counter() - started, 3),
         )
         return self.reconciler.errors == errors_before
+
+    def _give_way(self) -> bool:
+        """Only while the loop's thread runs (it answers the notice next); `--once` never."""
+        running = self._thread is not None and not self._stop.is_set()
+        return running and self._gave_way < _MAX_GIVE_WAY and self._wake.notice_pending()
 
     def _react(self) -> None:
         """The notice fast path: the noticed jobs' drains and ScaleIns, then the full pass. A
@@ -143,7 +162,8 @@ class ReconcileLoop:
     def _run(self) -> None:
         while not self._stop.is_set():
             self._wake.wait()
-            if self._stop.wait(self._coalesce):
+            # gather a burst into one pass; after a pass gave way its notice has waited enough
+            if self._stop.wait(0 if self._gave_way else self._coalesce) or self._stop.is_set():
                 return
             reasons = self._wake.take()
             self.heartbeat = time.monotonic()
