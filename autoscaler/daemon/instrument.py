@@ -49,6 +49,11 @@ class NoticeTracker:
             elif key not in current:
                 self._open.pop(key, None)
 
+    @property
+    def tracking(self) -> bool:
+        """Notices seen last time or still unanswered: the next snapshot must be compared."""
+        return bool(self._open) or bool(self._known)
+
     def answered(self, nodes: Iterable[str], at: datetime) -> None:
         nodes = set(nodes)
         for key, notice in list(self._open.items()):
@@ -71,10 +76,11 @@ class MeasuredObserver:
 
     def snapshot(self, now: datetime) -> Snapshot:
         snapshot = self._inner.snapshot(now)
-        busy = {
-            w.node for job in snapshot.jobs for w in job.workers if w.node and not w.terminating
-        }
-        self._tracker.seen(snapshot.notices, busy)
+        if snapshot.notices or self._tracker.tracking:  # a scan of every worker: only when needed
+            busy = {
+                w.node for job in snapshot.jobs for w in job.workers if w.node and not w.terminating
+            }
+            self._tracker.seen(snapshot.notices, busy)
         self._metrics.set_workers(snapshot.jobs)
         self._metrics.set_nodes(snapshot.nodes)
         return snapshot

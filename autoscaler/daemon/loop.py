@@ -22,9 +22,10 @@ from autoscaler.daemon.metrics import Metrics
 from autoscaler.reconcile import Reconciler
 
 _SYNC_POLL = 0.2  # seconds between looks at the caches until they have synced
-# A full pass gives way to a waiting notice at most this many times in a row, then runs to the
-# end: a stream of notices (or of Node events, which may be one) must not starve growth.
-_MAX_GIVE_WAY = 3
+# A full pass gives way to waiting notices for at most this long (seconds, from the first time it
+# gave way), then runs to the end: a stream of notices (or of Node events, which may be one) must
+# not starve growth, which waits for idle capacity for a minute anyway (scale_out.min_idle).
+GIVE_WAY_FOR = 2.0
 
 
 class WakeSignal:
@@ -85,7 +86,7 @@ class ReconcileLoop:
         self._thread: threading.Thread | None = None
         self._pending: PolicySet | None = None
         self.heartbeat = time.monotonic()  # when the loop last came round: /healthz
-        self._gave_way = 0  # full passes in a row that stopped for a notice
+        self._giving_way_since: float | None = None  # first pass of a streak that gave way
         self.passes = 0  # completed passes (tests and --once read it)
 
     def set_policies(self, policies: PolicySet) -> None:
@@ -125,10 +126,11 @@ class ReconcileLoop:
         finally:
             self._metrics.reconcile.observe(time.perf_counter() - started)
         if self.reconciler.gave_way:  # a notice came meanwhile: answer it, then pass again
-            self._gave_way += 1
+            if self._giving_way_since is None:
+                self._giving_way_since = time.monotonic()
             self._wake("pass gave way to a notice")
             return True
-        self._gave_way = 0
+        self._giving_way_since = None
         self.passes += 1
         # standing objects left over (thousands of budgets at start-up): a few writes at a
         # time while nothing else is waiting, so a notice's pass never queues behind them all
@@ -145,8 +147,10 @@ class ReconcileLoop:
 
     def _give_way(self) -> bool:
         """Only while the loop's thread runs (it answers the notice next); `--once` never."""
-        running = self._thread is not None and not self._stop.is_set()
-        return running and self._gave_way < _MAX_GIVE_WAY and self._wake.notice_pending()
+        if self._thread is None or self._stop.is_set() or not self._wake.notice_pending():
+            return False
+        since = self._giving_way_since
+        return since is None or time.monotonic() - since < GIVE_WAY_FOR
 
     def _react(self) -> None:
         """The notice fast path: the noticed jobs' drains and ScaleIns, then the full pass. A
@@ -163,7 +167,7 @@ class ReconcileLoop:
         while not self._stop.is_set():
             self._wake.wait()
             # gather a burst into one pass; after a pass gave way its notice has waited enough
-            if self._stop.wait(0 if self._gave_way else self._coalesce) or self._stop.is_set():
+            if self._stop.wait(0 if self._giving_way_since else self._coalesce):
                 return
             reasons = self._wake.take()
             self.heartbeat = time.monotonic()
