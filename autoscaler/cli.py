@@ -279,13 +279,13 @@ def cmd_decisions(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+_UNWRAPPED = 10_000  # columns of a piped table: wide enough that no row ever folds
+
+
 def _table_console() -> Console:
     """The terminal's width on a terminal; piped, rows never wrap (one row, one line)."""
     console = Console()
     return console if console.is_terminal else Console(width=_UNWRAPPED, no_color=True)
-
-
-_UNWRAPPED = 10_000
 
 
 _COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [

@@ -93,15 +93,14 @@ class Reconciler:
         """One full pass. `give_way()` is asked before deciding and before acting: True (a notice
         is waiting) ends the pass there with nothing applied and `gave_way` set; the caller
         answers the notice on the fast path and runs the pass again."""
-        self.gave_way = False
+        self.gave_way = False  # also when the snapshot fails: that pass counts as a pass
         snapshot = self.observer.snapshot(now)
         self.idle_since = track_idle(self.idle_since, snapshot.nodes, now)
-        if give_way():
-            self.gave_way = True
-            return []
-        decisions = decide(replace(snapshot, idle_since=self.idle_since), self.policies, now)
-        if give_way():
-            self.gave_way = True
+        self.gave_way = give_way()
+        if not self.gave_way:
+            decisions = decide(replace(snapshot, idle_since=self.idle_since), self.policies, now)
+            self.gave_way = give_way()
+        if self.gave_way:
             return []
         self._act(decisions, now)
         self._managed = [j for j in snapshot.jobs if self.policies.for_job(j) is not None]

@@ -124,7 +124,8 @@ class ReconcileLoop:
             )
             return False
         finally:
-            self._metrics.reconcile.observe(time.perf_counter() - started)
+            if not self.reconciler.gave_way:  # a pass cut short is not a pass's duration
+                self._metrics.reconcile.observe(time.perf_counter() - started)
         if self.reconciler.gave_way:  # a notice came meanwhile: answer it, then pass again
             if self._giving_way_since is None:
                 self._giving_way_since = time.monotonic()
@@ -167,7 +168,7 @@ class ReconcileLoop:
         while not self._stop.is_set():
             self._wake.wait()
             # gather a burst into one pass; after a pass gave way its notice has waited enough
-            if self._stop.wait(0 if self._giving_way_since else self._coalesce):
+            if self._stop.wait(0 if self._giving_way_since is not None else self._coalesce):
                 return
             reasons = self._wake.take()
             self.heartbeat = time.monotonic()

@@ -339,8 +339,9 @@ def _summary(
 
 
 def _sampled(series: list[tuple[float, float]], most: int = 500) -> list[tuple[float, float]]:
-    """At most `most` points, the last one kept: a cumulative curve loses nothing visible."""
-    picked = series[:: max(1, -(-len(series) // most))]  # ceil: never more than `most`
+    """At most `most` points, plus the last if the stride missed it: a cumulative curve loses
+    nothing visible."""
+    picked = series[:: max(1, -(-len(series) // most))]  # ceil: the stride keeps `most` at most
     return picked if not series or picked[-1] == series[-1] else [*picked, series[-1]]
 
 
