@@ -3,6 +3,8 @@
 Level-triggered: everything the core needs is rebuilt from the observer each pass, except the
 `min_idle` clocks (restart-safe: they only restart). Actuator errors are logged per decision and
 never end the loop; the next pass sees the world again and retries what is still needed.
+The core reuses the last pass's plans where nothing changed (core/memo.py); every
+`check_every`-th pass decides once more without them and compares: the memo's safety net.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from autoscaler.core import (
     Action,
     Decision,
     Job,
+    PassMemo,
     PolicySet,
     Snapshot,
     decide,
@@ -36,6 +39,7 @@ _APPLY_ORDER = {
 
 
 _KEEP_WRITES = 5  # standing-object writes per pass: ~5-20 ms each on a real API server
+CHECK_EVERY = 30  # passes: one in so many also decides without the memo and compares
 
 
 class Observer(Protocol):
@@ -69,6 +73,7 @@ class Reconciler:
         logger: Any,
         on_decision: Callable[[Decision], None] | None = None,
         drain_workers: int = 1,
+        check_every: int = CHECK_EVERY,
     ) -> None:
         self.observer = observer
         self.actuator = actuator
@@ -78,6 +83,10 @@ class Reconciler:
         self.idle_since: dict[str, datetime] = {}
         self._last_noop: dict[str, tuple[str, tuple[str, ...]]] = {}  # job -> (reason, tags)
         self.errors = 0
+        self.memo = PassMemo()
+        self.memo_mismatches = 0  # passes whose memo disagreed with a full decide (a bug)
+        self._check_every = check_every
+        self._passes = 0
         self.gave_way = False  # the last tick stopped for a waiting notice (see tick)
         self.kept = True  # False: standing objects are left over (keep_more, or the next pass)
         self._managed: list[Job] = []
@@ -98,7 +107,7 @@ class Reconciler:
         self.idle_since = track_idle(self.idle_since, snapshot.nodes, now)
         self.gave_way = give_way()
         if not self.gave_way:
-            decisions = decide(replace(snapshot, idle_since=self.idle_since), self.policies, now)
+            decisions = self._decide(replace(snapshot, idle_since=self.idle_since), now)
             self.gave_way = give_way()
         if self.gave_way:
             return []
@@ -106,6 +115,22 @@ class Reconciler:
         self._managed = [j for j in snapshot.jobs if self.policies.for_job(j) is not None]
         self._keep(self._managed, now)
         return decisions
+
+    def _decide(self, snapshot: Snapshot, now: datetime) -> list[Decision]:
+        """`decide` with the memo; on every `check_every`-th pass also without it: when the two
+        differ, the memo missed an input (a bug): logged, counted, forgotten, and the full
+        pass's decisions are the ones acted on."""
+        decisions = decide(snapshot, self.policies, now, self.memo)
+        self._passes += 1
+        if self._passes % self._check_every:
+            return decisions
+        full = decide(snapshot, self.policies, now)
+        if full != decisions:
+            self.memo_mismatches += 1
+            self.memo = PassMemo()
+            differ = sorted({d.job for d in set(full) ^ set(decisions)})
+            self.logger.error("memo_mismatch", jobs=differ[:20], differing=len(differ))
+        return full
 
     def react(self, now: datetime) -> list[Decision]:
         """The notice fast path, before a full pass: drains and ScaleIns of the jobs with workers

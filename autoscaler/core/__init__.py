@@ -2,6 +2,7 @@
 
 from autoscaler.core.decide import decide, decide_departures
 from autoscaler.core.idle import track_idle
+from autoscaler.core.memo import PassMemo
 from autoscaler.core.model import (
     Action,
     CapacityType,
@@ -26,6 +27,7 @@ __all__ = [
     "Job",
     "Notice",
     "NoticeKind",
+    "PassMemo",
     "Policy",
     "PolicySet",
     "Reason",

@@ -188,6 +188,12 @@ def _clamp(value: int, lo: int, hi: int) -> int:
     return max(lo, min(hi, value))
 
 
+def needs_fleet(growth: Decision, policy: Policy) -> bool:
+    """Whether `on_demand` may replace `growth`: not in the usual case, on every job every pass
+    (the caller then need not sort out the job's fleet)."""
+    return growth.action is Action.NOOP and growth.reason not in _NO_SCALER and _wants_any(policy)
+
+
 def on_demand(
     growth: Decision,
     job: Job,
@@ -199,10 +205,8 @@ def on_demand(
 ) -> Decision:
     """`growth` (the idle-capacity decision), or in its place, when it adds nothing, an on-demand
     ScaleOut past idle capacity, a ScaleIn of on-demand workers no longer needed, or an alert."""
-    if growth.action is not Action.NOOP or growth.reason in _NO_SCALER:
+    if not needs_fleet(growth, policy):
         return growth
-    if not _wants_any(policy):
-        return growth  # the usual case, on every job every pass: no fleet to sort out
     fleet = Fleet.of(staying, nodes)
     need = on_demand_need(job, policy, fleet, now)
     assert need is not None

@@ -2,17 +2,20 @@
 
 Per job: departures first (drain, then a ScaleIn naming exactly the doomed pods), then growth from
 idle capacity shared between all jobs. Every job gets at least one decision, a noop saying why not.
+With a `PassMemo` a pass reuses what the last one planned where nothing it was planned from has
+changed (core/memo.py); the decisions are the same as without one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from autoscaler.core.capacity import CapacityPool, Claim, fill, grant_of
-from autoscaler.core.deadline import on_demand
+from autoscaler.core.deadline import needs_fleet, on_demand
 from autoscaler.core.departures import Departures, plan_departures, scaler_block
+from autoscaler.core.memo import Forgetful, PassMemo
 from autoscaler.core.model import (
     Action,
     Decision,
@@ -26,33 +29,46 @@ from autoscaler.core.notices import NodeRisk, classify
 from autoscaler.core.policy import POLICY_LABEL, Policy, PolicySet, PreemptionRules
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class _Plan:
-    """One job's pass: its effective policy, its departures, and its claim on idle GPUs."""
+    """One job's pass: its effective policy, its departures, and whether it claims idle GPUs.
+    Read-only once made, so a later pass may reuse it (core/memo.py)."""
 
     job: Job
     policy: Policy
     departures: Departures
     ceiling: int  # max workers, less a doomed host kept in discovery (it still counts)
-    claim: Claim | None = None
-    blocked: Reason | None = None
+    staying: int  # workers that stay (a doomed host kept for now does not)
+    spend: float  # what the staying workers cost per hour
+    blocked: Reason | None  # None: it claims idle GPUs up to `ceiling`
+    holds: bool = False  # below min, waiting for its own scaler: room is kept for its refill
     note: str = ""  # says more than the blocking reason's own message
 
 
-def decide(snapshot: Snapshot, policies: PolicySet, now: datetime) -> list[Decision]:
+def decide(
+    snapshot: Snapshot, policies: PolicySet, now: datetime, memo: PassMemo | None = None
+) -> list[Decision]:
+    memo = memo if memo is not None else Forgetful()
+    memo.begin(policies, now)
     nodes = {n.name: n for n in snapshot.nodes}
-    plans, held, cluster_spend = _plan_jobs(snapshot, policies, nodes, now)
-    pool = _idle_capacity(snapshot, policies, cluster_spend, now)
-    _share(pool, plans, held, now)
+    noticed = frozenset(n.node for n in snapshot.notices)
+    plans = _plan_jobs(snapshot, policies, nodes, noticed, now, memo)
+    growth = memo.growth(
+        (tuple(plans), snapshot.nodes, snapshot.jobs, snapshot.idle_since, noticed),
+        now,
+        lambda: _grow(snapshot, policies, plans, now),
+    )
     decisions: list[Decision] = []
     for plan in plans:
         decisions.extend(plan.departures.decisions)
         if plan.departures.blocks_scale_out is None:  # else departures say what happens now
-            growth = _growth_decision(plan, pool, now)
-            staying = _staying(plan.job, plan.departures)
-            decisions.append(
-                on_demand(growth, plan.job, plan.policy, staying, plan.ceiling, nodes, now)
-            )
+            decision = growth[plan.job.key]
+            if needs_fleet(decision, plan.policy):
+                staying = _staying(plan.job, plan.departures)
+                decision = on_demand(
+                    decision, plan.job, plan.policy, staying, plan.ceiling, nodes, now
+                )
+            decisions.append(decision)
     return decisions
 
 
@@ -64,36 +80,39 @@ def decide_departures(
     the two agree (tests/test_core_invariants.py); growth waits for the full pass."""
     nodes = {n.name: n for n in snapshot.nodes}
     chosen = replace(snapshot, jobs=tuple(j for j in snapshot.jobs if j.key in keys))
-    plans, _, _ = _plan_jobs(chosen, policies, nodes, now)
+    noticed = frozenset(n.node for n in snapshot.notices)
+    plans = _plan_jobs(chosen, policies, nodes, noticed, now, Forgetful())
     return [d for plan in plans for d in plan.departures.decisions]
 
 
 def _plan_jobs(
-    snapshot: Snapshot, policies: PolicySet, nodes: Mapping[str, GpuNode], now: datetime
-) -> tuple[list[_Plan], list[Claim], float]:
-    """Each managed job's plan, by key; the claims held for refills that wait for the job's own
-    scaler (room kept, no decision); what the running workers cost per hour in all."""
+    snapshot: Snapshot,
+    policies: PolicySet,
+    nodes: Mapping[str, GpuNode],
+    noticed: frozenset[str],
+    now: datetime,
+    memo: PassMemo,
+) -> list[_Plan]:
+    """Each managed job's plan, by key: the memo's where nothing it was made from changed."""
     risks: dict[PreemptionRules, NodeRisk] = {}
-    effective: dict[str, Policy] = {}  # each policy's windows evaluated once per pass
     plans: list[_Plan] = []
-    held: list[Claim] = []
-    cluster_spend = 0.0
     for job in sorted(snapshot.jobs, key=lambda j: j.key):
         base = policies.for_job(job)
         if base is None:
             continue  # unmanaged: no policy selects it
-        if base.name not in effective:
-            effective[base.name] = base.at(now)
-        policy = effective[base.name]
+        policy = memo.effective(base, now)  # each policy's windows evaluated once per pass
         if policy.preemption not in risks:
             risks[policy.preemption] = classify(snapshot.notices, policy.preemption, now)
-        plan, hold, spend = _plan_job(
-            job, policy, risks[policy.preemption], nodes, now, _pin_problem(job, policies, policy)
-        )
-        plans.append(plan)
-        held.extend(hold)
-        cluster_spend += spend
-    return plans, held, cluster_spend
+        risk = risks[policy.preemption]
+
+        def plan(job: Job = job, policy: Policy = policy, risk: NodeRisk = risk) -> _Plan:
+            return _plan_job(job, policy, risk, nodes, now, _pin_problem(job, policies, policy))
+
+        def until(job: Job = job, policy: Policy = policy) -> datetime | None:
+            return _replan_at(job, policy, now)
+
+        plans.append(memo.plan(job, policy, nodes, noticed, risk, now, plan, until))
+    return plans
 
 
 def _pin_problem(job: Job, policies: PolicySet, fallback: Policy) -> str:
@@ -115,32 +134,88 @@ def _plan_job(
     nodes: Mapping[str, GpuNode],
     now: datetime,
     pin_problem: str = "",
-) -> tuple[_Plan, list[Claim], float]:
+) -> _Plan:
     """One job: who leaves, whether it may grow (a claim on idle GPUs), its spend per hour."""
     lo, hi = policy.bounds(job)
     departures = plan_departures(job, policy, risk, nodes, (lo, hi), now)
-    plan = _Plan(job, policy, departures, hi - (departures.kept is not None), note=pin_problem)
+    ceiling = hi - (departures.kept is not None)
     # a doomed host kept for Horovod's sake counts towards max, not towards min: refill it
     staying = _staying(job, departures)
-    spend = _spend(job, staying, nodes)
-    plan.blocked = (
+    blocked = (
         departures.blocks_scale_out
         or (Reason.UNKNOWN_POLICY if pin_problem else None)
         or _growth_blocked(job, policy, now)
     )
-    held: list[Claim] = []
-    if plan.blocked is None and len(staying) < plan.ceiling:
-        plan.claim = Claim(job, policy, len(staying), plan.ceiling, spend)
-    elif plan.blocked is None:
-        plan.blocked = Reason.CLAMP_MAX
-    elif len(staying) < lo and plan.blocked not in _NOT_SOON and policy.scale_out.enabled:
+    holds = False
+    if blocked is None and len(staying) >= ceiling:
+        blocked = Reason.CLAMP_MAX
+    elif blocked is not None:
         # below min and waiting only for its own scaler: others must not take its refill
-        held.append(Claim(job, policy, len(staying), plan.ceiling, spend))
-    return plan, held, spend
+        holds = len(staying) < lo and blocked not in _NOT_SOON and policy.scale_out.enabled
+    spend = _spend(job, staying, nodes)
+    return _Plan(job, policy, departures, ceiling, len(staying), spend, blocked, holds, pin_problem)
+
+
+def _replan_at(job: Job, policy: Policy, now: datetime) -> datetime | None:
+    """When time alone could change the job's plan (None: never; `now`: at every pass): the
+    moments its time rules flip. Keep in step with every rule of `_plan_job` that reads `now`:
+    scaler_block (max_age), _growth_blocked (backoff), _last_host_to_keep (join_grace); the
+    memo's safety net (Reconciler) finds a rule left out."""
+    times: list[datetime] = []
+    scaler = job.scaler
+    if scaler is not None and scaler.created_at is not None:
+        stuck_at = scaler.created_at + policy.scalers.max_age
+        if stuck_at < now:
+            return now  # stuck: its message carries the scaler's age
+        times.append(stuck_at + _TICK)  # stuck once older than max_age, not at it
+    failed = job.last_failed_scale_out_at
+    if failed is not None:
+        times.append(failed + policy.scale_out.backoff)
+    if policy.preemption.keep_last_host:
+        grace = policy.preemption.join_grace
+        times.extend(w.ready_since + grace for w in job.workers if w.ready_since is not None)
+    return min((t for t in times if t > now), default=None)
+
+
+def _grow(
+    snapshot: Snapshot, policies: PolicySet, plans: list[_Plan], now: datetime
+) -> tuple[dict[str, Decision], datetime | None]:
+    """Each job's growth decision from idle capacity shared between the plans, and when time
+    alone could change them (cooldowns ending, idle capacity settling)."""
+    cluster_spend = sum(p.spend for p in plans)
+    pool = _idle_capacity(snapshot, policies, cluster_spend, now)
+    claims = _share(pool, plans, now)
+    growth = {
+        p.job.key: _growth_decision(p, claims.get(p.job.key), pool, now)
+        for p in plans
+        if p.departures.blocks_scale_out is None
+    }
+    return growth, _regrow_at(pool, plans, claims, now)
+
+
+def _regrow_at(
+    pool: CapacityPool, plans: list[_Plan], claims: Mapping[str, Claim], now: datetime
+) -> datetime | None:
+    """The first moment a cooldown ends or an idle node settles past a claim's min_idle."""
+    times = [
+        p.job.last_scale_out_at + p.policy.scale_out.cooldown
+        for p in plans
+        if p.job.last_scale_out_at is not None
+    ]
+    min_idles = {c.policy.scale_out.min_idle for c in claims.values()}
+    for idle_for in pool.idle_for.values():
+        if idle_for is not None:
+            times.extend(now - idle_for + m for m in min_idles)
+    return min((t for t in times if t > now), default=None)
 
 
 def _staying(job: Job, departures: Departures) -> list[Worker]:
-    return [w for w in job.workers if w not in departures.leaving and w is not departures.kept]
+    if not departures.leaving and departures.kept is None:
+        return list(job.workers)
+    gone = {id(w) for w in departures.leaving}
+    if departures.kept is not None:
+        gone.add(id(departures.kept))
+    return [w for w in job.workers if id(w) not in gone]
 
 
 def _idle_capacity(
@@ -162,19 +237,27 @@ def _idle_capacity(
     return pool
 
 
-def _share(pool: CapacityPool, plans: list[_Plan], held: list[Claim], now: datetime) -> None:
+def _share(pool: CapacityPool, plans: list[_Plan], now: datetime) -> dict[str, Claim]:
     """Fill the claims from the pool: refills to min first (no cooldown, no settled idle
-    capacity needed), then growth to max for jobs not cooling down."""
-    claims = [p.claim for p in plans if p.claim is not None]
-    refills = [c for c in claims if c.current < c.policy.bounds(c.job)[0]] + held
+    capacity needed), then growth to max for jobs not cooling down. The claims, by job."""
+    claims = {
+        p.job.key: Claim(p.job, p.policy, p.staying, p.ceiling, p.spend)
+        for p in plans
+        if p.blocked is None
+    }
+    held = [Claim(p.job, p.policy, p.staying, p.ceiling, p.spend) for p in plans if p.holds]
+    refills = [c for c in claims.values() if c.current < c.policy.bounds(c.job)[0]] + held
     for c in refills:
         c.target, c.skip_min_idle = min(_refill_target(c), c.target), True
     fill(pool, refills)
     ceilings = {p.job.key: p.ceiling for p in plans}
-    for c in claims:
-        c.target, c.skip_min_idle = ceilings[c.job.key], False
-    fill(pool, [c for c in claims if not _cooling_down(c.job, c.policy, now)])
+    for key, claim in claims.items():
+        claim.target, claim.skip_min_idle = ceilings[key], False
+    fill(pool, [c for c in claims.values() if not _cooling_down(c.job, c.policy, now)])
+    return claims
 
+
+_TICK = timedelta(microseconds=1)  # datetime's resolution
 
 # Growth blocks that do not lift within a scaler's lifetime: no room is held for these.
 _NOT_SOON = frozenset(
@@ -223,8 +306,10 @@ def _spend(job: Job, workers: list[Worker], nodes: Mapping[str, GpuNode]) -> flo
     return total
 
 
-def _growth_decision(plan: _Plan, pool: CapacityPool, now: datetime) -> Decision:
-    job, policy, claim, blocked = plan.job, plan.policy, plan.claim, plan.blocked
+def _growth_decision(
+    plan: _Plan, claim: Claim | None, pool: CapacityPool, now: datetime
+) -> Decision:
+    job, policy, blocked = plan.job, plan.policy, plan.blocked
     n = len(job.workers)
     lo, _ = policy.bounds(job)
     staying = claim.current if claim is not None else n  # without doomed workers kept for now

@@ -96,6 +96,7 @@ class Daemon:
             decision_logger,
             drain_workers=parts.drain_workers,
         )
+        self.metrics.count_errors_from("memo", lambda: self.reconciler.memo_mismatches)
         backoff_max = self.settings.error_backoff_max.total_seconds()
         self.loop = ReconcileLoop(
             self.reconciler,
