@@ -27,6 +27,7 @@ from support.waiting import wait_for
 from test_deploy_manifests import embedded_config_text
 
 from autoscaler.adapters.kube.nodes import node_facts
+from autoscaler.adapters.kube.resources import NODES
 from autoscaler.annotations import (
     DRAINED_ANNOTATION,
     NOTICE_ANNOTATION,
@@ -584,3 +585,30 @@ def test_a_jobs_progress_annotation_and_start_reach_the_core_with_a_measured_pac
     assert observer.snapshot(later).jobs[0].progress_rate == pytest.approx(0.06, rel=1e-3)
     kube.server.seed(bert("garbage"))
     wait_for(lambda: observer.snapshot(later).jobs[0].progress is None)
+
+
+def test_unchanged_nodes_keep_their_objects_and_a_change_replaces_only_its_node(
+    kube: Kube,
+) -> None:
+    """The node table reads a node again only when it or its pods changed (nodetable.py): the
+    core's memo relies on an unchanged node being the same object."""
+    kube.server.seed(node("a"), node("b"), training_job("bert"), worker("bert", 0, "a"))
+    cache = kube.cache()
+    observer = kube.observer(cache)
+    first = observer.snapshot(now())
+    assert observer.snapshot(now()).nodes is first.nodes  # nothing changed: the very tuple
+    version = cache.get(NODES, "a")["metadata"]["resourceVersion"]
+    heartbeat = {"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "hb"}]}}
+    kube.server.patch("Node", "a", heartbeat)  # a new object, nothing read from it changed
+    kube.server.seed(worker("bert", 1, "b"))
+    wait_for(
+        lambda: cache.get(NODES, "a")["metadata"]["resourceVersion"] != version,
+        what="the patched node in the cache",
+    )
+    second = wait_for(
+        lambda: (s := observer.snapshot(now())).nodes[1].gpus_requested == 1 and s,
+        what="the new worker's GPU on b",
+    )
+    a, b = by_name(first.nodes), by_name(second.nodes)
+    assert b["a"] is a["a"]
+    assert b["b"] is not a["b"] and a["b"].gpus_requested == 0

@@ -33,7 +33,9 @@ TIMED = [
         scalers={"max_age": "6m"},
     ),
     policies(
-        windows=[{"name": "lunch", "schedule": "*/10 * * * *", "duration": "4m", "scale_out": False}],
+        windows=[
+            {"name": "lunch", "schedule": "*/10 * * * *", "duration": "4m", "scale_out": False}
+        ],
         cost={"budget_per_hour": 20},
     ),
     policies(on_demand={"min_on_demand": 1, "calm_after": "5m"}, scale_out={"min_idle": "1m"}),

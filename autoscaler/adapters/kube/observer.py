@@ -1,9 +1,10 @@
 """The cluster as one Snapshot for the core, built from the cache.
 
 What an object means is worked out once per object, not once per tick: pods through the pod
-index (only changed pods are read), nodes and scalers memoised by object identity, jobs rebuilt
-only when one of their inputs changed. What does not come with a cached object is read afresh on
-every snapshot: the board's notices, spot prices, which nodes are alive.
+index and nodes through the node table (only changed ones are read), scalers memoised by object
+identity, jobs rebuilt only when one of their inputs changed. What does not come with a cached
+object is read afresh on every snapshot: the board's notices and spot prices (a moved price
+prices every GPU node again).
 """
 
 from __future__ import annotations
@@ -21,16 +22,16 @@ from autoscaler.adapters.kube.cache import KubeCache
 from autoscaler.adapters.kube.jobs import build_job
 from autoscaler.adapters.kube.kinds import KINDS
 from autoscaler.adapters.kube.kinds.base import JobContext, JobInputs, JobKind
-from autoscaler.adapters.kube.nodes import NodeFacts, node_facts
+from autoscaler.adapters.kube.nodetable import NodeTable
 from autoscaler.adapters.kube.podindex import PodIndex
 from autoscaler.adapters.kube.progress import ProgressRates
 from autoscaler.adapters.kube.rejects import Rejections
-from autoscaler.adapters.kube.resources import NODES, PODS, Obj, Resource, key_of
+from autoscaler.adapters.kube.resources import PODS, Obj, Resource, key_of
 from autoscaler.adapters.kube.scalers import ScalerFacts, by_job, scaler_facts
 from autoscaler.boards import NoticeBoard, PriceBook
 from autoscaler.config import Prices
 from autoscaler.config.kubernetes import KubernetesSettings
-from autoscaler.core.model import CapacityType, GpuNode, Job, Notice, Scaler, Snapshot
+from autoscaler.core.model import CapacityType, Job, Scaler, Snapshot
 
 log = structlog.get_logger()
 T = TypeVar("T")
@@ -81,16 +82,13 @@ class KubeObserver:
         self._board = board
         self._price_book = price_book
         self._pods = PodIndex(cache, settings, rejects)
-        self._nodes = _Derived(
-            lambda obj: rejects.read("Node", obj, lambda o: node_facts(o, settings))
-        )
+        self._nodes = NodeTable(cache, settings, rejects)
         # the scaler objects of kinds that have them (et-operator's ScaleOut and ScaleIn)
         self._scalers = {
             r: _Derived(functools.partial(_read_scaler, rejects, r))
             for kind in KINDS
             for r in kind.helpers
         }
-        self._gpu_nodes: dict[str, tuple[NodeFacts, GpuNode]] = {}  # the last snapshot's
         self._built: _Built = {}  # the last snapshot's jobs
         self._warned: set[tuple[str, ...]] = set()
         # job -> hosts Horovod saw fail: a worker whose node died or went NotReady while it was
@@ -104,55 +102,21 @@ class KubeObserver:
         self._prices = prices
 
     def snapshot(self, now: datetime) -> Snapshot:
-        self._pods.refresh()
-        nodes, notices, alive, memory_per_gpu = self._read_nodes()
-        notices.extend(self._board.active(now))
-        jobs = self._jobs(memory_per_gpu)
+        held_changed = self._pods.refresh()
+        price = functools.cache(self._price)  # for this snapshot only: prices move
+        view = self._nodes.read(self._pods.held, held_changed, price)
+        notices = [*view.notices, *self._board.active(now)]
+        jobs = self._jobs(view.memory_per_gpu)
         for gone in self._failed.keys() - {j.key for j in jobs}:
             del self._failed[gone]  # the job finished or was deleted
+        alive = view.alive
         lost = self._pods.jobs_on(self._pods.nodes() - alive)
         jobs = [self._with_failures(j, alive, j.key in lost) for j in jobs]
         self._rates.forget_except({j.key for j in jobs})
         jobs = [self._rates.with_rate(j, now) for j in jobs]
-        return Snapshot(nodes=tuple(nodes), notices=tuple(notices), jobs=tuple(jobs))
+        return Snapshot(nodes=view.gpu_nodes, notices=tuple(notices), jobs=tuple(jobs))
 
-    def _read_nodes(self) -> tuple[list[GpuNode], list[Notice], set[str], float | None]:
-        """The GPU nodes, the nodes' notices, the Ready nodes, the smallest GiB per shared GPU."""
-        price = functools.cache(self._price)  # for this snapshot only: prices move
-        built: dict[str, tuple[NodeFacts, GpuNode]] = {}
-        nodes: list[GpuNode] = []
-        notices: list[Notice] = []
-        memory_per_gpu: list[float] = []
-        alive: set[str] = set()
-        for node in self._nodes(self._cache.items(NODES)):
-            if node is None:
-                continue  # malformed: rejected
-            if node.ready:
-                alive.add(node.name)
-            notices.extend(node.notices)
-            if node.bad_notice_annotation:
-                obj = self._cache.get(NODES, node.name)
-                if obj is not None:
-                    self._rejects.reject(
-                        "Node",
-                        obj,
-                        "bad_notice_annotation",
-                        "the spot-autoscaler.io/notice annotation is unreadable",
-                    )
-            if node.gpus.whole <= 0:
-                continue
-            requested, memory = self._pods.held(node.name)
-            if node.gpus.memory_per_gpu:
-                memory_per_gpu.append(node.gpus.memory_per_gpu)
-                requested += memory / node.gpus.memory_per_gpu
-            hourly = price(node.capacity_type, node.instance_type, node.zone, node.gpus.whole)
-            gpu_node = self._gpu_node(node, requested, hourly)
-            built[node.name] = (node, gpu_node)
-            nodes.append(gpu_node)
-        self._gpu_nodes = built
-        return nodes, notices, alive, min(memory_per_gpu, default=None)
-
-    def _with_failures(self, job: Job, alive: set[str], lost: bool) -> Job:
+    def _with_failures(self, job: Job, alive: frozenset[str], lost: bool) -> Job:
         """`lost`: the job has a pod on a node that is not alive, the only way to a new failure."""
         if lost:
             seen = self._failed[job.key]
@@ -166,29 +130,6 @@ class KubeObserver:
         spot = kind is CapacityType.SPOT
         price = self._price_book.spot_price(itype, zone) if spot else None
         return price if price is not None else self._prices.for_node(itype, spot, gpus)
-
-    def _gpu_node(self, node: NodeFacts, requested: float, price: float | None) -> GpuNode:
-        """The last snapshot's GpuNode if nothing in it changed: most never do between ticks."""
-        hit = self._gpu_nodes.get(node.name)
-        if (
-            hit is not None
-            and hit[0] is node
-            and hit[1].gpus_requested == requested
-            and hit[1].price_per_hour == price
-        ):
-            return hit[1]
-        return GpuNode(
-            name=node.name,
-            gpus_allocatable=node.gpus.whole,
-            gpus_requested=requested,
-            capacity_type=node.capacity_type,
-            price_per_hour=price,
-            schedulable=node.schedulable,
-            zone=node.zone,
-            instance_type=node.instance_type,
-            labels=node.labels,
-            shared_gpu=node.shared_gpu,
-        )
 
     def _jobs(self, memory_per_gpu: float | None) -> list[Job]:
         helpers = (r for kind in KINDS for r in kind.helpers)

@@ -38,8 +38,8 @@ class PodIndex:
         self._held: dict[str | None, tuple[float, float]] = {}  # (GPUs, GPU memory) per node
         self._workers: dict[JobKey, tuple[Worker, ...]] = {}  # the same tuple while unchanged
 
-    def refresh(self) -> None:
-        """Take in the pods changed since the last refresh."""
+    def refresh(self) -> set[str | None]:
+        """Take in the pods changed since the last refresh; the nodes whose GPUs held changed."""
         nodes: set[str | None] = set()
         jobs: set[JobKey] = set()
         for key in self._changes.take():
@@ -65,6 +65,7 @@ class PodIndex:
                 self._workers[job] = workers_of(pods.values())
             else:
                 self._workers.pop(job, None)
+        return nodes
 
     def _facts_of(self, pod: Obj) -> PodFacts:
         return pod_facts(pod, self._settings, _recognise)

@@ -302,16 +302,17 @@ def with_unseen(
     Watches are independent streams: after a cut pod watch, the ScaleOut can be seen finished
     while its pods are not, and a pass would scale out again, past max. A ScaleOut that finished
     at a resourceVersion newer than the pod view's counts its pods as (pending) workers."""
-    known = {w.pod for w in workers}
-    unseen = [
-        pod
+    ahead = [
+        f
         for f in scalers
         if f.kind is ScalerKind.SCALE_OUT
         and f.outcome == SUCCEEDED
         and f.resource_version > pods_seen
-        for pod in f.pods
-        if pod not in known
     ]
+    if not ahead:  # nearly always: no pod set is built for every job on every pass
+        return workers
+    known = {w.pod for w in workers}
+    unseen = [pod for f in ahead for pod in f.pods if pod not in known]
     if not unseen:
         return workers
     extra = (
