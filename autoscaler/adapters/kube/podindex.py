@@ -43,12 +43,14 @@ class PodIndex:
         nodes: set[str | None] = set()
         jobs: set[JobKey] = set()
         for key in self._changes.take():
+            pod = self._cache.get(PODS, key)
+            new = self._rejects.read("Pod", pod, self._facts_of) if pod is not None else None
+            if new is not None and new == self._facts.get(key):
+                continue  # a status update that changed nothing read here (most of them)
             if (old := self._facts.pop(key, None)) is not None:
                 nodes.add(_leave(self._on_node, old.node, key))
                 if (job := _job_of(old)) is not None:
                     jobs.add(_leave(self._of_job, job, key))
-            pod = self._cache.get(PODS, key)
-            new = self._rejects.read("Pod", pod, self._facts_of) if pod is not None else None
             if new is not None:
                 self._facts[key] = new
                 nodes.add(_join(self._on_node, new.node, key, new))
