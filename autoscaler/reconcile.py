@@ -18,6 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 from autoscaler.core import (
     Action,
     Decision,
+    GpuNode,
     Job,
     PassMemo,
     PolicySet,
@@ -81,6 +82,7 @@ class Reconciler:
         self.logger = logger
         self.on_decision = on_decision
         self.idle_since: dict[str, datetime] = {}
+        self._idle_of: tuple[GpuNode, ...] | None = None  # the nodes idle_since was tracked for
         self._last_noop: dict[str, tuple[str, tuple[str, ...]]] = {}  # job -> (reason, tags)
         self.errors = 0
         self.memo = PassMemo()
@@ -104,7 +106,9 @@ class Reconciler:
         answers the notice on the fast path and runs the pass again."""
         self.gave_way = False  # also when the snapshot fails: that pass counts as a pass
         snapshot = self.observer.snapshot(now)
-        self.idle_since = track_idle(self.idle_since, snapshot.nodes, now)
+        if snapshot.nodes is not self._idle_of:  # the same nodes: the same clocks, kept
+            self.idle_since = track_idle(self.idle_since, snapshot.nodes, now)
+            self._idle_of = snapshot.nodes
         self.gave_way = give_way()
         if not self.gave_way:
             decisions = self._decide(replace(snapshot, idle_since=self.idle_since), now)

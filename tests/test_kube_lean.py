@@ -25,7 +25,7 @@ from autoscaler.adapters.kube import KubeCache, KubeObserver
 from autoscaler.adapters.kube import cache as cache_module
 from autoscaler.adapters.kube.kinds.cce import AI_TRAINING_JOBS
 from autoscaler.adapters.kube.kinds.et_operator import SCALE_INS, SCALE_OUTS, TRAINING_JOBS
-from autoscaler.adapters.kube.lean import NODE_SHAPE, POD_SHAPE, project, trimmer
+from autoscaler.adapters.kube.lean import NODE_SHAPE, _Interner, project, trimmer
 from autoscaler.adapters.kube.nodes import instance_id, node_facts
 from autoscaler.adapters.kube.podindex import _recognise
 from autoscaler.adapters.kube.pods import pod_facts
@@ -450,7 +450,7 @@ def test_the_cache_holds_trimmed_copies_and_leaves_the_callers_object_alone() ->
     cache.assume(TRAINING_JOBS, job)
     assert [pod, job] == sent  # the actuator goes on using what the API returned
     held = cache.get(PODS, key_of(pod))
-    assert held == project(pod, POD_SHAPE)
+    assert held == trimmer(PODS)(pod)
     assert "managedFields" not in held["metadata"] and "env" not in held["spec"]["containers"][0]
     held_job = cache.get(TRAINING_JOBS, key_of(job))
     assert "managedFields" not in held_job["metadata"]
@@ -458,6 +458,32 @@ def test_the_cache_holds_trimmed_copies_and_leaves_the_callers_object_alone() ->
         **job,
         "metadata": {k: v for k, v in job["metadata"].items() if k != "managedFields"},
     }
+
+
+def test_workers_of_one_template_share_their_containers_and_owner() -> None:
+    """Shared parts are one object for all pods holding them equal (lean.Shared); container
+    statuses go when a Ready condition says since when the pod runs, and stay when not."""
+    trim = trimmer(PODS)
+    a, b = (trim(full_pod(f"bert-worker-{i}", "gpu-a", owner=et_owner("bert"))) for i in (1, 2))
+    assert a["spec"]["containers"] is b["spec"]["containers"]
+    assert a["metadata"]["ownerReferences"] is b["metadata"]["ownerReferences"]
+    assert a["metadata"] is not b["metadata"]
+    assert "containerStatuses" not in a["status"]
+    other = trim(full_pod("gpt-worker-1", "gpu-a", owner=et_owner("gpt")))
+    assert other["metadata"]["ownerReferences"] != a["metadata"]["ownerReferences"]
+    starting = trim(full_pod("bert-worker-3", "gpu-a", owner=et_owner("bert"), ready="False"))
+    assert starting["status"]["containerStatuses"]
+
+
+def test_shared_values_nobody_holds_are_dropped_when_the_table_has_doubled() -> None:
+    interner = _Interner()
+    held = [interner.one({"n": i}) for i in range(600)]
+    for i in range(600):
+        interner.one({"gone": i})  # held by nobody once returned
+    assert len(interner._table) < 1024  # the 1,024th value pruned the table
+    assert all(interner.one({"n": i}) is held[i] for i in range(600))
+    kept = interner.one({"v": 1})
+    assert type(interner.one({"v": 1.0})["v"]) is float and kept == {"v": 1}  # equal, not same
 
 
 def test_projection_keeps_absent_keys_absent_and_odd_types_whole() -> None:

@@ -10,7 +10,7 @@ it missing: add it here (tests/test_kube_lean.py checks that every reader sees t
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -27,9 +27,18 @@ class Where:
     shape: Shape
 
 
+@dataclass(frozen=True, slots=True)
+class Shared:
+    """A value with `shape` that many objects hold equal (a job's workers share their pod
+    template's containers and their owner): one object, held by all of them."""
+
+    shape: Shape
+
+
 # A shape: KEEP (the value whole), a dict of the keys to keep (each with its own shape), a
-# one-element list (every item of a list, with that shape), or a Where (some items of a list).
-Shape = bool | dict[str, "Shape"] | list["Shape"] | Where
+# one-element list (every item of a list, with that shape), a Where (some items of a list), or
+# a Shared shape.
+Shape = bool | dict[str, "Shape"] | list["Shape"] | Where | Shared
 KEEP: Final = True
 
 _CONDITION: Shape = {"type": KEEP, "status": KEEP, "lastTransitionTime": KEEP}
@@ -46,19 +55,20 @@ POD_SHAPE: Shape = {
         "deletionTimestamp": KEEP,
         "creationTimestamp": KEEP,
         "labels": KEEP,  # et-operator's worker labels, the replica index
-        "ownerReferences": [  # the controller: whose worker it is
-            {"apiVersion": KEEP, "kind": KEEP, "name": KEEP, "uid": KEEP, "controller": KEEP}
-        ],
+        "ownerReferences": Shared(  # the controller: whose worker it is
+            [{"apiVersion": KEEP, "kind": KEEP, "name": KEEP, "uid": KEEP, "controller": KEEP}]
+        ),
     },
     "spec": {  # the scheduler's view of the GPUs it holds (pods.effective_request)
         "nodeName": KEEP,
-        "containers": [{"name": KEEP, "resources": KEEP}],
-        "initContainers": [{"name": KEEP, "resources": KEEP, "restartPolicy": KEEP}],
-        "overhead": KEEP,
+        "containers": Shared([{"name": KEEP, "resources": KEEP}]),
+        "initContainers": Shared([{"name": KEEP, "resources": KEEP, "restartPolicy": KEEP}]),
+        "overhead": Shared(KEEP),
     },
     "status": {  # pods.pod_facts: phase and ready_since
         "phase": KEEP,
         "conditions": Where("type", frozenset({"Ready"}), _CONDITION),  # the only one read
+        # read only when no Ready condition says since when (trimmed then: _without_fallback)
         "containerStatuses": [{"name": KEEP, "state": {"running": {"startedAt": KEEP}}}],
     },
 }
@@ -78,7 +88,7 @@ NODE_SHAPE: Shape = {
     },
     "spec": {"providerID": KEEP, "unschedulable": KEEP, "taints": KEEP},
     # every condition: wakes.py's signature lists them all
-    "status": {"allocatable": KEEP, "conditions": [_CONDITION]},
+    "status": {"allocatable": Shared(KEEP), "conditions": [_CONDITION]},
 }
 
 
@@ -88,6 +98,8 @@ def project(value: Any, shape: Shape = KEEP) -> Any:
     timestamps. A value of another type than the shape expects is copied whole."""
     if isinstance(value, str):
         return sys.intern(value)
+    if isinstance(shape, Shared):
+        return _SHARED.one(project(value, shape.shape))
     if isinstance(value, dict):
         if isinstance(shape, dict):
             return {k: project(value[k], sub) for k, sub in shape.items() if k in value}
@@ -98,6 +110,41 @@ def project(value: Any, shape: Shape = KEEP) -> Any:
         item = shape[0] if isinstance(shape, list) else KEEP
         return [project(v, item) for v in value]
     return value
+
+
+class _Interner:
+    """One object per distinct value (JSON: dicts, lists, scalars), for values nobody changes:
+    the cache replaces an object, never edits one. Values no object holds any more are dropped
+    each time the table has doubled."""
+
+    def __init__(self) -> None:
+        self._table: dict[Hashable, Any] = {}
+        self._prune_at = 1024
+
+    def one(self, value: Any) -> Any:
+        key = _frozen(value)
+        kept = self._table.setdefault(key, value)  # atomic: the watch threads share this
+        if len(self._table) >= self._prune_at:
+            self._prune()
+        return kept
+
+    def _prune(self) -> None:
+        for key, value in list(self._table.items()):
+            # held by nobody else: the table, the listed item, `value`, getrefcount's argument
+            if sys.getrefcount(value) <= 4:
+                self._table.pop(key, None)
+        self._prune_at = max(1024, 2 * len(self._table))
+
+
+def _frozen(value: Any) -> Hashable:
+    if isinstance(value, dict):
+        return ("{", *((k, _frozen(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return ("[", *map(_frozen, value))
+    return (type(value).__name__, value)  # 1, 1.0 and True stay apart
+
+
+_SHARED = _Interner()
 
 
 def _matches(item: Any, where: Where) -> bool:
@@ -112,13 +159,31 @@ def _without_managed_fields(obj: Obj) -> Obj:
     return project(obj)
 
 
-_SHAPES: dict[Resource, Shape] = {PODS: POD_SHAPE, NODES: NODE_SHAPE}
+def _pod(obj: Obj) -> Obj:
+    return _without_fallback(project(obj, POD_SHAPE))
+
+
+def _without_fallback(pod: Obj) -> Obj:
+    """Container statuses only tell since when a pod runs when no Ready condition does
+    (pods._ready_since): most pods have one, and the statuses are 4 objects of each pod."""
+    status = pod.get("status")
+    if not isinstance(status, dict) or "containerStatuses" not in status:
+        return pod
+    ready = [c for c in status.get("conditions") or () if isinstance(c, dict)]
+    if not any(c.get("status") == "True" for c in ready):
+        return pod
+    status = {k: v for k, v in status.items() if k != "containerStatuses"}
+    return {**pod, "status": status}
+
+
+def _node(obj: Obj) -> Obj:
+    return project(obj, NODE_SHAPE)
+
+
+_TRIMMERS: dict[Resource, Callable[[Obj], Obj]] = {PODS: _pod, NODES: _node}
 
 
 def trimmer(resource: Resource) -> Callable[[Obj], Obj]:
     """The transform the cache applies to every object of `resource` it takes in. It returns a
     new dict and never changes its argument (callers go on using what the API returned)."""
-    shape = _SHAPES.get(resource)
-    if shape is None:
-        return _without_managed_fields
-    return lambda obj: project(obj, shape)
+    return _TRIMMERS.get(resource, _without_managed_fields)

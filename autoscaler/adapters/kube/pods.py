@@ -94,6 +94,10 @@ def _index(name: str, labels: dict[str, str]) -> int:
     return int(value) if value.isdigit() else 0
 
 
+# One float object per GPU count (a float is 24 bytes, two per pod; the counts are a handful).
+_SHARED_FLOATS: dict[float, float] = {}
+
+
 def pod_facts(pod: Obj, settings: KubernetesSettings, recognise: Recognise) -> PodFacts:
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
@@ -106,8 +110,8 @@ def pod_facts(pod: Obj, settings: KubernetesSettings, recognise: Recognise) -> P
         name=name,
         node=spec.get("nodeName") or None,
         phase=str((pod.get("status") or {}).get("phase", "Pending")),
-        gpus=gpus,
-        gpu_memory=memory,
+        gpus=_SHARED_FLOATS.setdefault(gpus, gpus),
+        gpu_memory=_SHARED_FLOATS.setdefault(memory, memory),
         job=sys.intern(f"{namespace}/{worker[1]}") if worker else None,  # one string per job
         backend=worker[0] if worker else None,
         index=_index(name, labels),
