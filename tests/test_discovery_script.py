@@ -438,11 +438,15 @@ def rewriter(edl: Overlay, request: pytest.FixtureRequest) -> Iterator[None]:
 @pytest.mark.parametrize("rewriter", ["single", "lines"], indirect=True)
 def test_in_place_rewrites_never_reach_horovod_torn(edl: Overlay, rewriter: None) -> None:
     """Every output is one of the two full views (the previous good view is one of them too)."""
-    calls = 600
-    outputs = [edl.discover() for _ in range(calls)]
+    outputs: list[str] = []
+    deadline = time.monotonic() + 60  # on a busy machine a rewrite may take a while to land
+    while len(outputs) < 600 or not {VIEW_A, VIEW_B} <= set(outputs):
+        outputs.append(edl.discover())
+        if time.monotonic() > deadline:
+            break
     torn = [o for o in outputs if o not in (VIEW_A, VIEW_B)]
     print(
-        f"\ntorn outputs: {len(torn)} of {calls} (A {outputs.count(VIEW_A)},"
+        f"\ntorn outputs: {len(torn)} of {len(outputs)} (A {outputs.count(VIEW_A)},"
         f" B {outputs.count(VIEW_B)})"
     )
     assert torn == []
