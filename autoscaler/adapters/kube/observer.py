@@ -21,7 +21,7 @@ import structlog
 from autoscaler.adapters.kube.cache import KubeCache
 from autoscaler.adapters.kube.jobs import build_job
 from autoscaler.adapters.kube.kinds import KINDS
-from autoscaler.adapters.kube.kinds.base import JobContext, JobInputs, JobKind
+from autoscaler.adapters.kube.kinds.base import JobContext, JobKind
 from autoscaler.adapters.kube.nodetable import NodeTable
 from autoscaler.adapters.kube.podindex import PodIndex
 from autoscaler.adapters.kube.progress import ProgressRates
@@ -35,8 +35,9 @@ from autoscaler.core.model import CapacityType, Job, Scaler, Snapshot
 
 log = structlog.get_logger()
 T = TypeVar("T")
-# by job key and kind: what the job was built from (its object, inputs, GiB per GPU), the job
-_Built = dict[tuple[str, str], tuple[tuple[Obj, JobInputs, float | None], Job]]
+# by job key and kind: what the job was built from (its object, workers, scaler facts, which of
+# them are ahead of the pod view, GiB per GPU), and the job
+_Built = dict[tuple[str, str], tuple[tuple[object, ...], Job]]
 
 
 class _Derived(Generic[T]):
@@ -143,7 +144,7 @@ class KubeObserver:
             ctx = JobContext(workers, scalers, pods_seen, self._newest)
 
             def build(obj: Obj, kind: JobKind = kind, ctx: JobContext = ctx) -> Job:
-                return self._job(built, kind, obj, kind.inputs(obj, ctx), memory_per_gpu)
+                return self._job(built, kind, obj, ctx, memory_per_gpu)
 
             for obj in self._cache.items(kind.jobs):
                 if kind.phase(obj) in kind.finished:
@@ -158,18 +159,22 @@ class KubeObserver:
         built: _Built,
         kind: JobKind,
         obj: Obj,
-        inputs: JobInputs,
+        ctx: JobContext,
         memory_per_gpu: float | None,
     ) -> Job:
-        """The job built from its object and inputs; the last snapshot's if they were equal (the
-        same objects, mostly: equality stops at identity)."""
-        key = (key_of(obj), kind.backend)
-        hit = self._built.get(key)
-        if hit is not None and hit[0] == (obj, inputs, memory_per_gpu):
+        """The job built from its object and what JobContext gives its kind; the last snapshot's
+        while those are the same (equality stops at identity: mostly the very same objects).
+        On the notice path too: building every job's inputs was half of a snapshot."""
+        key = key_of(obj)
+        facts = tuple(ctx.scalers.get(key, ()))
+        ahead = tuple(f.resource_version > ctx.pods_seen for f in facts)
+        made_of = (obj, ctx.workers(key), facts, ahead, memory_per_gpu)
+        hit = self._built.get((key, kind.backend))
+        if hit is not None and hit[0] == made_of:
             job = hit[1]
         else:
-            job = build_job(obj, kind, inputs, self._settings, memory_per_gpu)
-        built[key] = ((obj, inputs, memory_per_gpu), job)
+            job = build_job(obj, kind, kind.inputs(obj, ctx), self._settings, memory_per_gpu)
+        built[(key, kind.backend)] = (made_of, job)
         return job
 
     def _newest(self, job: str, in_flight: tuple[ScalerFacts, ...]) -> Scaler | None:

@@ -57,7 +57,9 @@ class JobContext:
 
     workers: Callable[[str], tuple[Worker, ...]]  # job key -> its worker pods (this kind's)
     scalers: Mapping[str, list[ScalerFacts]]  # job key -> scaler objects naming it
-    pods_seen: int  # the resourceVersion the pod view is complete up to
+    # the resourceVersion the pod view is complete up to; compared with scaler facts' only (the
+    # observer reuses a job while the workers, the facts and those comparisons are the same)
+    pods_seen: int
     newest: Callable[[str, tuple[ScalerFacts, ...]], Scaler | None]  # the one to report
 
 
