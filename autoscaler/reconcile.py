@@ -39,6 +39,14 @@ _APPLY_ORDER = {
 }
 
 
+# What a pass may write while a notice waits: the departures (a full pass makes them too).
+_ANSWERS_NOTICES = frozenset({Action.DRAIN, Action.CANCEL, Action.SCALE_IN})
+
+
+def _never() -> bool:
+    return False
+
+
 _KEEP_WRITES = 5  # standing-object writes per pass: ~5-20 ms each on a real API server
 CHECK_EVERY = 30  # passes: one in so many also decides without the memo and compares
 
@@ -100,10 +108,11 @@ class Reconciler:
             else None
         )
 
-    def tick(self, now: datetime, give_way: Callable[[], bool] = lambda: False) -> list[Decision]:
-        """One full pass. `give_way()` is asked before deciding and before acting: True (a notice
-        is waiting) ends the pass there with nothing applied and `gave_way` set; the caller
-        answers the notice on the fast path and runs the pass again."""
+    def tick(self, now: datetime, give_way: Callable[[], bool] = _never) -> list[Decision]:
+        """One full pass. `give_way()` is asked before deciding, before acting and before each
+        write that answers no notice (growth, alerts, standing objects): True (a notice is
+        waiting) ends the pass there with `gave_way` set and the rest not applied (nor logged);
+        the caller answers the notice on the fast path and runs the pass again."""
         self.gave_way = False  # also when the snapshot fails: that pass counts as a pass
         snapshot = self.observer.snapshot(now)
         if snapshot.nodes is not self._idle_of:  # the same nodes: the same clocks, kept
@@ -113,11 +122,14 @@ class Reconciler:
         if not self.gave_way:
             decisions = self._decide(replace(snapshot, idle_since=self.idle_since), now)
             self.gave_way = give_way()
-        if self.gave_way:
+        if self.gave_way or not self._act(decisions, now, give_way):
+            self.gave_way = True
             return []
-        self._act(decisions, now)
         self._managed = [j for j in snapshot.jobs if self.policies.for_job(j) is not None]
-        self._keep(self._managed, now)
+        if give_way():
+            self.kept = False  # left for keep_more, once no notice waits
+        else:
+            self._keep(self._managed, now)
         return decisions
 
     def _decide(self, snapshot: Snapshot, now: datetime) -> list[Decision]:
@@ -150,15 +162,21 @@ class Reconciler:
         self._act(urgent, now)
         return urgent
 
-    def _act(self, decisions: list[Decision], now: datetime) -> None:
-        """Log and apply: every action, and the noops a person must hear of once per episode."""
+    def _act(
+        self, decisions: list[Decision], now: datetime, give_way: Callable[[], bool] = _never
+    ) -> bool:
+        """Log and apply: every action, and the noops a person must hear of once per episode.
+        False when it stopped for a waiting notice before a write that answers none (growth,
+        an alert): those are neither applied nor logged, and the next pass decides them again."""
         to_apply: list[Decision] = []
         for decision in decisions:
-            logged = self._worth_logging(decision)
-            if logged:
-                log_decision(self.logger, decision, now=now, dry_run=self.actuator.dry_run)
-            if decision.action is not Action.NOOP or (logged and decision.reason.info.alert):
+            if decision.action is not Action.NOOP:
                 to_apply.append(decision)
+            elif decision.reason.info.alert:  # logged when its Event goes out
+                if self._worth_logging(decision, record=False):
+                    to_apply.append(decision)
+            elif self._worth_logging(decision):
+                self._log(decision, now)
             if self.on_decision is not None:
                 self.on_decision(decision)
         # Every job's drain before any scaler: a drain is what races the node's death, and it
@@ -167,10 +185,23 @@ class Reconciler:
         drains = [d for d in ordered if d.action is Action.DRAIN]
         done: list[bool] = []
         if self._drain_pool is not None and len(drains) > 1:
-            done += self._drain_pool.map(lambda d: self._apply(d, now), drains)
+            done += self._drain_pool.map(lambda d: self._log_and_apply(d, now), drains)
             ordered = ordered[len(drains) :]
-        done += (self._apply(decision, now) for decision in ordered)
+        for decision in ordered:
+            if decision.action not in _ANSWERS_NOTICES and give_way():
+                self.errors += done.count(False)
+                return False
+            done.append(self._log_and_apply(decision, now))
         self.errors += done.count(False)
+        return True
+
+    def _log_and_apply(self, decision: Decision, now: datetime) -> bool:
+        self._worth_logging(decision)  # an action ends its job's noop episode
+        self._log(decision, now)
+        return self._apply(decision, now)
+
+    def _log(self, decision: Decision, now: datetime) -> None:
+        log_decision(self.logger, decision, now=now, dry_run=self.actuator.dry_run)
 
     def keep_more(self, now: datetime) -> bool:
         """A few more standing-object writes for the jobs of the last pass; True when done."""
@@ -203,13 +234,16 @@ class Reconciler:
             )
             return False
 
-    def _worth_logging(self, decision: Decision) -> bool:
-        """Log every action; log a noop only when its reason for that job changes."""
+    def _worth_logging(self, decision: Decision, record: bool = True) -> bool:
+        """Log every action; log a noop only when its reason for that job changes (`record`:
+        remember that it was logged)."""
         if decision.action is not Action.NOOP:
-            self._last_noop.pop(decision.job, None)
+            if record:
+                self._last_noop.pop(decision.job, None)
             return True
         key = (decision.reason.value, tuple(t.value for t in decision.tags))
         if self._last_noop.get(decision.job) == key:
             return False
-        self._last_noop[decision.job] = key
+        if record:
+            self._last_noop[decision.job] = key
         return True

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 from datetime import datetime
 
-from core_fixtures import NOW, job, node, notice, snapshot
+from core_fixtures import NOW, job, node, notice, policies, snapshot
 
 from autoscaler.core import Action, Decision, PolicySet, Snapshot
 from autoscaler.logs import file_logger
@@ -52,3 +52,20 @@ def test_one_jobs_failure_does_not_stop_the_others() -> None:
     reconciler.tick(NOW)
     assert world.applied == [("ml/b", Action.DRAIN), ("ml/b", Action.SCALE_IN)]
     assert reconciler.errors == 2 and out.getvalue().count('"actuation_failed"') == 2
+
+
+def test_a_notice_waiting_after_deciding_stops_growth_not_departures() -> None:
+    """A pass writes the departures it decided, then gives way before a scale-out (which is
+    neither applied nor logged); the next pass grows."""
+    jobs = [job("a", placement=["n1", "n2"]), job("b", placement=["n2"])]
+    world = FixedWorld(snapshot([node("n1"), node("n2", used=3)], jobs, [notice("n1")]))
+    out = io.StringIO()
+    grow_now = policies(scale_out={"min_idle": "0s"})
+    reconciler = Reconciler(world, world, grow_now, file_logger(out))
+    asked = iter([False, False])  # before deciding, before acting; then a notice waits
+    assert reconciler.tick(NOW, give_way=lambda: next(asked, True)) == []
+    assert reconciler.gave_way
+    assert world.applied == [("ml/a", Action.DRAIN), ("ml/a", Action.SCALE_IN)]
+    assert '"scale_out"' not in out.getvalue()
+    reconciler.tick(NOW)
+    assert ("ml/b", Action.SCALE_OUT) in world.applied and '"scale_out"' in out.getvalue()
