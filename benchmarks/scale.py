@@ -85,6 +85,10 @@ def layout(nodes: int, jobs: int) -> tuple[list[NodeRow], list[list[tuple[str, i
     return out, placed
 
 
+def pods(nodes: int) -> int:
+    return nodes * PODS_PER_NODE
+
+
 def core_snapshot(nodes: int, jobs: int) -> Snapshot:
     node_rows, placed = layout(nodes, jobs)
     gpu_nodes = tuple(
@@ -444,7 +448,7 @@ def measure(nodes: int, jobs: int, repeat: int, kube: bool) -> dict[str, Any]:
     out: dict[str, Any] = {
         "nodes": nodes,
         "jobs": jobs,
-        "pods": nodes * PODS_PER_NODE,
+        "pods": pods(nodes),
         "rss_baseline_mb": round(current_rss_mb(), 1),
     }
     snapshot = core_snapshot(nodes, jobs)
@@ -484,7 +488,11 @@ def measure_kube(nodes: int, jobs: int, repeat: int, config: Any, out: dict[str,
     kinds = {r.kind: r for r in (NODES, PODS, TRAINING_JOBS)}
     cache = KubeCache(client.ApiClient(), config.kubernetes)  # never started: no HTTP
     sizes = []
+    rss_at: dict[str, float] = {}  # the RSS when the first object of a kind came
     for n, obj in enumerate(raw_objects(nodes, jobs)):
+        if obj["kind"] not in rss_at:  # nodes, then pods, then jobs
+            gc.collect()
+            rss_at[obj["kind"]] = current_rss_mb()
         text = json.dumps(obj)
         if obj["kind"] == "Pod" and n % (PODS_PER_NODE * nodes // 200) == 0:
             sizes.append(len(text))
@@ -497,11 +505,18 @@ def measure_kube(nodes: int, jobs: int, repeat: int, config: Any, out: dict[str,
     reconciler = Reconciler(observer, DryRunActuator(), config.policy_set, structlog.get_logger())
     ticks = iter(NOW + timedelta(minutes=2 * k) for k in range(10**6))  # idle clocks settle
     cold = cpu_and_wall(lambda: observer.snapshot(NOW), 1)
+    gc.collect()
+    observer_mb = current_rss_mb() - before - cache_mb
     warm = cpu_and_wall(lambda: observer.snapshot(NOW), repeat)
     reconciler.tick(next(ticks))  # first tick: starts the idle clocks
+    mib = 2**20
     out["kube"] = {
         "pod_json_bytes": int(statistics.median(sizes)),
         "cache_rss_mb": round(cache_mb, 1),
+        # resident bytes per object in the cache, and of what the observer derives per pod
+        "cache_bytes_per_node": round((rss_at["Pod"] - rss_at["Node"]) * mib / nodes),
+        "cache_bytes_per_pod": round((rss_at["TrainingJob"] - rss_at["Pod"]) * mib / pods(nodes)),
+        "observer_bytes_per_pod": round(observer_mb * mib / pods(nodes)),
         "snapshot_cold": cold,
         "snapshot_warm": warm,
         "tick": cpu_and_wall(lambda: reconciler.tick(next(ticks)), repeat),
@@ -567,7 +582,7 @@ def measure_api(nodes: int, jobs: int, window: float, watch_timeout: float) -> d
             cache.stop()
     return {
         "nodes": nodes,
-        "pods": nodes * PODS_PER_NODE,
+        "pods": pods(nodes),
         "initial_sync_s": round(synced, 1),
         "initial_requests": initial,
         "window_s": round(elapsed, 1),
@@ -592,8 +607,9 @@ def run_child(args: list[str]) -> dict[str, Any]:
 def table(results: list[dict[str, Any]]) -> str:
     lines = [
         "| nodes | jobs | pods | decide ms | snapshot cold ms | snapshot warm ms | tick ms "
-        "| tick, 1% changed ms | cache RSS MB | peak RSS MB | tick alloc peak MB |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| tick, 1% changed ms | cache RSS MB | cache B/node | cache B/pod | observer B/pod "
+        "| peak RSS MB | tick alloc peak MB |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         k = r.get("kube") or {}
@@ -603,6 +619,9 @@ def table(results: list[dict[str, Any]]) -> str:
             k.get("tick", {}).get("cpu_ms"),
             k.get("tick_churn", {}).get("cpu_ms"),
             k.get("cache_rss_mb"),
+            k.get("cache_bytes_per_node"),
+            k.get("cache_bytes_per_pod"),
+            k.get("observer_bytes_per_pod"),
             r["rss_peak_mb"],
             k.get("tick", {}).get("alloc_peak_mb"),
         ]
