@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from autoscaler.core.capacity import CapacityPool, Claim, fill, grant_of
 from autoscaler.core.deadline import needs_fleet, on_demand
 from autoscaler.core.departures import Departures, plan_departures, scaler_block
-from autoscaler.core.memo import Forgetful, PassMemo
+from autoscaler.core.memo import PassMemo
 from autoscaler.core.model import (
     Action,
     Decision,
@@ -48,7 +48,7 @@ class _Plan:
 def decide(
     snapshot: Snapshot, policies: PolicySet, now: datetime, memo: PassMemo | None = None
 ) -> list[Decision]:
-    memo = memo if memo is not None else Forgetful()
+    memo = memo if memo is not None else PassMemo(keep=False)
     memo.begin(policies, now)
     nodes = {n.name: n for n in snapshot.nodes}
     noticed = frozenset(n.node for n in snapshot.notices)
@@ -81,7 +81,7 @@ def decide_departures(
     nodes = {n.name: n for n in snapshot.nodes}
     chosen = replace(snapshot, jobs=tuple(j for j in snapshot.jobs if j.key in keys))
     noticed = frozenset(n.node for n in snapshot.notices)
-    plans = _plan_jobs(chosen, policies, nodes, noticed, now, Forgetful())
+    plans = _plan_jobs(chosen, policies, nodes, noticed, now, PassMemo(keep=False))
     return [d for plan in plans for d in plan.departures.decisions]
 
 

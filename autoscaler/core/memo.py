@@ -48,7 +48,8 @@ class _Kept(Generic[P]):
 class PassMemo:
     """Plans and growth decisions of the last pass (see the module's docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: bool = True) -> None:
+        self._keep = keep  # False: plan everything anew every pass (a pass without a memo)
         self._policies: PolicySet | None = None
         self._now: datetime | None = None
         self._effective: dict[str, Policy] = {}
@@ -88,6 +89,9 @@ class PassMemo:
         until: Callable[[], datetime | None],
     ) -> P:
         """`job`'s plan: the last pass's if made from the same inputs and still valid at `now`."""
+        if not self._keep:
+            self.replanned += 1
+            return make()
         kept = self._last.get(job.key)
         if kept is not None and kept.valid_at(now):
             old_job, old_policy, places, old_nodes, old_risk = kept.inputs
@@ -120,6 +124,9 @@ class PassMemo:
     ) -> Growth:
         """The growth decisions: the last pass's if made from the same inputs and still valid.
         `inputs` = (plans, nodes, jobs, idle clocks, noticed nodes); plans compare by identity."""
+        if not self._keep:
+            self.regrown = True
+            return make()[0]
         kept = self._growth
         if kept is not None and kept.valid_at(now) and _same_growth_inputs(kept.inputs, inputs):
             return kept.value
@@ -148,30 +155,3 @@ def _same_growth_inputs(old: tuple[Any, ...], new: tuple[Any, ...]) -> bool:
         and all(map(operator.is_, old_plans, new_plans))
         and old_rest == new_rest
     )
-
-
-class Forgetful(PassMemo):
-    """No memo: every pass plans everything anew (and keeps nothing)."""
-
-    def plan(
-        self,
-        job: Job,
-        policy: Policy,
-        nodes: Mapping[str, GpuNode],
-        noticed: frozenset[str],
-        risk: NodeRisk,
-        now: datetime,
-        make: Callable[[], P],
-        until: Callable[[], datetime | None],
-    ) -> P:
-        self.replanned += 1
-        return make()
-
-    def growth(
-        self,
-        inputs: tuple[Any, ...],
-        now: datetime,
-        make: Callable[[], tuple[Growth, datetime | None]],
-    ) -> Growth:
-        self.regrown = True
-        return make()[0]
