@@ -13,7 +13,9 @@ by 8: the tick drains, scales in and shares idle GPUs between all jobs (the expe
   watch event is, fed one by one into the adapter's watch cache without any HTTP; then
   `Reconciler.tick`: `KubeObserver.snapshot` + idle tracking + `decide` + decision logging, with
   a dry-run actuator. Cold = first snapshot, warm = later ones with nothing changed; "1% changed"
-  = a tick after every 100th node and pod was replaced by a new version of itself. A tick's
+  = a tick after every 100th node and pod was replaced by a new version of itself (equal in
+  all we read: a status heartbeat); "1% restarted" = every 101st (a stride that spreads them over
+  the jobs), and those pods' Ready time moved: their jobs change and are planned again. A tick's
   `decide` reuses the last pass's plans where nothing changed (core/memo.py; `jobs_replanned` in
   the JSON); the `decide` row, without a memo, is what a pass pays when everything changed.
 - `--api`: the cache against the test API emulator (tests/support/kube_api.py): API requests per
@@ -526,12 +528,17 @@ def measure_kube(nodes: int, jobs: int, repeat: int, config: Any, out: dict[str,
         lambda: reconciler.tick(next(ticks)), repeat, churn(cache)
     )
     out["kube"]["tick_churn"]["jobs_replanned"] = reconciler.memo.replanned
+    out["kube"]["tick_restarts"] = cpu_and_wall(
+        lambda: reconciler.tick(next(ticks)), repeat, churn(cache, every=101, restart=True)
+    )
+    out["kube"]["tick_restarts"]["jobs_replanned"] = reconciler.memo.replanned
     return reconciler
 
 
-def churn(cache: Any, every: int = 100) -> Callable[[], None]:
+def churn(cache: Any, every: int = 100, restart: bool = False) -> Callable[[], None]:
     """Every `every`-th node and pod replaced by a new version of itself, as watch events
-    deliver them (a status update): the objects the snapshot must read again."""
+    deliver them (a status update): the objects the snapshot must read again. `restart`: the
+    pods' Ready condition moves too (a container restarted), so their jobs change."""
     from autoscaler.adapters.kube.resources import NODES, PODS
 
     versions = itertools.count(2)
@@ -539,8 +546,14 @@ def churn(cache: Any, every: int = 100) -> Callable[[], None]:
     def replace() -> None:
         for kind in (NODES, PODS):
             for obj in cache.items(kind)[::every]:
-                meta = {**obj["metadata"], "resourceVersion": str(next(versions))}
-                cache.assume(kind, {**obj, "metadata": meta})
+                version = next(versions)
+                meta = {**obj["metadata"], "resourceVersion": str(version)}
+                new = {**obj, "metadata": meta}
+                if restart and kind is PODS:
+                    ready = (NOW + timedelta(seconds=version)).isoformat().replace("+00:00", "Z")
+                    condition = {"type": "Ready", "status": "True", "lastTransitionTime": ready}
+                    new["status"] = {**obj["status"], "conditions": [condition]}
+                cache.assume(kind, new)
 
     return replace
 
@@ -607,9 +620,10 @@ def run_child(args: list[str]) -> dict[str, Any]:
 def table(results: list[dict[str, Any]]) -> str:
     lines = [
         "| nodes | jobs | pods | decide ms | snapshot cold ms | snapshot warm ms | tick ms "
-        "| tick, 1% changed ms | cache RSS MB | cache B/node | cache B/pod | observer B/pod "
+        "| tick, 1% changed ms | 1% restarted ms | cache RSS MB | cache B/node | cache B/pod "
+        "| observer B/pod "
         "| peak RSS MB | tick alloc peak MB |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         k = r.get("kube") or {}
@@ -618,6 +632,7 @@ def table(results: list[dict[str, Any]]) -> str:
             k.get("snapshot_warm", {}).get("cpu_ms"),
             k.get("tick", {}).get("cpu_ms"),
             k.get("tick_churn", {}).get("cpu_ms"),
+            k.get("tick_restarts", {}).get("cpu_ms"),
             k.get("cache_rss_mb"),
             k.get("cache_bytes_per_node"),
             k.get("cache_bytes_per_pod"),
