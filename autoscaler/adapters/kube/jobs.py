@@ -43,21 +43,22 @@ def gpus_per_worker(
     return float(slots) if isinstance(slots, int | float) and slots > 0 else 1.0
 
 
-def workers_of(pods: Iterable[PodFacts]) -> tuple[Worker, ...]:
-    """A job's worker pods as the core's Workers, by replica index."""
-    ordered = sorted(pods, key=lambda p: (p.index, p.name))
-    return tuple(
-        Worker(
-            pod=p.name,
-            node=p.node,
-            host=p.name,
-            index=p.index,
-            pending=p.phase != "Running",
-            ready_since=p.ready_since,
-            terminating=p.terminating,
-        )
-        for p in ordered
+def worker_of(pod: PodFacts) -> Worker:
+    """A worker pod as the core's Worker: made once per version of the pod (pod index)."""
+    return Worker(
+        pod=pod.name,
+        node=pod.node,
+        host=pod.name,
+        index=pod.index,
+        pending=pod.phase != "Running",
+        ready_since=pod.ready_since,
+        terminating=pod.terminating,
     )
+
+
+def by_index(workers: Iterable[Worker]) -> tuple[Worker, ...]:
+    """A job's workers by replica index."""
+    return tuple(sorted(workers, key=lambda w: (w.index, w.pod)))
 
 
 def build_job(

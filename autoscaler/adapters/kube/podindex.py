@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import TypeVar
 
 from autoscaler.adapters.kube.cache import KubeCache
-from autoscaler.adapters.kube.jobs import workers_of
+from autoscaler.adapters.kube.jobs import by_index, worker_of
 from autoscaler.adapters.kube.kinds import recognise
 from autoscaler.adapters.kube.pods import PodFacts, pod_facts
 from autoscaler.adapters.kube.rejects import Rejections
@@ -22,6 +22,7 @@ from autoscaler.core.model import Worker
 
 JobKey = tuple[str, str]  # `ns/name` of the job, and the kind (backend) whose workers these are
 K = TypeVar("K")
+V = TypeVar("V")
 _NOTHING = (0.0, 0.0)
 
 
@@ -34,7 +35,7 @@ class PodIndex:
         self._facts: dict[str, PodFacts] = {}  # by pod key
         # pod key -> facts, per node (None: not bound) and per job
         self._on_node: dict[str | None, dict[str, PodFacts]] = {}
-        self._of_job: dict[JobKey, dict[str, PodFacts]] = {}
+        self._of_job: dict[JobKey, dict[str, Worker]] = {}  # a Worker per pod version
         self._held: dict[str | None, tuple[float, float]] = {}  # (GPUs, GPU memory) per node
         self._workers: dict[JobKey, tuple[Worker, ...]] = {}  # the same tuple while unchanged
 
@@ -55,7 +56,7 @@ class PodIndex:
                 self._facts[key] = new
                 nodes.add(_join(self._on_node, new.node, key, new))
                 if (job := _job_of(new)) is not None:
-                    jobs.add(_join(self._of_job, job, key, new))
+                    jobs.add(_join(self._of_job, job, key, worker_of(new)))
         for node in nodes:
             if pods := self._on_node.get(node):
                 gpus = sum(p.gpus for p in pods.values())
@@ -63,8 +64,8 @@ class PodIndex:
             else:
                 self._held.pop(node, None)
         for job in jobs:
-            if pods := self._of_job.get(job):
-                self._workers[job] = workers_of(pods.values())
+            if workers := self._of_job.get(job):
+                self._workers[job] = by_index(workers.values())
             else:
                 self._workers.pop(job, None)
         return nodes
@@ -100,12 +101,12 @@ def _job_of(facts: PodFacts) -> JobKey | None:
     return facts.job, facts.backend
 
 
-def _join(groups: dict[K, dict[str, PodFacts]], group: K, key: str, facts: PodFacts) -> K:
-    groups.setdefault(group, {})[key] = facts
+def _join(groups: dict[K, dict[str, V]], group: K, key: str, member: V) -> K:
+    groups.setdefault(group, {})[key] = member
     return group
 
 
-def _leave(groups: dict[K, dict[str, PodFacts]], group: K, key: str) -> K:
+def _leave(groups: dict[K, dict[str, V]], group: K, key: str) -> K:
     members = groups[group]
     del members[key]
     if not members:
