@@ -4,7 +4,7 @@ Level-triggered: everything the core needs is rebuilt from the observer each pas
 `min_idle` clocks (restart-safe: they only restart). Actuator errors are logged per decision and
 never end the loop; the next pass sees the world again and retries what is still needed.
 The core reuses the last pass's plans where nothing changed (core/memo.py); every
-`check_every`-th pass decides once more without them and compares: the memo's safety net.
+CHECK_EVERY-th pass decides once more without them and compares: the memo's safety net.
 """
 
 from __future__ import annotations
@@ -82,7 +82,6 @@ class Reconciler:
         logger: Any,
         on_decision: Callable[[Decision], None] | None = None,
         drain_workers: int = 1,
-        check_every: int = CHECK_EVERY,
     ) -> None:
         self.observer = observer
         self.actuator = actuator
@@ -95,7 +94,6 @@ class Reconciler:
         self.errors = 0
         self.memo = PassMemo()
         self.memo_mismatches = 0  # passes whose memo disagreed with a full decide (a bug)
-        self._check_every = check_every
         self._passes = 0
         self.gave_way = False  # the last tick stopped for a waiting notice (see tick)
         self.kept = True  # False: standing objects are left over (keep_more, or the next pass)
@@ -133,12 +131,12 @@ class Reconciler:
         return decisions
 
     def _decide(self, snapshot: Snapshot, now: datetime) -> list[Decision]:
-        """`decide` with the memo; on every `check_every`-th pass also without it: when the two
+        """`decide` with the memo; on every CHECK_EVERY-th pass also without it: when the two
         differ, the memo missed an input (a bug): logged, counted, forgotten, and the full
         pass's decisions are the ones acted on."""
         decisions = decide(snapshot, self.policies, now, self.memo)
         self._passes += 1
-        if self._passes % self._check_every:
+        if self._passes % CHECK_EVERY:
             return decisions
         full = decide(snapshot, self.policies, now)
         if full != decisions:

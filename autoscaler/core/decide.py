@@ -44,6 +44,11 @@ class _Plan:
     holds: bool = False  # below min, waiting for its own scaler: room is kept for its refill
     note: str = ""  # says more than the blocking reason's own message
 
+    def claim(self) -> Claim:
+        """A fresh claim on idle GPUs from its staying workers up to its ceiling (a pass's
+        sharing changes it; the plan itself is reused)."""
+        return Claim(self.job, self.policy, self.staying, self.ceiling, self.spend)
+
 
 def decide(
     snapshot: Snapshot, policies: PolicySet, now: datetime, memo: PassMemo | None = None
@@ -240,12 +245,8 @@ def _idle_capacity(
 def _share(pool: CapacityPool, plans: list[_Plan], now: datetime) -> dict[str, Claim]:
     """Fill the claims from the pool: refills to min first (no cooldown, no settled idle
     capacity needed), then growth to max for jobs not cooling down. The claims, by job."""
-    claims = {
-        p.job.key: Claim(p.job, p.policy, p.staying, p.ceiling, p.spend)
-        for p in plans
-        if p.blocked is None
-    }
-    held = [Claim(p.job, p.policy, p.staying, p.ceiling, p.spend) for p in plans if p.holds]
+    claims = {p.job.key: p.claim() for p in plans if p.blocked is None}
+    held = [p.claim() for p in plans if p.holds]
     refills = [c for c in claims.values() if c.current < c.policy.bounds(c.job)[0]] + held
     for c in refills:
         c.target, c.skip_min_idle = min(_refill_target(c), c.target), True

@@ -63,16 +63,16 @@ class NodeTable:
         if any(k in self._prices and self._prices[k] != v for k, v in prices.items()):
             dirty |= self._gpu.keys()  # a spot price moved, or a config reload: every GPU node
         self._prices = prices
-        replaced = [self._refresh(name, held, prices) for name in sorted(dirty)]
-        if self._view is None or changed or any(replaced):
-            self._view = NodeView(
-                gpu_nodes=tuple(self._gpu.values())
-                if self._view is None or any(replaced)
-                else self._view.gpu_nodes,
-                notices=[n for ns in self._notices.values() for n in ns],
-                alive=self._alive,
-                memory_per_gpu=min(self._memory.values(), default=None),
-            )
+        replaced = sum(self._refresh(name, held, prices) for name in sorted(dirty)) > 0
+        last = self._view
+        if last is not None and not changed and not replaced:
+            return last
+        self._view = NodeView(
+            gpu_nodes=last.gpu_nodes if last and not replaced else tuple(self._gpu.values()),
+            notices=[n for ns in self._notices.values() for n in ns],
+            alive=self._alive,
+            memory_per_gpu=min(self._memory.values(), default=None),
+        )
         return self._view
 
     def _take_changes(self) -> set[str]:

@@ -33,7 +33,7 @@ class PodIndex:
         self._settings = settings
         self._changes = cache.track(PODS)  # every pod the cache holds, to start with
         self._facts: dict[str, PodFacts] = {}  # by pod key
-        # pod key -> facts, per node (None: not bound) and per job
+        # pod key -> its facts per node (None: not bound), its Worker per job
         self._on_node: dict[str | None, dict[str, PodFacts]] = {}
         self._of_job: dict[JobKey, dict[str, Worker]] = {}  # a Worker per pod version
         self._held: dict[str | None, tuple[float, float]] = {}  # (GPUs, GPU memory) per node
