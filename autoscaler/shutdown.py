@@ -8,12 +8,29 @@ from types import FrameType
 from typing import Any
 
 
-def stop_on_signals(logger: Any) -> threading.Event:
-    """An Event set by SIGTERM or SIGINT; the signal is logged. Call from the main thread."""
-    stop = threading.Event()
+class SignalStop(threading.Event):
+    """Set by SIGTERM or SIGINT. The handler only records the signal and sets the event: it runs
+    on the main thread between any two bytecodes, and a log line written from it waits forever
+    on the log stream's lock when the signal lands while the main thread is writing one
+    (structlog's WriteLogger holds a plain Lock per file; seen once: the node agent, which logs
+    from the main thread, hung on SIGTERM). The line is written by whoever notices the stop."""
+
+    def __init__(self, logger: Any) -> None:
+        super().__init__()
+        self._logger = logger
+        self.received: str | None = None
+
+    def log_received(self) -> None:
+        if self.received is not None:
+            self._logger.info("signal_received", signal=self.received)
+
+
+def stop_on_signals(logger: Any) -> SignalStop:
+    """A SignalStop for SIGTERM and SIGINT, logged on `logger`. Call from the main thread."""
+    stop = SignalStop(logger)
 
     def handle(signum: int, _: FrameType | None) -> None:
-        logger.info("signal_received", signal=signal.Signals(signum).name)
+        stop.received = signal.Signals(signum).name
         stop.set()
 
     signal.signal(signal.SIGTERM, handle)
@@ -28,3 +45,5 @@ def wait_until_stopped(stop: threading.Event) -> None:
     stops of the daemon, whose watch threads sit in socket reads)."""
     while not stop.wait(0.5):
         pass
+    if isinstance(stop, SignalStop):
+        stop.log_received()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import signal
 import socket
 import threading
 from datetime import UTC, datetime, timedelta
@@ -34,6 +35,7 @@ from autoscaler.daemon.metrics import Metrics
 from autoscaler.daemon.persist import PersistingBoard
 from autoscaler.daemon.supervise import Supervisor
 from autoscaler.daemon.wiring import identity
+from autoscaler.shutdown import stop_on_signals, wait_until_stopped
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -356,3 +358,22 @@ def test_the_one_back_off_doubles_to_its_cap_honours_a_hint_and_resets() -> None
     for n in range(5):
         ceiling = min(8.0, 2.0**n)
         assert ceiling / 2 <= jittered.next_delay() <= ceiling
+
+
+def test_a_signal_handler_only_sets_the_stop_and_the_waiter_logs_it() -> None:
+    """Logging from the handler could wait forever on the log stream's lock, held by the line
+    the main thread was writing when the signal came (shutdown.SignalStop)."""
+    logger = CapturingLogger()
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        stop = stop_on_signals(logger)
+        os.kill(os.getpid(), signal.SIGTERM)
+        wait_for(stop.is_set, what="the handler")
+        assert logger.calls == []  # nothing written from inside the handler
+        wait_until_stopped(stop)
+    finally:
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+    assert [(c.method_name, c.args, c.kwargs) for c in logger.calls] == [
+        ("info", ("signal_received",), {"signal": "SIGTERM"})
+    ]

@@ -66,4 +66,5 @@ def cmd_node_agent(args: argparse.Namespace) -> int:
         interval_s=args.interval.total_seconds(),
     )
     agent.run(stop)
+    stop.log_received()
     return 0
