@@ -16,7 +16,7 @@ from autoscaler.adapters.kube.resources import PODS, Obj, parse_time
 from autoscaler.config.kubernetes import KubernetesSettings
 
 if TYPE_CHECKING:
-    from autoscaler.adapters.kube.cache import KubeCache
+    from autoscaler.adapters.kube.view import CacheView
 
 TERMINATED_PHASES = frozenset({"Succeeded", "Failed"})
 # Pods in these phases hold no resources: the server-side filter of the pod watch.
@@ -143,12 +143,12 @@ def _ready_since(status: Obj) -> datetime | None:
     return None
 
 
-def pod_alive(cache: KubeCache, namespace: str, pod: str) -> bool:
+def pod_alive(cache: CacheView, namespace: str, pod: str) -> bool:
     """The pod exists and is not being deleted (no deletionTimestamp)."""
     obj = cache.get(PODS, f"{namespace}/{pod}")
     return obj is not None and not (obj.get("metadata") or {}).get("deletionTimestamp")
 
 
-def pod_created(cache: KubeCache, namespace: str, pod: str) -> datetime | None:
+def pod_created(cache: CacheView, namespace: str, pod: str) -> datetime | None:
     obj = cache.get(PODS, f"{namespace}/{pod}")
     return parse_time((obj or {}).get("metadata", {}).get("creationTimestamp"))

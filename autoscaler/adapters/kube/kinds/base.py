@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Protocol
 from autoscaler.adapters.kube.resources import Obj, Resource, key_of
 from autoscaler.core.model import Decision, Scaler, Worker
 
-if TYPE_CHECKING:  # the kinds are imported by the cache: only types from there
-    from autoscaler.adapters.kube.cache import KubeCache
+if TYPE_CHECKING:  # only types: the cache imports the kinds (view.CacheView is what they read)
     from autoscaler.adapters.kube.events import EventRecorder
     from autoscaler.adapters.kube.objects import ObjectApi
     from autoscaler.adapters.kube.scalers import ScalerFacts, ScalerState
+    from autoscaler.adapters.kube.view import CacheView
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +95,7 @@ class KindActuator(Protocol):
     def cancel(self, job: Obj, decision: Decision, now: datetime) -> None: ...
 
 
-ActuatorFactory = Callable[["ObjectApi", "KubeCache", "EventRecorder"], KindActuator]
+ActuatorFactory = Callable[["ObjectApi", "CacheView", "EventRecorder"], KindActuator]
 
 
 def _every(_: Obj) -> bool:

@@ -47,9 +47,9 @@ from autoscaler.core.model import Decision, ScalerKind, Worker
 from autoscaler.core.policy import ScaleOutRules
 
 if TYPE_CHECKING:
-    from autoscaler.adapters.kube.cache import KubeCache
     from autoscaler.adapters.kube.events import EventRecorder
     from autoscaler.adapters.kube.objects import ObjectApi
+    from autoscaler.adapters.kube.view import CacheView
 
 log = structlog.get_logger()
 
@@ -83,7 +83,7 @@ class _Request:
 
 
 class EtOperatorActuator:
-    def __init__(self, objects: ObjectApi, cache: KubeCache, recorder: EventRecorder) -> None:
+    def __init__(self, objects: ObjectApi, cache: CacheView, recorder: EventRecorder) -> None:
         self._objects = objects
         self._cache = cache
         self._recorder = recorder

@@ -19,9 +19,9 @@ from autoscaler.adapters.kube.resources import Obj, Resource
 from autoscaler.core.model import Decision
 
 if TYPE_CHECKING:
-    from autoscaler.adapters.kube.cache import KubeCache
     from autoscaler.adapters.kube.events import EventRecorder
     from autoscaler.adapters.kube.objects import ObjectApi
+    from autoscaler.adapters.kube.view import CacheView
 
 log = structlog.get_logger()
 
@@ -30,7 +30,7 @@ class ReplicasActuator:
     resource: Resource
     replicas_name: str  # how Events name the replica count, e.g. "trainer replicas"
 
-    def __init__(self, objects: ObjectApi, cache: KubeCache, recorder: EventRecorder) -> None:
+    def __init__(self, objects: ObjectApi, cache: CacheView, recorder: EventRecorder) -> None:
         self._objects = objects
         self._cache = cache
         self._recorder = recorder
