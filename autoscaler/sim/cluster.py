@@ -199,32 +199,40 @@ class SimulatedCluster:
         out, the pool provisions for pods still pending and removes nodes empty long enough."""
         self._land(now)
         for pod in self.pods.values():
-            if pod.node is None:
-                pod.node = self._place(pod.gpus)
-                if pod.node is not None:
-                    pod.ready_at = now + self.pod_startup
-            if pod.node is not None and not pod.running and pod.ready_at and pod.ready_at <= now:
-                pod.running = True
-                if self.listener and pod.name not in self.jobs[pod.job].drained:
-                    self.listener.joined(pod.job, pod.name, now)
+            self._bind_and_start(pod, now)
         for job in self.jobs.values():
-            scaler = job.scaler
-            if scaler is None:
-                continue
-            if scaler.kind is ScalerKind.SCALE_IN and now >= scaler.deadline:
-                for name in scaler.pods:
-                    self._delete(job, name, now)
-                job.scaler = None
-            elif scaler.kind is ScalerKind.SCALE_OUT:
-                if all(self.pods[p].running for p in scaler.pods if p in self.pods):
-                    if not scaler.refill:
-                        job.last_scale_out_at = now
-                    job.scaler = None
-                elif now >= scaler.deadline:
-                    self._fail_scale_out(job, now)
+            self._settle_scaler(job, now)
         if self.pool is not None:
             self._provision(self.pool, now)
             self._consolidate(self.pool.settings.empty_node_ttl, now)
+
+    def _bind_and_start(self, pod: SimPod, now: datetime) -> None:
+        if pod.node is None:
+            pod.node = self._place(pod.gpus)
+            if pod.node is not None:
+                pod.ready_at = now + self.pod_startup
+        if pod.node is not None and not pod.running and pod.ready_at and pod.ready_at <= now:
+            pod.running = True
+            if self.listener and pod.name not in self.jobs[pod.job].drained:
+                self.listener.joined(pod.job, pod.name, now)
+
+    def _settle_scaler(self, job: SimJobState, now: datetime) -> None:
+        """A ScaleIn deletes its pods at its deadline; a ScaleOut ends once its pods run, or fails
+        at its deadline."""
+        scaler = job.scaler
+        if scaler is None:
+            return
+        if scaler.kind is ScalerKind.SCALE_IN and now >= scaler.deadline:
+            for name in scaler.pods:
+                self._delete(job, name, now)
+            job.scaler = None
+        elif scaler.kind is ScalerKind.SCALE_OUT:
+            if all(self.pods[p].running for p in scaler.pods if p in self.pods):
+                if not scaler.refill:
+                    job.last_scale_out_at = now
+                job.scaler = None
+            elif now >= scaler.deadline:
+                self._fail_scale_out(job, now)
 
     def next_change(self) -> datetime | None:
         """The earliest time something happens on its own (a pod starts, a scaler ends, a node

@@ -60,35 +60,41 @@ def _last_condition(status: Obj) -> Obj | None:
 def scaler_facts(resource: Resource, obj: Obj) -> ScalerFacts:
     meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
     kind = ScalerKind(resource.kind)  # the kinds are named as the operator's: ScaleIn, ScaleOut
-    frozen = status.get("toDeletePods") or ()
-    if kind is ScalerKind.SCALE_IN:
-        pods = frozen or ((spec.get("toDelete") or {}).get("podNames")) or ()
-    else:
-        pods = status.get("addPods") or ()
-    last = _last_condition(status)
-    state = (last or {}).get("type") or status.get("phase")
-    outcome = state if state in _FINISHED else None
     created = parse_time(meta.get("creationTimestamp"))
-    finished = None
-    if outcome is not None:
-        finished = (
-            parse_time((last or {}).get("lastTransitionTime"))
-            or parse_time((last or {}).get("lastUpdateTime"))
-            or created
-        )
+    outcome, finished = _outcome(status, created)
     return ScalerFacts(
         kind=kind,
         name=str(meta.get("name", "")),
         job=f"{meta.get('namespace', '')}/{(spec.get('selector') or {}).get('name', '')}",
         created_at=created,
-        pods=tuple(str(p) for p in pods),
+        pods=_pods(kind, spec, status),
         outcome=outcome,
         finished_at=finished,
         refill=(meta.get("annotations") or {}).get(REASON_ANNOTATION) == Reason.BELOW_MIN.value,
         ours=(meta.get("labels") or {}).get(MANAGED_BY_LABEL) == MANAGER,
-        started=kind is ScalerKind.SCALE_OUT or bool(frozen),
+        started=kind is ScalerKind.SCALE_OUT or bool(status.get("toDeletePods")),
         resource_version=int(rv) if (rv := str(meta.get("resourceVersion", ""))).isdigit() else 0,
     )
+
+
+def _pods(kind: ScalerKind, spec: Obj, status: Obj) -> tuple[str, ...]:
+    """A ScaleIn's victims (frozen in status once et-operator took it up, else as asked in spec);
+    a ScaleOut's added pods."""
+    if kind is ScalerKind.SCALE_IN:
+        pods = status.get("toDeletePods") or (spec.get("toDelete") or {}).get("podNames") or ()
+    else:
+        pods = status.get("addPods") or ()
+    return tuple(str(p) for p in pods)
+
+
+def _outcome(status: Obj, created: datetime | None) -> tuple[str | None, datetime | None]:
+    """(ScaleSucceeded | ScaleFailed, when) once the scaler has finished, else (None, None)."""
+    last = _last_condition(status) or {}
+    state = last.get("type") or status.get("phase")
+    if state not in _FINISHED:
+        return None, None
+    when = parse_time(last.get("lastTransitionTime")) or parse_time(last.get("lastUpdateTime"))
+    return state, when or created
 
 
 def by_job(facts: Iterable[ScalerFacts]) -> dict[str, list[ScalerFacts]]:
