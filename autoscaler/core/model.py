@@ -11,6 +11,8 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
+from autoscaler.core.pace import Pace
+
 
 class CapacityType(StrEnum):
     SPOT = "spot"
@@ -241,6 +243,7 @@ class Job:
     started_at: datetime | None = None
     progress: float | None = None
     progress_rate: float | None = None
+    pace: Pace | None = None  # its measured speed by ring size and its changeovers (core/pace.py)
 
     @property
     def key(self) -> str:

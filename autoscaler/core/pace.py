@@ -1,0 +1,55 @@
+"""What a job's own history says of its speed and its changeovers, and the bounds a deadline rule
+takes from it (core/deadline.py). Pure: the daemon (adapters/kube/progress.py) and the simulator
+measure from the progress annotation and the workers; this only reads the measurements.
+
+Throughput is bounded, never extrapolated linearly. Two facts of a data-parallel ring hold for
+any job: more workers never train slower, and each worker does no more in a larger ring. So a
+ring of n does at least what m measured workers did times n/m when n <= m, and at most that when
+n >= m. Above the largest size measured nothing is certain: the lower bound then follows a
+conservative scaling curve, (n/m) ** exponent (0.5: each doubling gains 41%; Bamboo measured
+ResNet-50 on 1-GPU AWS nodes gaining ~52% per doubling, Horovod's paper ~90%), until the size has
+run. Pollux and Sia extrapolate the other way (optimistically, deliberately): right for a
+scheduler that re-plans, wrong for a deadline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Pace:
+    """A job's measured history (what the observer saw of it recently)."""
+
+    # per ring size: the slowest recent rate of the whole ring (fraction of the job per hour),
+    # each from a stretch of at least a few minutes with the same running workers and no restart
+    rates: tuple[tuple[int, float], ...] = ()
+    slowest_start: float = 0.0  # seconds from a recent worker's creation to Ready, the slowest
+    # seconds: the longest recent gap between two moves of the progress while workers ran (the
+    # script reports at commits: a failure loses up to this much training)
+    commit_gap: float = 0.0
+    restart_loss: float = 0.0  # fraction of the job lost at the worst recent restart
+    stalled_hours: float = 0.0  # hours with a worker running since the progress last moved
+
+    @property
+    def measured(self) -> bool:
+        return bool(self.rates)
+
+    def lower(self, n: int, exponent: float) -> float:
+        """A lower bound on what a ring of `n` does per hour (0 when nothing was measured)."""
+        if n <= 0:
+            return 0.0
+        return max(
+            (x * (n / m if m >= n else (n / m) ** exponent) for m, x in self.rates), default=0.0
+        )
+
+    def upper(self, n: int) -> float | None:
+        """An upper bound on what a ring of `n` does per hour (None when nothing was measured)."""
+        if n <= 0:
+            return 0.0
+        return min((x * max(1.0, n / m) for m, x in self.rates), default=None)
+
+    def changeover_hours(self, floor_hours: float) -> float:
+        """d̂: a pessimistic changeover (node provisioning and pod start-up, Horovod's reset, the
+        training since the last commit), at least `floor_hours`."""
+        return max(floor_hours, (self.slowest_start + self.commit_gap) / 3600)
