@@ -7,7 +7,8 @@
 # Horovod is deliberately NOT part of the main dependency install: it only ships
 # an sdist, needs a native build (~2-3 min on 2 cores) and a patch to compile
 # against torch >= 2.1. This script:
-#   1. installs torch==2.13.0 (the local CPU wheel) into PYTHON if absent;
+#   1. installs torch==2.13.0 into PYTHON if absent (a CPU wheel where one is on disk, else
+#      PyPI's CUDA build, which runs on CPU);
 #   2. reuses a cached wheel from $SPOT_AUTOSCALER_CACHE/wheels (default
 #      ~/.cache/spot-autoscaler/wheels), or else downloads the sdist, patches
 #      it for C++17, builds a wheel and stores it in the cache;
@@ -39,8 +40,8 @@ log "target python: $PYTHON ($("$PYTHON" -c 'import sys; print(sys.version.split
 # --- 1. torch ---------------------------------------------------------------
 torch_probe() { "$PYTHON" -W ignore -c 'import torch; print(torch.__version__, torch.version.cuda or "cpu")' 2>/dev/null; }
 if ! probe=$(torch_probe); then
-    log "installing torch==$TORCH_VERSION (CPU wheel) ..."
-    # Always pin explicitly: an unpinned resolve could fetch a CUDA torch.
+    log "installing torch==$TORCH_VERSION ..."
+    # Pinned: the cached horovod wheel is built against this exact version.
     pip_ install -q "torch==$TORCH_VERSION"
     probe=$(torch_probe) || die "torch does not import after installing it"
 fi
@@ -49,9 +50,19 @@ case "$installed_torch" in
     "$TORCH_VERSION"|"$TORCH_VERSION"+*) ;;
     *) die "torch $installed_torch is installed, expected $TORCH_VERSION (the cached horovod wheel is built against it)" ;;
 esac
-[ "$torch_cuda" = cpu ] \
-    || die "torch $installed_torch is a CUDA $torch_cuda build; install the CPU wheel: pip install torch==$TORCH_VERSION"
-log "torch $installed_torch present (CPU)"
+# PyPI's torch for Linux is a CUDA build; it runs on CPU, and horovod builds CPU-only against it
+# while torch finds no CUDA toolkit: horovod's cmake/Modules/FindPytorch.cmake sets Pytorch_CUDA
+# only when torch.version.cuda and torch.utils.cpp_extension.CUDA_HOME (CUDA_HOME/CUDA_PATH, nvcc
+# on PATH or /usr/local/cuda) are both set. With a toolkit it would make a GPU build we neither
+# want nor test, so that case stays an error.
+cuda_home=$("$PYTHON" -W ignore -c 'from torch.utils.cpp_extension import CUDA_HOME; print(CUDA_HOME or "")' 2>/dev/null)
+if [ "$torch_cuda" = cpu ]; then
+    log "torch $installed_torch present (CPU build)"
+elif [ -z "$cuda_home" ]; then
+    log "torch $installed_torch present (CUDA $torch_cuda build, run on CPU: no CUDA toolkit here)"
+else
+    die "torch $installed_torch is a CUDA $torch_cuda build and torch finds a CUDA toolkit at $cuda_home; hide it (CUDA_HOME, nvcc on PATH) for the CPU-only build"
+fi
 
 # --- 2. wheel: cached or built ----------------------------------------------
 PY_TAG=$("$PYTHON" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
