@@ -49,6 +49,7 @@ from support.invariants import (
     RecordingServer,
     Report,
     check,
+    decision_line,
     percentile,
 )
 
@@ -173,6 +174,7 @@ class Outcome:
     operator_errors: int
     seconds: float
     takeovers: list[Takeover] = field(default_factory=list)
+    decision_lines: list[str] = field(default_factory=list)  # every replica's, for evidence
 
     def steady(self, notice: Notice) -> bool:
         """Not open during a leader's loss: from the kill or pause until a second after the other
@@ -220,6 +222,13 @@ class Outcome:
             "workers_kept_as_last_host": sum(len(n.kept) for n in r.notices),
             "violations": r.by_kind(),
             "violation_details": [f"{v.kind}: {v.detail}" for v in r.violations][:20],
+            # the decision line behind each removal or drain of a healthy worker
+            "violation_decisions": [
+                f"{v.kind}: {decision_line(v, self.decision_lines)}"
+                for v in r.violations
+                if v.action
+            ][:20],
+            "raced_withdrawals": r.raced,
             "stale_drained_hosts": r.stale_drained,
             "crashes": self.crashes,
             "exit_codes": self.exit_codes,
@@ -522,6 +531,7 @@ def run_chaos(plan: Plan, tmp: Path) -> Outcome:
         operator_errors[0],
         time.monotonic() - started,
         takeovers,
+        [line for f in replicas.logs("decisions.jsonl") for line in f.read_text().splitlines()],
     )
 
 
@@ -670,10 +680,29 @@ def test_every_invariant_fires_on_a_stream_that_breaks_it() -> None:
     )
     server.patch("Node", "b", taint)
     server.patch("Node", "b", {"spec": {"taints": []}})  # healthy again, j-worker-4 still drained
-    report = check(server, settle=1.0, end=time.monotonic() + 2.0)
+    server.seed(worker("j", 5, "b"))  # a healthy worker on a healthy node, within max
+    healthy_since = time.monotonic()
+    server.patch(
+        "TrainingJob",
+        "j",
+        {"metadata": {"annotations": {"spot-autoscaler.io/drained-hosts": '["j-worker-4"]'}}},
+        NS,
+    )
+    while time.monotonic() - healthy_since <= 0.3:  # past the race tolerance below
+        time.sleep(0.05)
+    server.patch(
+        "TrainingJob",
+        "j",
+        {"metadata": {"annotations": {"spot-autoscaler.io/drained-hosts": '["j-worker-5"]'}}},
+        NS,
+    )
+    server.seed(_scale_in("in-3", "j", ["j-worker-5"]))
+    report = check(server, settle=1.0, end=time.monotonic() + 2.0, race=0.3)
     assert report.by_kind() == {
+        "removed_healthy": 1,  # in-3: j-worker-5 on healthy b, 2 workers <= max 3
+        "drained_without_notice": 2,  # j-worker-4 before b's notice, j-worker-5 after it went
         "over_max": 1,
-        "two_scalers": 1,
+        "two_scalers": 2,  # in-1 and in-2, then in-3 beside them
         "pod_in_two_scaleins": 1,
         "under_min": 1,
         "undrained_at_reclaim": 1,

@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from autoscaler.core.capacity import CapacityPool, Claim, fill, grant_of
 from autoscaler.core.deadline import needs_fleet, on_demand
 from autoscaler.core.departures import Departures, plan_departures, scaler_block
+from autoscaler.core.freshness import hold_for_view
 from autoscaler.core.memo import PassMemo
 from autoscaler.core.model import (
     Action,
@@ -74,7 +75,7 @@ def decide(
                     decision, plan.job, plan.policy, staying, plan.ceiling, nodes, now
                 )
             decisions.append(decision)
-    return decisions
+    return hold_for_view(decisions, snapshot)
 
 
 def decide_departures(
@@ -87,7 +88,7 @@ def decide_departures(
     chosen = replace(snapshot, jobs=tuple(j for j in snapshot.jobs if j.key in keys))
     noticed = frozenset(n.node for n in snapshot.notices)
     plans = _plan_jobs(chosen, policies, nodes, noticed, now, PassMemo(keep=False))
-    return [d for plan in plans for d in plan.departures.decisions]
+    return hold_for_view((d for plan in plans for d in plan.departures.decisions), snapshot)
 
 
 def _plan_jobs(

@@ -118,6 +118,11 @@ class Reason(_Carrying):
     BLACKLIST_RISK = "blacklist_risk", _PLAIN
     # a ScaleIn of ours names only pods that are gone: et-operator would delete EVERY worker
     VICTIMS_GONE = "victims_gone", _PLAIN
+    # a view of the cluster is re-listing after a broken watch: only notice departures go out
+    STALE_VIEW = (
+        "stale_view",
+        ReasonInfo("the cluster view is catching up after a broken watch: waiting for it"),
+    )
     # a scaler older than the policy's scalers.max_age
     SCALER_STUCK = "scaler_stuck", ReasonInfo(alert=True)
     # on-demand capacity (core.deadline): the anchor kept off spot, the deadline's pace
@@ -264,6 +269,9 @@ class Snapshot:
     jobs: tuple[Job, ...] = ()
     # When each node's current idle GPUs were first seen idle (see core.idle.track_idle).
     idle_since: Mapping[str, datetime] = field(default_factory=dict)
+    # the kinds whose view is behind the server (a watch broke, a re-list is under way): what
+    # was deleted meanwhile may still be here, so only notice departures go out (core.freshness)
+    stale: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,7 +85,10 @@ def _kubernetes(
     actuator = (
         DryRunActuator()
         if dry_run
-        else KubeActuator(api, config, recorder, cache, rejections, fence)
+        # the board is made after the actuator (it persists notices through it): read late
+        else KubeActuator(
+            api, config, recorder, cache, rejections, fence, lambda now: board.active(now)
+        )
     )
     board = PersistingBoard(actuator.persist_notice, logger, lambda: on_error("notices"))
     prices = PriceBook()

@@ -16,7 +16,16 @@ with a monotonic timestamp), unbounded by the watch history and untouched by com
   healthy again (notice taint gone) and the pod still runs there;
 - ``write_by_non_leader``: a write (not to the Lease) from a replica (User-Agent
   ``spot-autoscaler/<identity>``) that the Lease does not name as its holder when the request
-  reaches the server.
+  reaches the server;
+- ``removed_healthy``: one of our ScaleIns names more live workers on healthy nodes (no notice
+  taint, node still there) than its job then has above max;
+- ``drained_without_notice``: a host enters its job's drained hosts while its pod's node has no
+  notice taint and the job is not above max.
+
+The last two are judged on the server's record at the moment the write lands, with a tolerance of
+``race`` seconds: a notice withdrawn that recently may have been seen, rightly, on a view that
+was current (such writes are counted in ``Report.raced``, not as violations). What a view behind
+the server decides (issue 26) lands long after.
 
 It also measures, per notice (a node gaining the notice taint), the seconds until every worker on
 the node then is in its job's drained hosts, and how each of those workers left.
@@ -24,11 +33,13 @@ the node then is in its job's drained hosts, and how each of those workers left.
 
 from __future__ import annotations
 
+import json
 import statistics
 import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from .kube_api import KubeApiServer, Resource
@@ -119,6 +130,11 @@ class Violation:
     t: float
     kind: str
     detail: str
+    # a write of ours that broke it: to find the daemon's decision line (decision_line)
+    action: str = ""  # the decision's action: drain / scale_in
+    job: str = ""
+    hosts: tuple[str, ...] = ()
+    wall: float = 0.0
 
 
 @dataclass
@@ -159,6 +175,7 @@ class Report:
     violations: list[Violation]
     notices: list[Notice]
     stale_drained: int  # hosts still drained at the end whose pod no longer exists
+    raced: int = 0  # removals/drains that landed within `race` s of their notice's withdrawal
 
     def by_kind(self) -> dict[str, int]:
         out: dict[str, int] = defaultdict(int)
@@ -206,8 +223,6 @@ def _summary(scaler: Obj) -> str:
 
 
 def _drained(job: Obj) -> frozenset[str]:
-    import json
-
     raw = (job["metadata"].get("annotations") or {}).get(DRAINED)
     try:
         data = json.loads(raw) if raw else []
@@ -218,9 +233,15 @@ def _drained(job: Obj) -> frozenset[str]:
     )
 
 
+def _utc(wall: float) -> str:
+    """A wall time as the daemon's log lines write it: to find the decision line."""
+    return datetime.fromtimestamp(wall, UTC).isoformat(timespec="milliseconds")
+
+
 class _State:
-    def __init__(self, reclaimed: set[str], settle: float) -> None:
-        self.reclaimed, self.settle = reclaimed, settle
+    def __init__(self, reclaimed: set[str], settle: float, race: float = 1.0) -> None:
+        self.reclaimed, self.settle, self.race = reclaimed, settle, race
+        self.raced = 0
         self.nodes: dict[str, Obj] = {}
         self.healthy_since: dict[str, float] = {}  # node -> when it last lost the notice taint
         self.pods: dict[str, Obj] = {}  # uid -> pod
@@ -234,12 +255,19 @@ class _State:
         self.notices: list[Notice] = []
         self._seen: set[tuple[str, ...]] = set()
 
-    def flag(self, t: float, kind: str, detail: str, key: tuple[str, ...] | None = None) -> None:
+    def flag(
+        self,
+        t: float,
+        kind: str,
+        detail: str,
+        key: tuple[str, ...] | None = None,
+        **write: Any,
+    ) -> None:
         if key is not None:
             if (kind, *key) in self._seen:
                 return
             self._seen.add((kind, *key))
-        self.violations.append(Violation(t, kind, detail))
+        self.violations.append(Violation(t, kind, detail, **write))
 
     # --- helpers --------------------------------------------------------------------------------
     def workers(self, job: str) -> list[Obj]:
@@ -278,6 +306,56 @@ class _State:
 
     def pod_named(self, name: str) -> Obj | None:
         return next((p for p in self.pods.values() if p["metadata"]["name"] == name), None)
+
+    def healthy(self, pod: Obj, t: float) -> bool:
+        """Its node is there without a notice at `t`, and was for longer than `race` (a notice
+        withdrawn more recently counts as still there, and the write as raced)."""
+        node = (pod.get("spec") or {}).get("nodeName") or ""
+        if node not in self.nodes or _tainted(self.nodes[node]):
+            return False
+        if t - self.healthy_since.get(node, float("-inf")) <= self.race:
+            self.raced += 1
+            return False
+        return True
+
+    def above_max(self, job: str) -> int:
+        return max(0, len(self.workers(job)) - self.bounds(job)[1])
+
+    def check_removal(self, e: Event, job: str, names: list[str]) -> None:
+        """A new ScaleIn of ours: healthy victims only as far as the job is above max."""
+        live = [p for n in names if (p := self.pod_named(n)) and p in self.workers(job)]
+        healthy = [p["metadata"]["name"] for p in live if self.healthy(p, e.t)]
+        allowed = max(0, self.above_max(job) - (len(live) - len(healthy)))
+        if len(healthy) > allowed:
+            self.flag(
+                e.t,
+                "removed_healthy",
+                f"{job}: ScaleIn {e.obj['metadata']['name']} at {_utc(e.wall)} names healthy "
+                f"{healthy} ({len(self.workers(job))} workers, max {self.bounds(job)[1]}); "
+                f"{self.context(job)}",
+                action="scale_in",
+                job=job,
+                hosts=tuple(healthy),
+                wall=e.wall,
+            )
+
+    def check_drain(self, e: Event, job: str, hosts: frozenset[str]) -> None:
+        if self.above_max(job):
+            return
+        for host in sorted(hosts):
+            pod = next((p for p in self.workers(job) if p["metadata"]["name"] == host), None)
+            if pod is not None and self.healthy(pod, e.t):
+                node = (pod.get("spec") or {}).get("nodeName")
+                self.flag(
+                    e.t,
+                    "drained_without_notice",
+                    f"{job}: host {host} drained at {_utc(e.wall)} on {node}, which has no "
+                    f"notice; {self.context(job)}",
+                    action="drain",
+                    job=job,
+                    hosts=(host,),
+                    wall=e.wall,
+                )
 
     # --- replay ---------------------------------------------------------------------------------
     def apply(self, e: Event) -> None:
@@ -376,6 +454,7 @@ class _State:
             return
         self.jobs[name] = e.obj
         now, before = _drained(e.obj), self.drained[name]
+        self.check_drain(e, name, now - before)
         self.drained[name] = now
         for host in now - before:
             self.drained_since[(name, host)] = e.t
@@ -404,6 +483,8 @@ class _State:
             self.flag(e.t, "two_scalers", f"{job}: unfinished {open_}", (job, *open_))
         if e.kind != "ScaleIn":
             return
+        if e.type == "ADDED":
+            self.check_removal(e, job, (e.obj["spec"].get("toDelete") or {}).get("podNames") or [])
         resolved = self.resolved.setdefault(key[1], {})
         for pod_name in ((e.obj.get("spec") or {}).get("toDelete") or {}).get("podNames") or ():
             if pod_name in resolved:  # the pod it meant when it first named it
@@ -439,13 +520,15 @@ class _State:
                 )
 
 
-def check(server: RecordingServer, settle: float = 10.0, end: float | None = None) -> Report:
+def check(
+    server: RecordingServer, settle: float = 10.0, end: float | None = None, race: float = 1.0
+) -> Report:
     """Replay everything the server recorded; ``end`` (default now) closes the settle checks."""
     with server._lock:
         events = list(server.events)
         reclaimed = set(server.reclaimed)
         writes = list(server.writes)
-    state = _State(reclaimed, settle)
+    state = _State(reclaimed, settle, race)
     for e in events:
         state.apply(e)
     for w in writes:
@@ -462,4 +545,26 @@ def check(server: RecordingServer, settle: float = 10.0, end: float | None = Non
         for h in hosts
         if not any(p["metadata"]["name"] == h for p in state.workers(job))
     )
-    return Report(state.violations, state.notices, stale)
+    return Report(state.violations, state.notices, stale, state.raced)
+
+
+def decision_line(violation: Violation, lines: list[str]) -> str | None:
+    """The daemon's decision line (JSON) behind a write that broke an invariant: the last one of
+    its action and job naming one of its hosts, logged before the write landed."""
+    found = None
+    for line in lines:
+        try:
+            d = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(d, dict) or d.get("action") != violation.action:
+            continue
+        named = set(d.get("pods") or ()) | set(d.get("hosts") or ())
+        at = datetime.fromisoformat(str(d.get("ts", "")).replace("Z", "+00:00")).timestamp()
+        if (
+            str(d.get("job", "")).endswith(f"/{violation.job}")
+            and named & set(violation.hosts)
+            and at <= violation.wall + 0.05
+        ):
+            found = line.strip()
+    return found

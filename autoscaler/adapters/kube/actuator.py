@@ -7,6 +7,7 @@ the next pass, seeing the cluster again, decides afresh.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from functools import partial
 
 import structlog
 from kubernetes import client
@@ -14,13 +15,15 @@ from kubernetes.client.exceptions import ApiException
 
 from autoscaler.adapters.kube.annotations import notice_patch, update_drained
 from autoscaler.adapters.kube.cache import KubeCache
+from autoscaler.adapters.kube.confirm import BoardNotices, ServerCheck
 from autoscaler.adapters.kube.events import EventRecorder
 from autoscaler.adapters.kube.guard import EvictionGuard
 from autoscaler.adapters.kube.kinds import KINDS, kind_of
+from autoscaler.adapters.kube.kinds.base import JobKind, KindActuator
 from autoscaler.adapters.kube.objects import ObjectApi
 from autoscaler.adapters.kube.outcomes import refuse, summary
 from autoscaler.adapters.kube.rejects import Rejections
-from autoscaler.adapters.kube.resources import NODES, Obj, Resource
+from autoscaler.adapters.kube.resources import NODES, PODS, Obj, Resource
 from autoscaler.config import Config
 from autoscaler.core.model import Action, Decision, Job, Notice
 from autoscaler.fencing import Fence
@@ -39,6 +42,7 @@ class KubeActuator:
         cache: KubeCache,
         rejections: Rejections | None = None,
         fence: Fence | None = None,
+        notices: BoardNotices | None = None,
     ) -> None:
         self._cache = cache
         self._rejections = rejections
@@ -52,6 +56,8 @@ class KubeActuator:
         self._notices = ObjectApi(api_client, retries)
         self._notice_recorder = recorder.unfenced()
         self._kinds = {kind.jobs: kind.actuator(self._objects, cache, recorder) for kind in KINDS}
+        # reads for the server's word before a removal (confirm.py): not fenced, reads
+        self._check = ServerCheck(self._notices, cache, config.kubernetes, notices)
         guarded = config.kubernetes.guard_evictions
         self._guard = EvictionGuard(self._objects, cache) if guarded else None
 
@@ -90,9 +96,27 @@ class KubeActuator:
         elif decision.action is Action.SCALE_OUT:
             backend.scale_out(job, decision, now)
         elif decision.action is Action.SCALE_IN:
-            backend.scale_in(job, decision, now)
+            self._scale_in(kind, backend, job, decision, now)
         elif decision.action in (Action.DRAIN, Action.UNDRAIN):
-            self._drain(resource, job, decision, now)
+            if decision.action is Action.DRAIN and NODES in self._cache.behind():
+                namespace = job["metadata"]["namespace"]
+                decision = self._check.drain(decision, partial(self._node_of, namespace), now)
+            if decision.pods or decision.action is Action.UNDRAIN:
+                self._drain(resource, job, decision, now)
+
+    def _scale_in(
+        self, kind: JobKind, backend: KindActuator, job: Obj, decision: Decision, now: datetime
+    ) -> None:
+        """Irreversible: only what the server still supports (confirm.py) goes out."""
+        confirmed = self._check.scale_in(job, kind, decision, now)
+        if not confirmed.pods:
+            refuse(decision, "not_confirmed_by_server", pods=list(decision.pods))
+            return
+        backend.scale_in(job, confirmed, now)
+
+    def _node_of(self, namespace: str, pod: str) -> str | None:
+        obj = self._cache.get(PODS, f"{namespace}/{pod}")
+        return ((obj or {}).get("spec") or {}).get("nodeName")
 
     def persist_notice(self, node: str, notice: Notice) -> bool:
         """Keep a cloud notice on its Node (NOTICE_ANNOTATION) so a restart still knows it.

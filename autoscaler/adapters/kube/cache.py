@@ -113,6 +113,15 @@ class KubeCache:
         deadline = time.monotonic() + timeout
         return all(r.synced.wait(max(0.0, deadline - time.monotonic())) for r in self._all())
 
+    def behind(self) -> frozenset[Resource]:
+        """The kinds some view of which is not fresh (not listed yet, or its watch broke and has
+        not been opened again): their deletions may not have arrived."""
+        return frozenset(
+            res
+            for res, scopes in self._reflectors.items()
+            if not all(r.fresh for r in scopes.values())
+        )
+
     # --- reads ---------------------------------------------------------------------------------
     def items(self, resource: Resource) -> list[Obj]:
         return [obj for r in self._reflectors[resource].values() for obj in r.items()]

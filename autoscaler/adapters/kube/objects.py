@@ -11,7 +11,7 @@ from typing import Any
 
 from kubernetes import client
 
-from autoscaler.adapters.kube.resources import NODES, Obj, Resource
+from autoscaler.adapters.kube.resources import NODES, PODS, Obj, Resource
 from autoscaler.adapters.kube.retry import URGENT, with_retries
 from autoscaler.fencing import Fence
 
@@ -34,6 +34,9 @@ class ObjectApi:
     def get(self, resource: Resource, namespace: str, name: str, urgent: bool = False) -> Obj:
         if resource is NODES:
             return self._call(f"get node {name}", self._core.read_node, name, urgent=urgent)
+        if resource is PODS:
+            read = self._core.read_namespaced_pod
+            return self._call(f"get pod {namespace}/{name}", read, name, namespace, urgent=urgent)
         return self._call(
             f"get {resource.plural} {namespace}/{name}",
             self._custom.get_namespaced_custom_object,
@@ -44,6 +47,14 @@ class ObjectApi:
             name,
             urgent=urgent,
         )
+
+    def pods(self, namespace: str, label_selector: str) -> list[Obj]:
+        """The pods of `namespace` that match `label_selector`, as the server has them now."""
+        what = f"list pods {namespace} {label_selector}"
+        listed = self._call(
+            what, self._core.list_namespaced_pod, namespace, label_selector=label_selector
+        )
+        return list(listed.get("items") or [])
 
     def create(self, resource: Resource, namespace: str, body: Obj) -> Obj:
         return self._write(

@@ -26,7 +26,7 @@ from autoscaler.adapters.kube.nodetable import NodeTable
 from autoscaler.adapters.kube.podindex import PodIndex
 from autoscaler.adapters.kube.progress import ProgressRates
 from autoscaler.adapters.kube.rejects import Rejections
-from autoscaler.adapters.kube.resources import PODS, Obj, Resource, key_of
+from autoscaler.adapters.kube.resources import NODES, PODS, Obj, Resource, key_of
 from autoscaler.adapters.kube.scalers import ScalerFacts, by_job, scaler_facts
 from autoscaler.boards import NoticeBoard, PriceBook
 from autoscaler.config import Prices
@@ -91,6 +91,8 @@ class KubeObserver:
             for r in kind.helpers
         }
         self._built: _Built = {}  # the last snapshot's jobs
+        # the kinds a snapshot is made of: one of them behind the server makes the snapshot stale
+        self._read = frozenset({NODES, PODS, *(r for kind in KINDS for r in kind.resources)})
         self._warned: set[tuple[str, ...]] = set()
         # job -> hosts Horovod saw fail: a worker whose node died or went NotReady while it was
         # still in discovery. Horovod blacklists those names; et-operator may reuse them. Kept in
@@ -115,7 +117,8 @@ class KubeObserver:
         jobs = [self._with_failures(j, alive, j.key in lost) for j in jobs]
         self._rates.forget_except({j.key for j in jobs})
         jobs = [self._rates.with_rate(j, now) for j in jobs]
-        return Snapshot(nodes=view.gpu_nodes, notices=tuple(notices), jobs=tuple(jobs))
+        stale = frozenset(r.kind for r in self._cache.behind() & self._read)
+        return Snapshot(nodes=view.gpu_nodes, notices=tuple(notices), jobs=tuple(jobs), stale=stale)
 
     def _with_failures(self, job: Job, alive: frozenset[str], lost: bool) -> Job:
         """`lost`: the job has a pod on a node that is not alive, the only way to a new failure."""

@@ -114,6 +114,9 @@ class Reflector:
         # None until looked up
         self.served: bool | None = None if is_served is not None else True
         self.synced = threading.Event()
+        # listed, or watching: False from a broken watch until the next one opens (after a 410,
+        # until the re-list), while what changed meanwhile (deletions too) has not arrived
+        self.live = False
         self.errors = 0
         # the newest resourceVersion this view is complete up to (list or watch, bookmarks
         # included): how fresh it is against objects from other watches (numeric in practice)
@@ -121,6 +124,11 @@ class Reflector:
         self._log = log
 
     # --- reads (any thread) --------------------------------------------------------------------
+    @property
+    def fresh(self) -> bool:
+        """Listed and watching: the view lags the server by no more than its stream does."""
+        return self.synced.is_set() and self.live
+
     def items(self) -> list[Obj]:
         with self._lock:
             return list(self._items.values())
@@ -163,6 +171,7 @@ class Reflector:
                 rv = self._watch_once(rv)
                 backoff.reset()
             except ApiException as exc:
+                self.live = False
                 if exc.status == 410:  # expired: our resourceVersion is older than the server keeps
                     self._log.info("watch_expired_relisting")
                     rv = None
@@ -175,6 +184,7 @@ class Reflector:
                 continue
             except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
                 # a dropped connection, an unreachable server, a cut-off body
+                self.live = False
                 now = time.monotonic()
                 stopping = self._stop.is_set()  # stop_watch() broke it on purpose
                 if self._opened and rv and not stopping and now - resumed > _RESUME_EVERY:
@@ -187,6 +197,7 @@ class Reflector:
                     continue
                 self._failed(exc, backoff)
             except Exception as exc:  # an odd object (or a bug): never end the thread, list again
+                self.live = False
                 rv = None
                 self._failed(exc, backoff, unexpected=True)
 
@@ -214,6 +225,7 @@ class Reflector:
         changed = served != self.served
         self.served = served
         if not served:
+            self.live = True  # nothing of it exists to fall behind on
             with self._lock:
                 old, self._items = self._items, {}
                 self._touched(old)
@@ -255,6 +267,7 @@ class Reflector:
         # watching), the first too: a reader following one object learns whether it exists
         self._on_change(_diff(old, items))
         self._seen(rv)
+        self.live = True  # as fresh as the list; the watch from its resourceVersion misses nothing
         self.synced.set()
         return rv
 
@@ -265,7 +278,8 @@ class Reflector:
 
         def opened(**kwargs: Any) -> Any:
             response = self._list_fn(**kwargs)
-            self._opened = True  # the server answered: the stream is established
+            # the server answered: the stream is established, and it replays what we missed
+            self._opened = self.live = True
             return response
 
         try:

@@ -297,28 +297,27 @@ def next_worker_index(job: Obj) -> int | None:
 def with_unseen(
     workers: tuple[Worker, ...], scalers: list[ScalerFacts], pods_seen: int
 ) -> tuple[Worker, ...]:
-    """Workers plus those a ScaleOut has already added that the pod watch has not shown yet.
+    """Workers as the scalers that finished after the pod view say they are: plus those a
+    ScaleOut has already added, minus those a ScaleIn has already deleted.
 
-    Watches are independent streams: after a cut pod watch, the ScaleOut can be seen finished
-    while its pods are not, and a pass would scale out again, past max. A ScaleOut that finished
-    at a resourceVersion newer than the pod view's counts its pods as (pending) workers."""
-    ahead = [
-        f
-        for f in scalers
-        if f.kind is ScalerKind.SCALE_OUT
-        and f.outcome == SUCCEEDED
-        and f.resource_version > pods_seen
-    ]
+    Watches are independent streams: after a cut pod watch, a scaler can be seen finished while
+    its pods' changes are not. Counting the added pods as (pending) workers keeps a pass from
+    scaling out again past max; dropping the deleted ones keeps it from clamping ghosts to max
+    and so removing healthy workers (the expectations of the ReplicaSet controller, read from
+    the scaler's own record). Only scalers that succeeded at a resourceVersion newer than the pod
+    view's count."""
+    ahead = [f for f in scalers if f.outcome == SUCCEEDED and f.resource_version > pods_seen]
     if not ahead:  # nearly always: no pod set is built for every job on every pass
         return workers
+    deleted = {p for f in ahead if f.kind is ScalerKind.SCALE_IN for p in f.pods}
     known = {w.pod for w in workers}
-    unseen = [pod for f in ahead for pod in f.pods if pod not in known]
-    if not unseen:
+    unseen = [p for f in ahead if f.kind is ScalerKind.SCALE_OUT for p in f.pods if p not in known]
+    if not unseen and not deleted & known:
         return workers
     extra = (
         Worker(pod=p, node=None, host=p, index=name_index(p) or 0, pending=True) for p in unseen
     )
-    return (*workers, *extra)
+    return (*(w for w in workers if w.pod not in deleted), *extra)
 
 
 def _inputs(job: Obj, ctx: JobContext) -> JobInputs:

@@ -1,0 +1,156 @@
+"""Before an irreversible write, the server's word on what the cache says.
+
+A ScaleIn (or a replicas decrease) cannot be taken back, and the watch cache may be behind: a
+pod already deleted, a notice already withdrawn, a worker count that an earlier ScaleIn already
+brought down. So each victim is read from the server first. One named for a notice (its node had
+one in the view) goes if the node still carries it on the server (or the cloud source's own
+record, the notice board, has it); any other goes only while the job, as the server has it,
+still has more live workers than the decision aims at (a clamp to max, an on-demand surplus).
+Victims that are gone or already Terminating are dropped.
+Drains are reversible and race the node's death: they are confirmed only while the node view is
+behind (`KubeCache.behind`), one GET per noticed node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime
+
+import structlog
+from kubernetes.client.exceptions import ApiException
+
+from autoscaler.adapters.kube.kinds.base import JobKind
+from autoscaler.adapters.kube.nodes import node_notices
+from autoscaler.adapters.kube.objects import ObjectApi
+from autoscaler.adapters.kube.pods import TERMINATED_PHASES
+from autoscaler.adapters.kube.resources import NODES, PODS, Obj, labels_of
+from autoscaler.adapters.kube.view import CacheView
+from autoscaler.config.kubernetes import KubernetesSettings
+from autoscaler.core.model import Decision, Notice
+
+log = structlog.get_logger()
+
+# the notices of the cloud sources (not on a Node yet), as the daemon's board has them now
+BoardNotices = Callable[[datetime], tuple[Notice, ...]]
+
+
+class ServerCheck:
+    def __init__(
+        self,
+        objects: ObjectApi,
+        cache: CacheView,
+        settings: KubernetesSettings,
+        board: BoardNotices | None = None,
+    ) -> None:
+        self._objects = objects
+        self._cache = cache
+        self._settings = settings
+        self._board = board
+
+    def scale_in(self, job: Obj, kind: JobKind, decision: Decision, now: datetime) -> Decision:
+        """The ScaleIn the server supports: `decision` with the victims that hold up (maybe
+        none, then the caller writes nothing)."""
+        namespace = job["metadata"]["namespace"]
+        nodes = {pod: self._live_node(namespace, pod) for pod in decision.pods}
+        alive = {pod: node for pod, node in nodes.items() if node is not None}
+        # the victims the decision named for a notice (the view's), and those it still has
+        meant = {p for p, n in alive.items() if n and self._noticed_in_view(n, now)}
+        noticed = self._noticed({alive[p] for p in meant}, now)
+        by_notice = [p for p in meant if alive[p] in noticed]
+        plain = [p for p in alive if p not in meant]
+        if plain:  # only above the decision's target, counted on the server; a notice victim
+            # that does not hold up stays, and the target with it
+            room = self._live_workers(job, kind) - decision.to_workers - len(meant)
+            plain = plain[: max(0, room)]
+        kept = tuple(p for p in decision.pods if p in by_notice or p in plain)
+        if kind.removes_highest_first and kept != decision.pods:
+            kept = ()  # a replicas decrease names no victim: all of them hold up, or nothing
+        if kept != decision.pods:
+            log.info(
+                "scale_in_narrowed_by_server",
+                job=decision.job,
+                pods=list(decision.pods),
+                kept=list(kept),
+                gone=sorted(set(decision.pods) - set(alive)),
+            )
+        return narrowed(decision, kept)
+
+    def drain(
+        self, decision: Decision, node_of: Callable[[str], str | None], now: datetime
+    ) -> Decision:
+        """`decision` with the workers (`node_of` a pod) whose node the server says has a
+        notice: a pod's node never changes, so the cache may tell it."""
+        noticed = self._noticed(set(decision.nodes), now)
+        if noticed == set(decision.nodes):
+            return decision
+        log.info("drain_narrowed_by_server", job=decision.job, nodes=list(decision.nodes))
+        return narrowed(decision, tuple(p for p in decision.pods if node_of(p) in noticed))
+
+    def _live_node(self, namespace: str, pod: str) -> str | None:
+        """The pod's node ('' while unscheduled); None when it is gone or on its way out."""
+        try:
+            obj = self._objects.get(PODS, namespace, pod, urgent=True)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        status = obj.get("status") or {}
+        if (obj.get("metadata") or {}).get("deletionTimestamp") or status.get(
+            "phase"
+        ) in TERMINATED_PHASES:
+            return None
+        return str((obj.get("spec") or {}).get("nodeName") or "")
+
+    def _noticed_in_view(self, node: str, now: datetime) -> bool:
+        if self._board is not None and any(n.node == node for n in self._board(now)):
+            return True
+        obj = self._cache.get(NODES, node)
+        return obj is not None and bool(node_notices(obj, self._settings))
+
+    def _noticed(self, nodes: set[str], now: datetime) -> set[str]:
+        """Those of `nodes` the server (or the cloud source's record) says carry a notice; a
+        node that is gone counts: its workers are no healthy ones."""
+        board = {n.node for n in self._board(now)} if self._board is not None else set()
+        out = set()
+        for node in nodes:
+            if node in board:
+                out.add(node)
+                continue
+            try:
+                obj = self._objects.get(NODES, "", node, urgent=True)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                out.add(node)
+                continue
+            if node_notices(obj, self._settings):
+                out.add(node)
+        return out
+
+    def _live_workers(self, job: Obj, kind: JobKind) -> int:
+        """The job's worker pods on the server that are neither Terminating nor finished."""
+        meta = job["metadata"]
+        labels = kind.guard_labels(meta["name"]) if kind.guard_labels else {}
+        selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+        return sum(
+            1
+            for pod in self._objects.pods(meta["namespace"], selector)
+            if kind.worker_of(pod["metadata"], pod["metadata"]["name"], labels_of(pod))
+            == meta["name"]
+            and not pod["metadata"].get("deletionTimestamp")
+            and (pod.get("status") or {}).get("phase") not in TERMINATED_PHASES
+        )
+
+
+def narrowed(decision: Decision, pods: tuple[str, ...]) -> Decision:
+    """`decision` removing only `pods`, a subset of its own (Kubernetes hosts are pod names)."""
+    if pods == decision.pods:
+        return decision
+    return replace(
+        decision,
+        pods=pods,
+        count=len(pods),
+        to_workers=decision.from_workers - len(pods),
+        hosts=tuple(h for h in decision.hosts if h in pods) or decision.hosts,
+    )

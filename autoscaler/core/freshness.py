@@ -1,0 +1,70 @@
+"""Decide only what the view supports: while a kind's view is behind the server, hold what can
+wait.
+
+After a broken watch, until the re-list, the cache may still hold pods that are gone, notices
+that were withdrawn and scalers that finished: a clamp to max would count ghosts, a surplus would
+remove healthy workers, growth would go past max. So while `Snapshot.stale` names a kind, only
+the departures a notice forces go out, and only for workers on noticed nodes (the actuator then
+confirms each notice on the server before anything irreversible); the rest is a noop
+`stale_view` that the next pass on a synced view decides again. client-go's informers answer the
+same question with HasSynced; cancelling a scaler of ours stays allowed: it only ever prevents
+a removal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+
+from autoscaler.core.model import Action, Decision, Job, Reason, Snapshot
+
+_PASS = frozenset({Action.NOOP, Action.CANCEL})
+_NOTICE_DEPARTURES = frozenset({Action.DRAIN, Action.SCALE_IN})
+
+
+def hold_for_view(decisions: Iterable[Decision], snapshot: Snapshot) -> list[Decision]:
+    """`decisions` as the view supports them (all of them while nothing is stale)."""
+    if not snapshot.stale:
+        return list(decisions)
+    jobs = {j.key: j for j in snapshot.jobs}
+    noticed = frozenset(n.node for n in snapshot.notices)
+    behind = ", ".join(sorted(snapshot.stale))
+    return [_supported(d, jobs.get(d.job), noticed, behind) for d in decisions]
+
+
+def _supported(
+    decision: Decision, job: Job | None, noticed: frozenset[str], behind: str
+) -> Decision:
+    if decision.action in _PASS or job is None:
+        return decision
+    if decision.action in _NOTICE_DEPARTURES:
+        on_noticed = {w.pod for w in job.workers if w.node in noticed}
+        pods = tuple(p for p in decision.pods if p in on_noticed)
+        if pods == decision.pods:
+            return decision
+        if pods:
+            return _narrowed(decision, job, pods)
+    return Decision.noop(
+        job,
+        Reason.STALE_VIEW,
+        decision.policy,
+        tags=(decision.reason, *decision.tags),
+        message=f"{decision.action.value} held: the view of {behind} is behind the server",
+    )
+
+
+def _narrowed(decision: Decision, job: Job, pods: tuple[str, ...]) -> Decision:
+    """The departure for `pods` only (those on noticed nodes)."""
+    workers = [w for w in job.workers if w.pod in pods]
+    hosts = tuple(dict.fromkeys(w.host for w in workers))
+    nodes = tuple(sorted({w.node for w in workers if w.node}))
+    leaving = len(decision.pods) - len(pods)
+    return replace(
+        decision,
+        pods=pods,
+        hosts=tuple(h for h in decision.hosts if h in hosts),
+        nodes=nodes,
+        count=len(pods),
+        to_workers=decision.to_workers + leaving,
+        message=f"{decision.message} (only workers on noticed nodes: the view is behind)",
+    )
