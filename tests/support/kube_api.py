@@ -37,7 +37,7 @@ import time
 import traceback
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -190,6 +190,9 @@ class KubeApiServer(PodWorkloads):
         self._watch_floor: dict[str, int] = {}  # serve(): older watch resourceVersions get 410
         self._rv = 0
         self._history: deque[_Event] = deque()
+        # the same events by resource key: a watch reads only its kind's events newer than its
+        # cursor (from the right), so a write costs O(watchers), not O(history x watchers)
+        self._history_of: dict[str, deque[_Event]] = {}
         self._compacted_rv = 0  # watches from a resourceVersion below this get 410 Gone
         self._faults: list[_Fault] = []
         self._watch_epoch, self._abrupt_drop, self._closing = 0, True, False
@@ -333,6 +336,7 @@ class KubeApiServer(PodWorkloads):
         """Forget all event history, like etcd compaction: older resourceVersions get 410."""
         with self._lock:
             self._history.clear()
+            self._history_of.clear()
             self._compacted_rv = self._rv
             self._lock.notify_all()
 
@@ -453,9 +457,13 @@ class KubeApiServer(PodWorkloads):
         return sorted(k for k in self._index.get(res.key, ()) if namespace in (None, k[1]))
 
     def _emit(self, res: Resource, type_: str, obj: Obj, old: Obj | None = None) -> None:
-        self._history.append(_Event(self._rv, res.key, type_, copy.deepcopy(obj), old))
+        event = _Event(self._rv, res.key, type_, copy.deepcopy(obj), old)
+        self._history.append(event)
+        self._history_of.setdefault(res.key, deque()).append(event)
         while len(self._history) > self.history_limit:
-            self._compacted_rv = self._history.popleft().rv
+            oldest = self._history.popleft()  # also the oldest of its own kind
+            self._history_of[oldest.key].popleft()
+            self._compacted_rv = oldest.rv
         self._lock.notify_all()
         if res.key in ("pods", "poddisruptionbudgets.policy"):
             self._pods_changed(res, obj, old)
@@ -1104,8 +1112,7 @@ class KubeApiServer(PodWorkloads):
                             break
                         out = [
                             e
-                            for ev in self._history
-                            if ev.rv > cursor and ev.key == res.key
+                            for ev in _newer(self._history_of.get(res.key, ()), cursor)
                             for e in self._translate(ev, match)
                         ]
                         cursor = max(cursor, self._rv)
@@ -1162,6 +1169,17 @@ class KubeApiServer(PodWorkloads):
             gone["metadata"]["resourceVersion"] = str(ev.rv)
             return [{"type": "DELETED", "object": gone}]
         return []
+
+
+def _newer(events: Sequence[_Event] | deque[_Event], cursor: int) -> list[_Event]:
+    """The events after `cursor`, oldest first, read from the right of a deque in rv order."""
+    out: list[_Event] = []
+    for ev in reversed(events):
+        if ev.rv <= cursor:
+            break
+        out.append(ev)
+    out.reverse()
+    return out
 
 
 class _HTTPServer(ThreadingHTTPServer):
