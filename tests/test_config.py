@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -123,6 +124,36 @@ def test_check_config_rejects_a_deadline_in_the_past(
     err = capsys.readouterr().err
     assert f"{path}:4: policies[0].deadline.at: 2020-01-01T00:00:00+00:00 is in the past" in err
     assert load_config(path).policy_set.policies[0].deadline is not None  # the daemon runs it
+
+
+def billion_laughs(levels: int = 6, width: int = 10) -> str:
+    """A few hundred bytes whose aliases expand to width**levels values (a million)."""
+    lines = ["a0: &a0 lol"]
+    for i in range(1, levels + 1):
+        lines.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * width) + "]")
+    return "\n".join(lines) + "\n"
+
+
+def test_an_alias_bomb_is_refused_at_its_line_within_a_second(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bomb.yaml"
+    path.write_text(billion_laughs())
+    assert len(path.read_bytes()) < 400
+    started = time.process_time()
+    assert main(["check-config", str(path)]) == 2
+    assert time.process_time() - started < 1.0  # it was 15 s of CPU, walking a million values
+    err = capsys.readouterr().err
+    # a5 expands to 111,111 values: the first collection over the cap
+    assert f"{path}:6: <top>: bad YAML: more than 50,000 values with its aliases expanded" in err
+
+
+def test_aliases_below_the_cap_still_work() -> None:
+    text = (
+        "policies:\n  - {name: default, limits: &n {min_workers: 2}}\n  - {name: b, limits: *n}\n"
+    )
+    assert parse_config(text).policy_set.policies[1].limits.min_workers == 2
+    assert problems(billion_laughs(levels=4))[0].startswith("bad.yaml:1: a0: unknown key")
 
 
 def test_bad_label_selector_is_a_config_problem() -> None:

@@ -1,5 +1,6 @@
-"""Any file, however broken, gets problems with file:line, never a traceback: mutated copies of
-the shipped example (bytes flipped, lines dropped or repeated, YAML oddities spliced in)."""
+"""Any file, however broken, gets problems with file:line, never a traceback nor a stall: mutated
+copies of the shipped example (bytes flipped, lines dropped or repeated, YAML oddities spliced in,
+an alias bomb among them)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,11 @@ ODDITIES = [
     b"limits: {min_workers: 1e400}\n",
     b"default_policy: .nan\n",
     b"prices: !!binary aGk=\n",
+    # an alias bomb: a million values from a few hundred bytes
+    b"a0: &a0 lol\n"
+    + b"".join(
+        b"a%d: &a%d [" % (i, i) + b", ".join([b"*a%d" % (i - 1)] * 10) + b"]\n" for i in range(1, 7)
+    ),
 ]
 
 
@@ -75,6 +81,7 @@ def test_mutated_configs_give_problems_never_tracebacks(tmp_path: Path, seed: in
             ":3: policies[0].scale_out.cooldown: duration out of range",
         ),
         (b"a: " + b"[" * 5000 + b"]" * 5000 + b"\n", ": <top>: nested too deeply"),
+        (ODDITIES[11], ":6: <top>: bad YAML: more than 50,000 values with its aliases expanded"),
     ],
 )
 def test_each_kind_of_broken_file_gets_one_clear_line(

@@ -138,11 +138,44 @@ def _line_at(data: bytes, offset: int) -> int:
 
 # deeper than any real config; the YAML parser and our walk recurse once per level
 _MAX_DEPTH = 64
+# values (keys, items, scalars) a document may hold with its aliases expanded; the example has
+# 163. A "billion laughs" of a few hundred bytes would otherwise take seconds to minutes to walk
+_MAX_VALUES = 50_000
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader whose composer stops, at the line where it happens, a document
+    expanding through aliases to more than _MAX_VALUES values (before the walk of a million
+    aliased values)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._values: dict[int, int] = {}  # id of a collection node -> values it expands to
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        event = self.peek_event()
+        node = super().compose_node(parent, index)
+        if isinstance(node, yaml.CollectionNode) and not isinstance(event, yaml.AliasEvent):
+            children = node.value if isinstance(node, yaml.SequenceNode) else _pairs(node)
+            values = 1 + sum(self._values.get(id(child), 1) for child in children)
+            if values > _MAX_VALUES:
+                message = f"more than {_MAX_VALUES:,} values with its aliases expanded"
+                raise _compose_error(message, event)
+            self._values[id(node)] = values
+        return node
+
+
+def _pairs(node: yaml.MappingNode) -> list[yaml.Node]:
+    return [part for pair in node.value for part in pair]
+
+
+def _compose_error(message: str, event: yaml.Event) -> yaml.composer.ComposerError:
+    return yaml.composer.ComposerError(None, None, message, event.start_mark)
 
 
 def _parse(text: str, source: str) -> tuple[Config, dict[KeyPath, int]]:
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        root = yaml.compose(text, Loader=_Loader)
     except RecursionError:
         raise ConfigError([Problem(source, None, "", "nested too deeply")]) from None
     except yaml.YAMLError as exc:
@@ -239,7 +272,7 @@ def _to_python(
 
 def _scalar(node: yaml.Node, unreadable: Any) -> Any:
     try:
-        value = yaml.SafeLoader("").construct_object(node, deep=True)
+        value = yaml.constructor.SafeConstructor().construct_object(node, deep=True)
     except yaml.YAMLError as exc:  # e.g. an unknown tag (!!python/object...)
         raise unreadable(f"bad YAML: {getattr(exc, 'problem', None) or exc}") from None
     try:
