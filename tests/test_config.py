@@ -156,6 +156,39 @@ def test_aliases_below_the_cap_still_work() -> None:
     assert problems(billion_laughs(levels=4))[0].startswith("bad.yaml:1: a0: unknown key")
 
 
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        # nesting: flow and block, found by the composer at the line it happens (not a
+        # RecursionError without one)
+        ("a: 1\nb: " + "[" * 5000 + "]" * 5000, "bad.yaml:2: <top>: bad YAML: nested deeper"),
+        ("a: 1\n" + "".join("  " * i + "k:\n" for i in range(100)), "bad.yaml:66: <top>: bad"),
+        # the reader's position, turned into a line
+        ("a: 1\nb: 2\nc: x\x02y\n", "bad.yaml:3: <top>: bad YAML: unacceptable character #x0002"),
+        # explicit tags on values they cannot be: a config error, not a ValueError
+        ("a: 1\nb: !!int x\n", "bad.yaml:2: b: bad YAML: 'x' is not a valid !!int"),
+        ("b: !!float nope\n", "bad.yaml:1: b: bad YAML: 'nope' is not a valid !!float"),
+        ("a: 1\nb: !!bool maybe\n", "bad.yaml:2: b: bad YAML: 'maybe' is not a valid !!bool"),
+        ("\n\nb: !!timestamp 2020-13-45\n", "bad.yaml:3: b: bad YAML: '2020-13-45' is not"),
+        # a key the file lacks points at line 1
+        ("policies:\n  - name: x\n    limits: {min_workers: z}\n", "bad.yaml:1: default_policy:"),
+    ],
+)
+def test_every_rejected_config_names_its_line(text: str, says: str) -> None:
+    found = problems(text)
+    assert any(p.startswith(says) for p in found), found
+
+
+def test_a_tag_on_a_bad_value_is_a_config_error_with_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "tagged.yaml"
+    path.write_text("policies:\n  - name: default\n    limits: {min_workers: !!int x}\n")
+    assert main(["check-config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:3: policies[0].limits.min_workers: bad YAML: 'x' is not a valid !!int" in err
+
+
 def test_bad_label_selector_is_a_config_problem() -> None:
     found = problems("kubernetes:\n  label_selector: 'team in (a,b), ==x'\n")
     assert any(

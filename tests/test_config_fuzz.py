@@ -1,6 +1,6 @@
 """Any file, however broken, gets problems with file:line, never a traceback nor a stall: mutated
-copies of the shipped example (bytes flipped, lines dropped or repeated, YAML oddities spliced in,
-an alias bomb among them)."""
+copies of the shipped example (bytes flipped, lines dropped or repeated, YAML oddities spliced in:
+alias bombs, deep nesting, control characters, explicit tags on bad values)."""
 
 from __future__ import annotations
 
@@ -32,6 +32,14 @@ ODDITIES = [
     + b"".join(
         b"a%d: &a%d [" % (i, i) + b", ".join([b"*a%d" % (i - 1)] * 10) + b"]\n" for i in range(1, 7)
     ),
+    b"x: " + b"{y: " * 80 + b"1" + b"}" * 80 + b"\n",  # nested deeper than the composer allows
+    b"".join(b"  " * i + b"k:\n" for i in range(70)),
+    b"name: a\x02b\n",  # control characters the reader refuses
+    b"cooldown: \x1b[0m\n",
+    b"min_workers: !!int x\n",  # explicit tags on values they cannot be
+    b"enabled: !!bool maybe\n",
+    b"at: !!timestamp 2020-13-45\n",
+    b"max_price_per_gpu_hour: !!float cheap\n",
 ]
 
 
@@ -65,7 +73,10 @@ def test_mutated_configs_give_problems_never_tracebacks(tmp_path: Path, seed: in
             check_config(path)
         except ConfigError as exc:
             bad += 1
-            assert exc.problems and all(str(p).startswith(str(path)) for p in exc.problems)
+            assert exc.problems and all(
+                str(p).startswith(f"{path}:{p.line}:") for p in exc.problems
+            )
+            assert all(p.line for p in exc.problems), exc.problems  # every problem has its line
     assert bad > 10  # not vacuous: many mutants are broken
 
 
@@ -80,7 +91,13 @@ def test_mutated_configs_give_problems_never_tracebacks(tmp_path: Path, seed: in
             b"policies:\n  - name: d\n    scale_out: {cooldown: 99999999999999999999d}\n",
             ":3: policies[0].scale_out.cooldown: duration out of range",
         ),
-        (b"a: " + b"[" * 5000 + b"]" * 5000 + b"\n", ": <top>: nested too deeply"),
+        (b"a: " + b"[" * 5000 + b"]" * 5000 + b"\n", ":1: <top>: bad YAML: nested deeper than 64"),
+        (
+            b"a: 1\nx: " + b"{y: " * 80 + b"1" + b"}" * 80,
+            ":2: <top>: bad YAML: nested deeper than 64",
+        ),
+        (b"a: 1\nb: x\x02\n", ":2: <top>: bad YAML: unacceptable character #x0002"),
+        (b"a: 1\nb: !!int x\n", ":2: b: bad YAML: 'x' is not a valid !!int"),
         (ODDITIES[11], ":6: <top>: bad YAML: more than 50,000 values with its aliases expanded"),
     ],
 )

@@ -136,7 +136,7 @@ def _line_at(data: bytes, offset: int) -> int:
     return data.count(b"\n", 0, offset) + 1
 
 
-# deeper than any real config; the YAML parser and our walk recurse once per level
+# deeper than any real config; the YAML composer and our walk recurse once per level
 _MAX_DEPTH = 64
 # values (keys, items, scalars) a document may hold with its aliases expanded; the example has
 # 163. A "billion laughs" of a few hundred bytes would otherwise take seconds to minutes to walk
@@ -145,16 +145,23 @@ _MAX_VALUES = 50_000
 
 class _Loader(yaml.SafeLoader):
     """PyYAML's safe loader whose composer stops, at the line where it happens, a document
-    expanding through aliases to more than _MAX_VALUES values (before the walk of a million
-    aliased values)."""
+    nested deeper than _MAX_DEPTH or expanding through aliases to more than _MAX_VALUES values
+    (before Python's recursion limit or the walk of a million aliased values)."""
 
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
+        self._depth = 0
         self._values: dict[int, int] = {}  # id of a collection node -> values it expands to
 
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
         event = self.peek_event()
-        node = super().compose_node(parent, index)
+        if self._depth > _MAX_DEPTH:
+            raise _compose_error(f"nested deeper than {_MAX_DEPTH} levels", event)
+        self._depth += 1
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
         if isinstance(node, yaml.CollectionNode) and not isinstance(event, yaml.AliasEvent):
             children = node.value if isinstance(node, yaml.SequenceNode) else _pairs(node)
             values = 1 + sum(self._values.get(id(child), 1) for child in children)
@@ -173,17 +180,24 @@ def _compose_error(message: str, event: yaml.Event) -> yaml.composer.ComposerErr
     return yaml.composer.ComposerError(None, None, message, event.start_mark)
 
 
+def _yaml_problem(exc: yaml.YAMLError, text: str) -> tuple[int | None, str]:
+    """(line, message) of a YAML error: the reader's (a control character) has a position in
+    the text, the others a mark."""
+    if isinstance(exc, yaml.reader.ReaderError) and isinstance(exc.character, int):
+        line = text.count("\n", 0, exc.position) + 1
+        return line, f"unacceptable character #x{exc.character:04x}: {exc.reason}"
+    mark = getattr(exc, "problem_mark", None)
+    line = mark.line + 1 if mark is not None else None
+    return line, getattr(exc, "problem", None) or str(exc)
+
+
 def _parse(text: str, source: str) -> tuple[Config, dict[KeyPath, int]]:
     try:
         root = yaml.compose(text, Loader=_Loader)
-    except RecursionError:
-        raise ConfigError([Problem(source, None, "", "nested too deeply")]) from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        problem = getattr(exc, "problem", None) or str(exc)
+        line, problem = _yaml_problem(exc, text)
         raise ConfigError([Problem(source, line, "", f"bad YAML: {problem}")]) from exc
-    lines: dict[KeyPath, int] = {}
+    lines: dict[KeyPath, int] = {(): 1}  # an empty file's missing keys: line 1
     problems: list[Problem] = []
     try:
         data = _to_python(root, (), lines, problems, source) if root is not None else {}
@@ -212,7 +226,7 @@ def _naming_problems(
     names = [p.get("name") for p in policies if isinstance(p, dict)]
     reported = " ".join(p.message for p in already)
     return [
-        Problem(source, lines.get((key,)), key, message)
+        Problem(source, _line(lines, (key,)), key, message)
         for key, message in naming_problems(names, data.get("default_policy", "default"))
         if message not in reported
     ]
@@ -275,6 +289,9 @@ def _scalar(node: yaml.Node, unreadable: Any) -> Any:
         value = yaml.constructor.SafeConstructor().construct_object(node, deep=True)
     except yaml.YAMLError as exc:  # e.g. an unknown tag (!!python/object...)
         raise unreadable(f"bad YAML: {getattr(exc, 'problem', None) or exc}") from None
+    except Exception:  # a value its explicit tag cannot be: `!!int x`, `!!bool maybe`
+        tag = str(node.tag).replace("tag:yaml.org,2002:", "!!")
+        raise unreadable(f"bad YAML: {node.value!r} is not a valid {tag}") from None
     try:
         hash(value)
     except TypeError:
