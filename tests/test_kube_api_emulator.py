@@ -252,7 +252,7 @@ def test_merge_and_json_patches(v1: client.CoreV1Api, crd: client.CustomObjectsA
         ],
     )
     assert patched.metadata.labels == {"a": "9", "b": "2"}
-    assert patched.metadata.annotations == {}
+    assert patched.metadata.annotations is None  # omitempty: the last one gone, the map too
     with pytest.raises(ApiException) as failed_test:
         v1.patch_namespaced_pod(
             "p", NS, [{"op": "test", "path": "/metadata/labels/a", "value": "1"}]

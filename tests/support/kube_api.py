@@ -456,6 +456,14 @@ class KubeApiServer(PodWorkloads):
     def _keys(self, res: Resource, namespace: str | None = None) -> list[Key]:
         return sorted(k for k in self._index.get(res.key, ()) if namespace in (None, k[1]))
 
+    @staticmethod
+    def _omit_empty(meta: Obj) -> None:
+        """ObjectMeta's maps and lists are `omitempty`: a real server never returns them empty
+        (merge-patching away the last annotation drops `annotations` altogether)."""
+        for key in ("labels", "annotations", "finalizers", "ownerReferences"):
+            if key in meta and not meta[key]:
+                del meta[key]
+
     def _emit(self, res: Resource, type_: str, obj: Obj, old: Obj | None = None) -> None:
         event = _Event(self._rv, res.key, type_, copy.deepcopy(obj), old)
         self._history.append(event)
@@ -490,6 +498,7 @@ class KubeApiServer(PodWorkloads):
             "managedFields",
         ):
             meta.pop(server_owned, None)
+        self._omit_empty(meta)
         self._objects[key] = obj
         self._index.setdefault(res.key, set()).add(key)
         self._emit(res, "ADDED", obj)
@@ -510,6 +519,7 @@ class KubeApiServer(PodWorkloads):
         for k in owned:
             if k in old_meta and not (deleting and k == "generation"):
                 meta[k] = old_meta[k]
+        self._omit_empty(meta)
         if new == old:
             return copy.deepcopy(old)
         spec_of = lambda o: {k: v for k, v in o.items() if k not in ("metadata", "status")}  # noqa: E731
