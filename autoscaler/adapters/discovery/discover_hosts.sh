@@ -8,7 +8,9 @@
 # ends the job if the first call fails, so it always exits 0, and (docs/discovery.md):
 #   - it never prints a torn hostfile: the operator rewrites it in place (`echo ... > hostfile`:
 #     truncate, then write), so a view counts only when two whole-file reads in a row agree, it
-#     ends with a newline and holds a valid line; otherwise the last good view is used;
+#     ends with a newline, holds a valid line, and the file was not written from a quiet time
+#     (0.05 s) before the first read until after the second; otherwise it waits for that and
+#     reads again (for up to ~0.2 s), then uses the last good view;
 #   - it prints only lines Horovod parses as meant (`^[A-Za-z0-9_.-]+:[0-9]+$`, slots > 0), the
 #     first of a repeated host, and never blank lines or comments (`# x` would be a host);
 #   - it keeps a host of the previous output (the anchor) until a host it prints is settled in
@@ -25,7 +27,8 @@
 # SPOT_DRAIN_FILE      hosts to hide, one per line            default /etc/edl/drained-hosts
 # SPOT_CACHE_FILE      the last output; CACHE.view (the last  default /etc/edl/last-hosts
 #                      good hostfile) and CACHE.times (per-host times) beside it. They belong to
-#                      one horovodrun run: remove CACHE* before starting it
+#                      one horovodrun run: remove CACHE* before starting it (CACHE.quiet only
+#                      marks a time: the start of the last quiet wait)
 # SPOT_ASSIGNED_FILE   hosts running a worker, sorted, one    default /etc/edl/assigned-hosts
 #                      per line (the sidecar publishes it); written while any is seen
 # SPOT_SETTLE_SECONDS  assigned this long: its worker runs   default 15
@@ -68,10 +71,43 @@ snapshot() {
     snap=${snap%.}
 }
 
-now=''
-{ IFS=' ' read -r now _ < "$proc/uptime"; } 2>/dev/null
-now=${now%%.*}
-case $now in *[!0123456789]* | '') now=$(date +%s) ;; esac
+# newer FILE: FILE was last written strictly after the hostfile (find compares to the ns).
+newer() {
+    [ -n "$(find "$1" -newer "$hostfile" 2>/dev/null)" ]
+}
+
+# whole: 0 when the hostfile is proven whole: a second read agrees with $snap, the file ends
+# with a newline, and it has not been written since the stamp (CACHE.quiet), which is at least
+# $steps steps old (quiet, below): a writer that truncates and writes in pieces would have to
+# stall longer than that in between. Without a stamp (an unwritable directory) the read from
+# before the wait must agree too.
+whole() {
+    seen=$snap
+    snapshot
+    [ "$snap" = "$seen" ] || return 1
+    case $snap in *"$nl") ;; *) return 1 ;; esac
+    if [ "$stamped" = 1 ]; then newer "$stamp"; else [ "$snap" = "$before" ]; fi
+}
+
+# quiet: wait until the hostfile has not been written for $steps steps of 0.01 s: a new stamp,
+# written again whenever the hostfile is written after it, takes CACHE.quiet's place once it is
+# that old. 1 when the $budget of steps runs out first.
+quiet() {
+    before=$snap age=0
+    { echo > "$stamp.$$"; } 2>/dev/null || stamped=0
+    while [ "$age" -lt "$steps" ]; do
+        [ "$budget" -gt 0 ] || { rm -f "$stamp.$$"; return 1; }
+        budget=$((budget - 1))
+        sleep 0.01 2>/dev/null
+        if [ "$stamped" = 0 ] || newer "$stamp.$$"; then
+            age=$((age + 1))
+        else
+            { echo > "$stamp.$$"; } 2>/dev/null
+            age=0
+        fi
+    done
+    [ "$stamped" = 0 ] || mv -f "$stamp.$$" "$stamp" 2>/dev/null || stamped=0
+}
 
 fresh=0
 if [ -n "$base" ]; then
@@ -85,21 +121,21 @@ if [ -n "$base" ]; then
         snap=''
     fi
 else
-    # The hostfile counts when two whole-file reads in a row agree (a few tries) and it ends
-    # with a newline: a cut at a line boundary needs the writer to stall between the two reads.
+    # The hostfile counts once it is proven whole (whole, above), after a quiet wait when it was
+    # written since the stamp. The wait gives up after ~0.2 s.
+    steps=5 stamp=$cache.quiet stamped=1 before='' budget=20
     snapshot
-    tries=1
-    while [ "$tries" -lt 5 ]; do
-        seen=$snap
+    while ! whole; do
+        quiet || { snap=''; break; }
         snapshot
-        if [ "$snap" = "$seen" ]; then
-            case $snap in *"$nl") fresh=1 ;; esac
-            break
-        fi
-        tries=$((tries + 1))
     done
-    [ "$fresh" = 1 ] || snap=''
+    case $snap in ?*) fresh=1 ;; esac
 fi
+
+now=''
+{ IFS=' ' read -r now _ < "$proc/uptime"; } 2>/dev/null
+now=${now%%.*}
+case $now in *[!0123456789]* | '') now=$(date +%s) ;; esac
 
 # Hosts with a live worker: one pipeline over the process table. The pattern never matches its
 # own command line: there `HOROVOD_HOSTNAME=` is followed by `\(`, not by a hostname.
