@@ -463,6 +463,19 @@ def test_in_place_rewrites_never_reach_horovod_torn(edl: Overlay, rewriter: None
     assert VIEW_A in outputs and VIEW_B in outputs  # rewrites do get through
 
 
+@pytest.mark.parametrize("rewriter", ["stalls"], indirect=True)
+def test_a_first_call_during_rewrites_prints_a_whole_view(edl: Overlay, rewriter: None) -> None:
+    """With no last good view yet (a new horovodrun), the call waits for a whole view instead of
+    printing nothing (or a torn one)."""
+    outputs = []
+    for _ in range(30):
+        for state in edl.dir.glob("last-hosts*"):
+            state.unlink()
+        outputs.append(edl.discover())
+    print(f"\n{count(outputs)}")
+    assert [o for o in outputs if o not in (VIEW_A, VIEW_B)] == []
+
+
 def stalled_rewrite(edl: Overlay, first: str, stall: float, rest: str) -> tuple[str, float]:
     """One call of the script while the hostfile is rewritten in place in two chunks with a
     stall between them: (its output, how long the stall really was)."""
@@ -492,6 +505,13 @@ def test_a_half_written_file_two_reads_agree_on_is_not_taken(edl: Overlay) -> No
         if conclusive == 3:
             break
     assert conclusive == 3
+
+
+def test_the_first_call_waits_for_the_first_whole_view(edl: Overlay) -> None:
+    """No last good view yet: a truncated hostfile is read again for up to about a second, not
+    answered with no host at all."""
+    output, stalled = stalled_rewrite(edl, "", 0.3, VIEW_B)
+    assert output == VIEW_B, f"stalled {stalled:.3f} s"
 
 
 # --- one table for both guards: the script (overlay) and the Python guard (owned file) ---------

@@ -10,7 +10,8 @@
 #     truncate, then write), so a view counts only when two whole-file reads in a row agree, it
 #     ends with a newline, holds a valid line, and the file was not written from a quiet time
 #     (0.05 s) before the first read until after the second; otherwise it waits for that and
-#     reads again (for up to ~0.2 s), then uses the last good view;
+#     reads again (for up to ~0.2 s, or ~1 s while it has no last good view yet), then uses the
+#     last good view;
 #   - it prints only lines Horovod parses as meant (`^[A-Za-z0-9_.-]+:[0-9]+$`, slots > 0), the
 #     first of a repeated host, and never blank lines or comments (`# x` would be a host);
 #   - it keeps a host of the previous output (the anchor) until a host it prints is settled in
@@ -122,8 +123,11 @@ if [ -n "$base" ]; then
     fi
 else
     # The hostfile counts once it is proven whole (whole, above), after a quiet wait when it was
-    # written since the stamp. The wait gives up after ~0.2 s.
+    # written since the stamp. The wait gives up after ~0.2 s when there is a last good view to
+    # fall back on, after ~1 s when there is none yet (the first call of a horovodrun), so that
+    # the first view is whole too.
     steps=5 stamp=$cache.quiet stamped=1 before='' budget=20
+    [ -s "$cache.view" ] || budget=80
     snapshot
     while ! whole; do
         quiet || { snap=''; break; }
