@@ -207,6 +207,9 @@ class Outcome:
             "drain_p50_s": _round(r.median()),
             "drain_p99_s": _round(r.percentile(0.99)),
             "drain_max_s": _round(r.percentile(1.0)),
+            # notice -> every noticed worker named by a ScaleIn (after the server confirmed it)
+            "scale_in_p50_s": _round(percentile(r.scale_in_latencies(), 0.5)),
+            "scale_in_p99_s": _round(percentile(r.scale_in_latencies(), 0.99)),
             "drain_p99_steady_s": _round(
                 percentile(
                     [n.latency for n in r.notices if n.latency is not None and self.steady(n)], 0.99

@@ -145,6 +145,7 @@ class Notice:
     pods: dict[str, str]  # pod uid -> job
     names: dict[str, str]  # pod uid -> pod name (the host)
     drained_at: dict[str, float] = field(default_factory=dict)
+    named_at: dict[str, float] = field(default_factory=dict)  # uid -> first named by a ScaleIn
     fate: dict[str, str] = field(default_factory=dict)  # uid -> removed / drained_reclaim / ...
     # workers that were their job's last hosts off noticed nodes: the daemon keeps such a host
     # visible until a replacement runs (Horovod must not lose its whole host set), so their
@@ -162,6 +163,15 @@ class Notice:
         if not timed or not timed <= self.drained_at.keys():
             return None
         return max(self.drained_at[uid] for uid in timed) - self.t
+
+    @property
+    def scale_in_latency(self) -> float | None:
+        """Notice -> every timed worker named by a ScaleIn of ours; None if one never was (the
+        reclaim came first, or the notice was withdrawn)."""
+        timed = self.timed
+        if not timed or not timed <= self.named_at.keys():
+            return None
+        return max(self.named_at[uid] for uid in timed) - self.t
 
 
 def percentile(xs: list[float], q: float) -> float | None:
@@ -185,6 +195,9 @@ class Report:
 
     def latencies(self) -> list[float]:
         return sorted(n.latency for n in self.notices if n.latency is not None)
+
+    def scale_in_latencies(self) -> list[float]:
+        return sorted(n.scale_in_latency for n in self.notices if n.scale_in_latency is not None)
 
     def percentile(self, q: float) -> float | None:
         return percentile(self.latencies(), q)
@@ -491,6 +504,9 @@ class _State:
                 continue
             pod = self.pod_named(pod_name)
             resolved[pod_name] = pod["metadata"]["uid"] if pod else None
+            for n in self.notices:
+                if pod and pod["metadata"]["uid"] in n.pods:
+                    n.named_at.setdefault(pod["metadata"]["uid"], e.t)
             ident = (pod_name, pod["metadata"]["uid"] if pod else None)
             first = self.named.setdefault(ident, key[1])
             if first != key[1]:
