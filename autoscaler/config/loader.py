@@ -184,11 +184,10 @@ def _yaml_problem(exc: yaml.YAMLError, text: str) -> tuple[int | None, str]:
     """(line, message) of a YAML error: the reader's (a control character) has a position in
     the text, the others a mark."""
     if isinstance(exc, yaml.reader.ReaderError) and isinstance(exc.character, int):
-        line = text.count("\n", 0, exc.position) + 1
-        return line, f"unacceptable character #x{exc.character:04x}: {exc.reason}"
+        at = text.count("\n", 0, exc.position) + 1
+        return at, f"unacceptable character #x{exc.character:04x}: {exc.reason}"
     mark = getattr(exc, "problem_mark", None)
-    line = mark.line + 1 if mark is not None else None
-    return line, getattr(exc, "problem", None) or str(exc)
+    return mark.line + 1 if mark is not None else None, getattr(exc, "problem", None) or str(exc)
 
 
 def _parse(text: str, source: str) -> tuple[Config, dict[KeyPath, int]]:
