@@ -97,7 +97,7 @@ def availability(trace: list[TraceEvent]) -> list[tuple[float, int]]:
     for e in trace:
         if e.kind == "add":
             up.add(e.node)
-        else:
+        elif e.kind == "remove":
             up.discard(e.node)
         if series[-1][0] == e.t:
             series[-1] = (e.t, len(up))

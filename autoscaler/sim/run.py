@@ -32,7 +32,13 @@ from autoscaler.sim.cluster import (
 from autoscaler.sim.trace import TraceEvent
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)  # simulated time starts here: runs are reproducible
-_ORDER = {"remove": 0, "add": 1, "notice": 2, "tick": 3}  # same instant: world first, then react
+_ORDER = {
+    "remove": 0,
+    "price": 1,
+    "add": 2,
+    "notice": 3,
+    "tick": 4,
+}  # same instant: world first, then react
 
 
 @dataclass
@@ -164,6 +170,7 @@ def replay(
     for i in range(settings.on_demand_nodes):
         cluster.add_node(_node(config, f"on-demand-{i + 1}", spot=False))
     nodes_max = 0
+    price_factor = 1.0  # on the spot price, from the trace's price lines
     noticed_workers: dict[str, int] = {}  # noticed node -> running workers it had then
     spot_nodes: list[tuple[float, int]] = [(0.0, 0)]
     notices_at: list[float] = []
@@ -182,13 +189,19 @@ def replay(
         while events and events[0][0] == t:
             _, _, kind, node = heapq.heappop(events)
             if kind == "add":
-                cluster.add_node(_node(config, node, spot=True))
+                cluster.add_node(_node(config, node, spot=True, factor=price_factor))
                 nodes_max = max(nodes_max, len(cluster.nodes))
                 spot_nodes.append((t, spot_nodes[-1][1] + 1))
             elif kind == "remove":
                 losses = cluster.remove_node(node, now)
                 _tally_removal(notices, losses, noticed_workers.pop(node, 0))
                 spot_nodes.append((t, spot_nodes[-1][1] - 1))
+            elif kind == "price":
+                price_factor = float(node)
+                priced = _node(config, "", spot=True, factor=price_factor).price_per_hour
+                for up in cluster.nodes.values():
+                    if up.capacity is CapacityType.SPOT:
+                        up.price_per_hour = priced
             elif kind == "notice":
                 notices.posted += 1
                 notices_at.append(t)
@@ -232,6 +245,8 @@ def _schedule(
     dropped = 0
     for e in trace:
         events.append((e.t, _ORDER[e.kind], e.kind, e.node))
+        if e.kind == "price":
+            continue
         if e.kind == "add":
             added_at[e.node] = e.t
         elif rng.random() < miss:
@@ -246,7 +261,10 @@ def _schedule(
     return events, dropped
 
 
-def _node(config: Config, name: str, spot: bool, pooled: bool = False) -> SimNode:
+def _node(
+    config: Config, name: str, spot: bool, pooled: bool = False, factor: float = 1.0
+) -> SimNode:
+    """A node of the simulated instance type; a spot one at `factor` times its price."""
     s = config.simulate
     fallback = s.spot_price_per_hour if spot else s.on_demand_price_per_hour
     price = config.prices.for_node(s.instance_type, spot, s.gpus_per_node, warn=False)
@@ -254,7 +272,7 @@ def _node(config: Config, name: str, spot: bool, pooled: bool = False) -> SimNod
         name=name,
         gpus=s.gpus_per_node,
         capacity=CapacityType.SPOT if spot else CapacityType.ON_DEMAND,
-        price_per_hour=fallback if price is None else price,
+        price_per_hour=(fallback if price is None else price) * (factor if spot else 1.0),
         instance_type=s.instance_type,
         pooled=pooled,
     )

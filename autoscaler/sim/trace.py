@@ -1,7 +1,11 @@
-"""Spot availability traces: Bamboo's `t_ms,add|remove,nodeN` lines, or a seeded synthetic one."""
+"""Spot availability traces: Bamboo's `t_ms,add|remove,nodeN` lines, or a seeded synthetic one.
+
+A trace may also say what spot costs: `t_ms,price,F` makes every spot node cost F times the
+instance's spot price from then on (1 is the list price; the adversarial traces have spikes)."""
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,8 +19,13 @@ class TraceError(ValueError):
 @dataclass(frozen=True, slots=True, order=True)
 class TraceEvent:
     t: float  # seconds from the start of the trace
-    kind: Literal["add", "remove"]
-    node: str
+    kind: Literal["add", "remove", "price"]
+    node: str  # for a price event, the factor on the spot price (as written)
+
+    @property
+    def factor(self) -> float:
+        """A price event's factor on the instance's spot price."""
+        return float(self.node)
 
 
 def read_trace(path: str | Path) -> list[TraceEvent]:
@@ -31,8 +40,10 @@ def parse_trace(text: str, source: str = "<trace>") -> list[TraceEvent]:
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) != 3 or parts[1] not in ("add", "remove") or not parts[2]:
+        if len(parts) != 3 or parts[1] not in ("add", "remove", "price") or not parts[2]:
             raise TraceError(f"{source}:{number}: expected 't_ms,add|remove,node', got {line!r}")
+        if parts[1] == "price" and not _factor(parts[2]):
+            raise TraceError(f"{source}:{number}: price factor {parts[2]!r} is not a number > 0")
         try:
             t_ms = float(parts[0])
         except ValueError:
@@ -40,9 +51,22 @@ def parse_trace(text: str, source: str = "<trace>") -> list[TraceEvent]:
         if t_ms < 0:
             raise TraceError(f"{source}:{number}: negative time {parts[0]}")
         events.append(TraceEvent(t_ms / 1000.0, parts[1], parts[2]))  # type: ignore[arg-type]
-    if not events:
+    if not any(e.kind != "price" for e in events):
         raise TraceError(f"{source}: no events")
-    return sorted(events, key=lambda e: (e.t, e.kind != "remove"))
+    return sorted(events, key=event_order)
+
+
+def event_order(e: TraceEvent) -> tuple[float, int]:
+    """At one instant: removals, then prices, then additions."""
+    return (e.t, ("remove", "price", "add").index(e.kind))
+
+
+def _factor(text: str) -> bool:
+    try:
+        value = float(text)
+    except ValueError:
+        return False
+    return math.isfinite(value) and value > 0
 
 
 def synthetic_trace(
@@ -82,4 +106,4 @@ def synthetic_trace(
             events.append(TraceEvent(round(a, 3), "add", name))
             if b < end:
                 events.append(TraceEvent(round(b, 3), "remove", name))
-    return sorted(events, key=lambda e: (e.t, e.kind != "remove"))
+    return sorted(events, key=event_order)
