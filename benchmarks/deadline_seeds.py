@@ -1,70 +1,97 @@
-"""`spot-autoscaler bench` with a deadline over several seeds: min/median/max per policy.
+"""The deadline rule against Uniform Progress on real and adversarial traces: the dominance gate.
 
-The seed draws which notices go missing and where the static job starts; the deadline policies'
-figures move with it. For each trace and seed this runs the same `run_bench` the CLI runs and
-prints, per policy, completion hours, cost to target and restarts as min / median / max.
+For each trace and deadline (multiples of the job's on-demand time, default 1.5x and 2x) this
+replays the autoscaler's `paced` rule and the `uniform_progress` baseline (autoscaler/bench/
+dominance.py) and prints one row per trace, then the aggregate: deadlines missed where UP met
+them, cost to the work target against UP (min / median / max), whole-job restarts, and every
+trace that breaks the gate (a deadline UP meets and we miss, or a cost above UP's). Exits 1 when
+the gate is broken.
 
-    .venv/bin/python benchmarks/deadline_seeds.py ../shared/data/traces/bamboo-p3-trace.csv \
-        ../shared/data/traces/bamboo-g4dn-trace.csv [--job-hours 4] [--deadline 8] \
-        [--seeds 1 2 3] [--json FILE]
+The traces: those named on the command line (e.g. Bamboo's, read from ../shared/data/traces/),
+and `--family N` adversarial ones (seeds 1..N: autoscaler/sim/adversarial.py), each
+`--family-hours` long (default 2.5x the job) with 8, 16 or 24 spot nodes by seed.
+
+    .venv/bin/python benchmarks/deadline_seeds.py ../shared/data/traces/bamboo-p3-trace.csv \\
+        ../shared/data/traces/bamboo-g4dn-trace.csv --family 200 [--job-hours 4] \\
+        [--deadlines 1.5 2] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
+from autoscaler.bench.dominance import Row, aggregate, compare, gate
 from autoscaler.bench.params import BenchParams
-from autoscaler.bench.report import summary
-from autoscaler.bench.runner import run_bench
-from autoscaler.sim.trace import read_trace
+from autoscaler.sim.adversarial import adversarial_trace
+from autoscaler.sim.trace import TraceEvent, read_trace
 
-FIGURES = ("completion_hours", "cost_to_target_usd", "restarts")
-
-
-def spread(values: list[float | None]) -> list[float] | None:
-    """[min, median, max], or None when any run never got there."""
-    if any(v is None for v in values):
-        return None
-    known = [float(v) for v in values if v is not None]
-    return [round(min(known), 2), round(statistics.median(known), 2), round(max(known), 2)]
+NODES = (8, 16, 24)  # spot nodes of a generated trace, by seed
 
 
-def trace_figures(path: Path, params: BenchParams, seeds: list[int]) -> dict[str, Any]:
-    trace = read_trace(path)
-    runs = [summary(run_bench(params, trace, str(path), seed))["policies"] for seed in seeds]
-    return {
-        name: {f: spread([run[name][f] for run in runs]) for f in FIGURES}
-        | {"met_deadline": all(run[name]["met_deadline"] for run in runs)}
-        for name in runs[0]
-    }
+def traces(args: argparse.Namespace) -> Iterator[tuple[str, list[TraceEvent]]]:
+    for path in args.traces:
+        yield path.name, read_trace(path)
+    hours = args.family_hours or 2.5 * args.job_hours
+    for seed in range(args.first_seed, args.first_seed + args.family):
+        nodes = NODES[seed % len(NODES)]
+        yield f"adversarial-{seed}-{nodes}n", adversarial_trace(seed, hours, nodes)
 
 
-def main() -> None:
+def _cell(v: object) -> str:
+    if v is None:
+        return "—"
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def row_line(r: Row) -> str:
+    o, u = r.ours, r.up
+    return (
+        f"| {r.trace} | {r.deadline_hours:g} | {_cell(u.completion_hours)} | "
+        f"{_cell(o.completion_hours)} | {_cell(u.cost_to_target)} | {_cell(o.cost_to_target)} | "
+        f"{_cell(r.cost_ratio)} | {u.restarts} / {o.restarts} | "
+        f"{'; '.join(r.breaks) or 'ok'} |"
+    )
+
+
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("traces", nargs="+", type=Path)
+    parser.add_argument("traces", nargs="*", type=Path)
     parser.add_argument("--job-hours", type=float, default=4.0)
-    parser.add_argument("--deadline", type=float, default=8.0)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--deadlines", type=float, nargs="+", default=[1.5, 2.0])
+    parser.add_argument("--family", type=int, default=0, help="adversarial traces (seeds)")
+    parser.add_argument("--first-seed", type=int, default=1)
+    parser.add_argument("--family-hours", type=float, help="default: 2.5 x --job-hours")
+    parser.add_argument("--json", type=Path, help="also write rows and aggregate here")
     args = parser.parse_args()
     params = BenchParams().with_job_hours(args.job_hours)
-    params = params.model_copy(update={"deadline_hours": args.deadline})
-    result = {p.name: trace_figures(p, params, args.seeds) for p in args.traces}
-    for trace, policies in result.items():
-        head = f"--job-hours {args.job_hours:g} --deadline {args.deadline:g}"
-        print(f"{trace}: {head}, seeds {args.seeds}")
-        print("| policy | completion h | cost to target $ | restarts | met deadline |")
-        print("|---|---|---|---|---|")
-        for name, f in policies.items():
-            cells = ["—" if f[k] is None else " / ".join(f"{v:g}" for v in f[k]) for k in FIGURES]
-            print(f"| {name} | {' | '.join(cells)} | {'yes' if f['met_deadline'] else 'no'} |")
+    started = time.perf_counter()
+    print(f"--job-hours {args.job_hours:g}, deadlines {args.deadlines} x the job's hours\n")
+    print(
+        "| trace | deadline x | UP done h | ours done h | UP $ to target | ours $ | ours/UP "
+        "| restarts UP / ours | gate |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    rows: list[Row] = []
+    for name, trace in traces(args):
+        for multiple in args.deadlines:
+            row = compare(params, trace, name, multiple * args.job_hours)
+            rows.append(row)
+            print(row_line(row).replace(f"| {row.deadline_hours:g} |", f"| {multiple:g} |"))
+            sys.stdout.flush()
+    summary = aggregate(rows)
+    summary["wall_seconds"] = round(time.perf_counter() - started, 1)
+    print("\n" + json.dumps(summary, indent=2))
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        args.json.write_text(
+            json.dumps({"rows": [r.as_dict() for r in rows], "aggregate": summary}, indent=2) + "\n"
+        )
+    return 1 if gate(rows) else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

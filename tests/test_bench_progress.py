@@ -84,13 +84,17 @@ def test_work_over_time_shows_stalls_and_rollbacks() -> None:
     assert p.history[4:] == [(287.5, pytest.approx(kept)), (1000.0, pytest.approx(p.work))]
 
 
-def test_reported_progress_is_a_clamped_fraction_and_a_per_worker_rate() -> None:
+def test_reported_progress_is_the_committed_clamped_fraction() -> None:
+    # commits every 30 s: 45 s in, the last commit was at 30 s (after the 7 s reset: 23 s in)
     p = Progress(Workload(scaling_efficiency=0.9), Overheads(), target=10.0)
-    assert p.done == 0.0 and p.rate_per_worker == pytest.approx(1 / 10)  # alone, before joining
+    assert p.done == 0.0 and p.committed == 0.0
     p.join(0.0, 4)
-    assert p.rate_per_worker == pytest.approx(throughput(4, 0.9) / 4 / 10)
+    p.advance(45.0)
+    rate = throughput(4, 0.9) / HOUR
+    assert p.done == pytest.approx(38 * rate / 10)
+    assert p.committed == pytest.approx(30 * rate / 10)
     p.advance(10 * HOUR)
-    assert p.work > p.target and p.done == 1.0
+    assert p.work > p.target and p.done == 1.0 and p.committed == 1.0
 
 
 def test_ring_events_agree_with_the_simulators_own_loss_count() -> None:

@@ -1,17 +1,24 @@
-"""The on-demand rules on plain data: the anchor, the paced deadline rule, Can't Be Late's uniform
-progress, their bounds, and the alerts for what cannot be met."""
+"""The on-demand rules on plain data: the anchor, Uniform Progress with its hysteresis and Safety
+Net, the paced rule that buys fewer workers than it, the bounds on throughput they read, the
+alerts for what cannot be met, and a replay with a wrong model (throughput 20% below the
+estimate, changeovers twice as long): the paced rule still meets every deadline UP meets."""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 import pytest
-from core_fixtures import NOW, job, node, only, policies, run, snapshot
+from core_fixtures import LONG_AGO, NOW, job, node, only, policies, run, snapshot
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from autoscaler.core import Action, CapacityType, Reason
+from autoscaler.core import Action, CapacityType, GpuNode, Job, Reason, Snapshot, Worker, decide
+from autoscaler.core.pace import Pace
 
 OD = CapacityType.ON_DEMAND
-START = NOW - timedelta(hours=4)
+START = NOW - timedelta(hours=4)  # with `within: 10h` and no margin, the line is at 40%
 
 
 def _deadline(within_h: float = 10, rule: str = "paced", margin: str = "0s", **on_demand) -> dict:
@@ -21,12 +28,23 @@ def _deadline(within_h: float = 10, rule: str = "paced", margin: str = "0s", **o
     }
 
 
-def _job(placement: list[str], progress: float | None, rate: float | None = 0.01, **kw):
-    return job(placement=placement, started_at=START, progress=progress, progress_rate=rate, **kw)
+def _job(placement: list[str], progress: float | None, pace: Pace | None = None, **kw):
+    return job(placement=placement, started_at=START, progress=progress, pace=pace, **kw)
 
 
 def _full_spot(n: int = 8) -> list:
     return [node(f"s{i}", gpus=1, used=1) for i in range(n)]
+
+
+def _spot_on(n: int) -> list[str]:
+    return [f"s{i}" for i in range(n)]
+
+
+# 8 workers were seen doing 16% of the job an hour: 4 would do at least 8%, at most 16%
+MEASURED = Pace(rates=((8, 0.16),))
+
+
+# --- the anchor ----------------------------------------------------------------------------
 
 
 def test_the_anchor_is_added_past_idle_capacity_when_no_worker_runs_on_demand() -> None:
@@ -60,112 +78,8 @@ def test_idle_spot_comes_before_any_on_demand() -> None:
     assert out.reason is Reason.IDLE_CAPACITY and out.nodes == ("s0", "s0", "s0")
 
 
-def test_behind_the_pace_adds_just_the_missing_workers_on_demand() -> None:
-    # 60% left in 6 h at 2% per worker-hour: 5 workers, which is also max: no time to wait for
-    # spot; 2 on spot, so 3 on-demand
-    snap = snapshot(_full_spot(2), [_job(["s0", "s1"], progress=0.4, rate=0.02, hi=5)])
-    (out,) = only(run(snap, policies(**_deadline())), Action.SCALE_OUT)
-    assert (out.reason, out.count, out.nodes) == (Reason.BEHIND_DEADLINE, 3, ())
-    assert "needs 5 worker(s)" in out.message
-
-
-def test_behind_the_pace_waits_for_spot_while_on_demand_alone_could_still_finish() -> None:
-    # the same job with max 8: 8 on-demand workers would finish in 3.75 h of the 6 left (1.6x)
-    snap = snapshot(_full_spot(2), [_job(["s0", "s1"], progress=0.4, rate=0.02)])
-    (out,) = run(snap, policies(**_deadline()))
-    assert out.action is Action.NOOP
-    assert "could finish 1.6x over: waiting for spot" in out.message
-
-
-@pytest.mark.parametrize(("hi", "removed"), [(6, 0), (10, 2)])
-def test_on_demand_workers_stay_until_the_slack_is_well_clear(hi: int, removed: int) -> None:
-    # 60% left in 6 h at 2%: on-demand alone finishes with slack 1.25x at max 6 (inside the
-    # band: all three stay), 2x at max 10 (clear: down to the anchor)
-    nodes = [*_full_spot(2), node("od", gpus=3, used=3, capacity=OD)]
-    snap = snapshot(nodes, [_job(["s0", "s1", "od", "od", "od"], progress=0.4, rate=0.02, hi=hi)])
-    decisions = run(snap, policies(**_deadline(min_on_demand=1)))
-    assert sum(len(d.pods) for d in only(decisions, Action.SCALE_IN)) == removed
-
-
-def test_on_pace_with_spot_adds_nothing() -> None:
-    # 60% left in 6 h at 2% per worker-hour needs 5: all five on spot
-    snap = snapshot(_full_spot(5), [_job([f"s{i}" for i in range(5)], progress=0.4, rate=0.02)])
-    decisions = run(snap, policies(**_deadline()))
-    assert not only(decisions, Action.SCALE_OUT) and not only(decisions, Action.SCALE_IN)
-
-
-def test_ahead_removes_on_demand_workers_first_newest_first_down_to_the_anchor() -> None:
-    # needs 5 (x1.2 spare = 6): 6 on spot cover it, so of 3 on-demand only the anchor stays
-    nodes = [*_full_spot(6), node("od", gpus=3, used=3, capacity=OD)]
-    placement = [f"s{i}" for i in range(6)] + ["od"] * 3
-    snap = snapshot(nodes, [_job(placement, progress=0.4, rate=0.02, hi=10)])
-    (out,) = only(run(snap, policies(**_deadline(min_on_demand=1))), Action.SCALE_IN)
-    assert out.reason is Reason.AHEAD_OF_DEADLINE
-    assert out.pods == ("bert-worker-8", "bert-worker-7")
-
-
-def test_the_on_demand_cap_bounds_spend_whatever_the_deadline_says() -> None:
-    snap = snapshot(_full_spot(1), [_job(["s0"], progress=0.0, rate=0.02)])
-    (out,) = only(run(snap, policies(**_deadline(max_on_demand=2))), Action.SCALE_OUT)
-    assert out.count == 2
-
-
-def test_an_impossible_deadline_is_an_alert_and_stays_within_max() -> None:
-    # 100% left in 1 h at 2% per worker-hour: 50 workers, max 8
-    snap = snapshot(_full_spot(8), [_job([f"s{i}" for i in range(8)], progress=0.0, rate=0.02)])
-    decisions = run(snap, policies(**_deadline(within_h=5)))
-    (noop,) = [d for d in decisions if d.action is Action.NOOP]
-    assert noop.reason is Reason.DEADLINE_INFEASIBLE and noop.reason.info.alert
-    assert "50 workers needed, max 8" in noop.message
-
-
-def test_an_impossible_deadline_still_fills_to_max_on_demand() -> None:
-    snap = snapshot(_full_spot(2), [_job(["s0", "s1"], progress=0.0, rate=0.02)])
-    (out,) = only(run(snap, policies(**_deadline(within_h=5))), Action.SCALE_OUT)
-    assert out.count == 6 and out.tags == (Reason.DEADLINE_INFEASIBLE,)
-
-
-def test_a_deadline_without_progress_is_an_alert_and_keeps_only_the_anchor() -> None:
-    snap = snapshot(_full_spot(2), [_job(["s0", "s1"], progress=None)])
-    decisions = run(snap, policies(**_deadline()))
-    (noop,) = [d for d in decisions if d.action is Action.NOOP]
-    assert noop.reason is Reason.NO_PROGRESS
-    assert "spot-autoscaler.io/progress" in noop.message
-
-
-def test_never_below_min_when_removing_on_demand() -> None:
-    nodes = [node("od", gpus=3, used=3, capacity=OD)]
-    snap = snapshot(nodes, [_job(["od"] * 3, progress=0.99, rate=0.02, lo=3)])
-    assert not only(run(snap, policies(**_deadline())), Action.SCALE_IN)
-
-
-@pytest.mark.parametrize(("progress", "expect"), [(0.3, Action.SCALE_OUT), (0.5, Action.NOOP)])
-def test_uniform_progress_fills_to_max_below_the_line_and_uses_spot_only_above(
-    progress: float, expect: Action
-) -> None:
-    # 4 h of 10: the line is at 40%
-    snap = snapshot(_full_spot(2), [_job(["s0", "s1"], progress=progress)])
-    (out,) = run(snap, policies(**_deadline(rule="uniform_progress")))
-    assert out.action is expect
-    if expect is Action.SCALE_OUT:
-        assert (out.reason, out.count) == (Reason.BEHIND_DEADLINE, 6)
-
-
-@pytest.mark.parametrize(("progress", "removed"), [(0.45, 0), (0.48, 3)])
-def test_uniform_progress_keeps_on_demand_until_ahead_by_the_margin(
-    progress: float, removed: int
-) -> None:
-    # 4 h of 10 (less a 30 min margin): the line is at 42.1%, and 30 min of it is 5.3%
-    nodes = [*_full_spot(2), node("od", gpus=3, used=3, capacity=OD)]
-    snap = snapshot(nodes, [_job(["s0", "s1", "od", "od", "od"], progress=progress)])
-    rules = policies(**_deadline(rule="uniform_progress", margin="30m"))
-    assert sum(len(d.pods) for d in only(run(snap, rules), Action.SCALE_IN)) == removed
-
-
 def _aged(j, hours: float):
     """`j` with every worker Ready for `hours`."""
-    from dataclasses import replace
-
     since = NOW - timedelta(hours=hours)
     return replace(j, workers=tuple(replace(w, ready_since=since) for w in j.workers))
 
@@ -177,7 +91,7 @@ def test_the_anchor_leaves_while_spot_is_calm_and_only_then(
     spot: int, age_h: float, released: bool
 ) -> None:
     nodes = [*_full_spot(spot), node("od", gpus=1, used=1, capacity=OD)]
-    j = _aged(job(placement=[*(f"s{i}" for i in range(spot)), "od"]), age_h)
+    j = _aged(job(placement=[*_spot_on(spot), "od"]), age_h)
     rules = policies(on_demand={"min_on_demand": 1, "calm_after": "1h"})
     scale_ins = only(run(snapshot(nodes, [j]), rules), Action.SCALE_IN)
     assert bool(scale_ins) is released
@@ -187,12 +101,180 @@ def test_the_anchor_leaves_while_spot_is_calm_and_only_then(
         assert "spot is calm: 4 spot worker(s) up 1:00:00 or longer" in scale_ins[0].message
 
 
+@pytest.mark.parametrize(("anchor", "held"), [("at_risk", False), ("always", True)])
+def test_with_a_deadline_the_anchor_is_held_only_while_a_restart_would_cost_the_deadline(
+    anchor: str, held: bool
+) -> None:
+    # 55% left, 6 h to go, 8 on-demand do 16%/h: 3.4 h; slack 6 - 3.4 - 2 x 10 min = 2.2 h, more
+    # than a whole-job restart (30 min): a wipe-out would not cost the deadline
+    nodes = [*_full_spot(7), node("od", gpus=1, used=1, capacity=OD)]
+    j = _job([*_spot_on(7), "od"], progress=0.45, pace=MEASURED)
+    rules = policies(**_deadline(min_on_demand=1, anchor=anchor))
+    decisions = run(snapshot(nodes, [j]), rules)
+    assert bool(only(decisions, Action.SCALE_IN)) is not held
+    if not held:
+        (out,) = only(decisions, Action.SCALE_IN)
+        assert out.reason is Reason.CONSOLIDATE_TO_SPOT
+        assert "no anchor: slack 2.2 h covers a whole-job restart (0.5 h)" in out.message
+
+
+def test_the_anchor_comes_back_once_the_slack_is_below_a_restart() -> None:
+    # 55% left in 6 h at 9.5%/h on 8: 5.8 h + 20 min: the slack is gone; nothing on-demand yet
+    slow = Pace(rates=((8, 0.095),))
+    j = _job(_spot_on(7), progress=0.45, pace=slow)
+    decisions = run(snapshot(_full_spot(7), [j]), policies(**_deadline(min_on_demand=1)))
+    (out,) = only(decisions, Action.SCALE_OUT)
+    assert "< a whole-job restart" in out.message or out.reason is Reason.BEHIND_DEADLINE
+
+
+# --- Uniform Progress (the baseline) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(("progress", "expect"), [(0.3, Action.SCALE_OUT), (0.5, Action.NOOP)])
+def test_uniform_progress_fills_to_max_below_the_line_and_uses_spot_only_above(
+    progress: float, expect: Action
+) -> None:
+    snap = snapshot(_full_spot(2), [_job(_spot_on(2), progress=progress)])
+    (out,) = run(snap, policies(**_deadline(rule="uniform_progress")))
+    assert out.action is expect
+    if expect is Action.SCALE_OUT:
+        assert (out.reason, out.count) == (Reason.BEHIND_DEADLINE, 6)
+
+
+@pytest.mark.parametrize(
+    ("progress", "idle_spot", "removed"), [(0.42, 2, 0), (0.45, 0, 0), (0.45, 2, 2)]
+)
+def test_uniform_progress_leaves_on_demand_only_for_spot_and_only_ahead_of_two_changeovers(
+    progress: float, idle_spot: int, removed: int
+) -> None:
+    # the line is at 40%, and two changeovers (2 x 10 min) later at 43.3%: at 42% the
+    # on-demand workers stay whatever; at 45% they leave as spot takes their place, never idle
+    nodes = [*_full_spot(2), node("od", gpus=3, used=3, capacity=OD)]
+    nodes += [node(f"idle{i}", gpus=1) for i in range(idle_spot)]
+    snap = snapshot(nodes, [_job([*_spot_on(2), "od", "od", "od"], progress=progress, hi=5)])
+    rules = policies(**_deadline(rule="uniform_progress"))
+    assert sum(len(d.pods) for d in only(run(snap, rules), Action.SCALE_IN)) == removed
+
+
+@pytest.mark.parametrize("rule", ["uniform_progress", "paced"])
+def test_the_safety_net_fills_to_max_once_on_demand_alone_would_barely_finish(rule: str) -> None:
+    # ahead of the line (45% at 40%), but 55% at 9.5%/h is 5.8 h, + 2 x 10 min > the 6 h left
+    slow = Pace(rates=((8, 0.095),))
+    snap = snapshot(_full_spot(2), [_job(_spot_on(2), progress=0.45, pace=slow)])
+    (out,) = only(run(snap, policies(**_deadline(rule=rule))), Action.SCALE_OUT)
+    assert (out.reason, out.count) == (Reason.BEHIND_DEADLINE, 6)
+    assert "slack -0.1 h" in out.message
+
+
+# --- paced: fewer workers than UP, never later --------------------------------------------------
+
+
+def test_paced_acts_as_uniform_progress_until_a_speed_is_measured() -> None:
+    snap = snapshot(_full_spot(2), [_job(_spot_on(2), progress=0.3)])
+    (out,) = only(run(snap, policies(**_deadline())), Action.SCALE_OUT)
+    assert out.count == 6 and "no speed measured yet" in out.message
+
+
+def test_paced_buys_only_the_workers_that_catch_up_with_the_line() -> None:
+    # 1% behind: the line's 10%/h plus 1% over 6 changeovers (1 h): 11%/h; 2 on spot; a ring of
+    # n does between 2n% and 16% an hour: 4 are estimated at 11.3%: 2 on-demand (UP buys 6)
+    snap = snapshot(_full_spot(2), [_job(_spot_on(2), progress=0.39, pace=MEASURED)])
+    (out,) = only(run(snap, policies(**_deadline())), Action.SCALE_OUT)
+    (up,) = only(run(snap, policies(**_deadline(rule="uniform_progress"))), Action.SCALE_OUT)
+    assert (out.reason, out.count, up.count) == (Reason.BEHIND_DEADLINE, 2, 6)
+
+
+@pytest.mark.parametrize(("spot", "progress", "removed"), [(2, 0.42, 0), (3, 0.5, 3), (5, 0.42, 3)])
+def test_paced_keeps_what_it_bought_in_the_band_and_lets_it_go_above(
+    spot: int, progress: float, removed: int
+) -> None:
+    # in the band (40% to 43.3%): 2 spot + 3 on-demand hold the line, all stay (5 spot alone
+    # would: then none); well above it, on-demand is cut to what paces 80% of the line (3 spot)
+    nodes = [*_full_spot(spot), node("od", gpus=3, used=3, capacity=OD)]
+    j = _job([*_spot_on(spot), "od", "od", "od"], progress=progress, pace=MEASURED)
+    decisions = run(snapshot(nodes, [j]), policies(**_deadline()))
+    assert sum(len(d.pods) for d in only(decisions, Action.SCALE_IN)) == removed
+
+
+def test_never_below_min_when_removing_on_demand() -> None:
+    nodes = [node("od", gpus=3, used=3, capacity=OD)]
+    snap = snapshot(nodes, [_job(["od"] * 3, progress=0.99, pace=MEASURED, lo=3)])
+    assert not only(run(snap, policies(**_deadline())), Action.SCALE_IN)
+
+
 def test_a_scaler_in_flight_waits_for_it() -> None:
     from autoscaler.core import Scaler, ScalerKind
 
-    j = _job(["s0"], progress=0.0, rate=0.02, scaler=Scaler(ScalerKind.SCALE_OUT, "x", NOW))
+    j = _job(["s0"], progress=0.0, scaler=Scaler(ScalerKind.SCALE_OUT, "x", NOW))
     decisions = run(snapshot(_full_spot(1), [j]), policies(**_deadline()))
     assert [d.reason for d in decisions] == [Reason.SCALER_IN_FLIGHT]
+
+
+# --- throughput bounds -----------------------------------------------------------------------
+
+
+def test_throughput_is_bounded_never_extrapolated_linearly() -> None:
+    pace = Pace(rates=((4, 0.1),))
+    assert pace.lower(16, 0.5) == pytest.approx(0.2)  # not 0.4: two doublings at +41% each
+    assert pace.upper(16) == pytest.approx(0.4)  # no ring does more per worker than a smaller
+    assert pace.lower(2, 0.5) == pytest.approx(0.05) and pace.upper(2) == pytest.approx(0.1)
+    assert pace.lower(2, 0.5) <= pace.estimate(2, 0.5) <= pace.upper(2)
+    assert Pace().lower(8, 0.5) == 0.0 and Pace().upper(8) is None
+
+
+def test_the_changeover_is_the_floor_or_what_the_job_showed() -> None:
+    assert Pace().changeover_hours(1 / 6) == pytest.approx(1 / 6)
+    slow = Pace(slowest_start=900, commit_gap=300)  # a 15 min start, 5 min between commits
+    assert slow.changeover_hours(1 / 6) == pytest.approx(1 / 3)
+
+
+# --- what cannot be met ------------------------------------------------------------------------
+
+
+def test_a_deadline_without_progress_is_an_alert_and_keeps_only_the_anchor() -> None:
+    snap = snapshot(_full_spot(2), [_job(_spot_on(2), progress=None)])
+    decisions = run(snap, policies(**_deadline()))
+    (noop,) = [d for d in decisions if d.action is Action.NOOP]
+    assert noop.reason is Reason.NO_PROGRESS
+    assert "spot-autoscaler.io/progress" in noop.message
+
+
+def test_progress_that_never_moves_is_infeasible_and_spends_no_more_on_demand() -> None:
+    stuck = Pace(rates=((8, 0.16),), stalled_hours=1.5)
+    nodes = [*_full_spot(2), node("od", gpus=3, used=3, capacity=OD)]
+    snap = snapshot(nodes, [_job([*_spot_on(2), "od", "od", "od"], progress=0.1, pace=stuck)])
+    (out,) = only(run(snap, policies(**_deadline())), Action.SCALE_IN)
+    assert out.count == 3 and out.tags == (Reason.DEADLINE_INFEASIBLE,)
+    assert "progress 10% has not moved in 1.5 h" in out.message
+
+
+def test_past_the_deadline_is_infeasible_and_fills_within_the_cap() -> None:
+    snap = snapshot(_full_spot(2), [_job(_spot_on(2), progress=0.5, pace=MEASURED)])
+    (out,) = only(run(snap, policies(**_deadline(within_h=3, max_on_demand=4))), Action.SCALE_OUT)
+    assert out.count == 4 and out.tags == (Reason.DEADLINE_INFEASIBLE,)
+    assert "past the deadline less its margin" in out.message
+
+
+def test_a_deadline_already_behind_the_line_at_the_start_says_by_how_much() -> None:
+    # started 10 minutes ago, due in 2 h: 8 workers need at least 6.25 h for all of it
+    just = replace(
+        _job(_spot_on(2), progress=0.0, pace=MEASURED), started_at=NOW - timedelta(minutes=10)
+    )
+    decisions = run(snapshot(_full_spot(2), [just]), policies(**_deadline(within_h=2)))
+    (out,) = only(decisions, Action.SCALE_OUT)
+    assert out.count == 6 and out.tags == (Reason.DEADLINE_INFEASIBLE,)
+    assert "100% left needs at least 6.2 h at 8 workers (max 8), 1.8 h left: short by" in (
+        out.message
+    )
+
+
+def test_an_on_demand_cap_below_the_need_is_infeasible_and_stays_within_the_cap() -> None:
+    # 60% in 6 h; at most 2 on-demand workers (seen doing 5%/h together): 12 h
+    two = Pace(rates=((2, 0.05),))
+    snap = snapshot([], [_job([], progress=0.4, pace=two)])
+    (out,) = only(run(snap, policies(**_deadline(max_on_demand=2))), Action.SCALE_OUT)
+    assert out.count == 2 and out.tags == (Reason.DEADLINE_INFEASIBLE,)
+    assert "(max_on_demand 2), 6.0 h left: short by 6.0 h" in out.message
 
 
 def test_the_deadline_keys_are_validated() -> None:
@@ -204,3 +286,145 @@ def test_the_deadline_keys_are_validated() -> None:
         policies(deadline={"at": "2026-12-01T00:00:00"})
     with pytest.raises(ValidationError, match="exceeds max_on_demand"):
         policies(on_demand={"min_on_demand": 3, "max_on_demand": 1})
+    with pytest.raises(ValidationError, match="scaling"):
+        policies(deadline={"within": "1h", "scaling": 1.5})
+
+
+# --- a replay with a wrong model ----------------------------------------------------------------
+
+
+def throughput(workers: int, efficiency: float) -> float:
+    """Work per hour of a ring: each worker at `efficiency ** log2(workers)` of its lone speed."""
+    return workers * efficiency ** math.log2(workers) if workers > 0 else 0.0
+
+
+STEP = 60.0  # seconds per pass
+MAX = 8
+EFFICIENCY = 0.9
+WORK = throughput(MAX, EFFICIENCY) * 3.0  # the job: 3 h on 8 on-demand workers
+CHANGEOVER = 360.0  # what the policy takes a changeover to be (s)
+
+
+@dataclass
+class _Replay:
+    """One elastic job through `decide`, pass by pass: spot nodes as a schedule says, an
+    on-demand node for each worker left Pending after `provision`, a new worker Ready after
+    `startup`, and every change of the ring stalling training for `stall`. The job trains at
+    `truth` times the speed its pace claims."""
+
+    rule: str
+    anchor: int
+    spot: list[int]  # spot nodes up, per pass
+    truth: float = 0.8
+    provision: float = 480.0  # with `stall`: a changeover of 12 min, twice the policy's 6
+    stall: float = 240.0
+    startup: float = 60.0
+    work: float = 0.0
+    ring: int = 0
+    stalled_until: float = 0.0
+    workers: dict[str, list] = field(default_factory=dict)  # pod -> [node, ready_at]
+    made: int = 0
+    od_nodes: int = 0
+
+    def policies(self, deadline_h: float):
+        return policies(
+            deadline={
+                "within": f"{deadline_h}h",
+                "rule": self.rule,
+                "changeover": f"{CHANGEOVER:.0f}s",
+            },
+            on_demand={"min_on_demand": self.anchor},
+            scale_out={"min_idle": "0s", "cooldown": "0s"},
+        )
+
+    def pace(self) -> Pace:
+        claimed = [(n, throughput(n, EFFICIENCY) / WORK) for n in (1, MAX)]
+        return Pace(rates=tuple(claimed))
+
+    def run(self, deadline_h: float) -> float | None:
+        """When the job was done (hours), or None."""
+        rules = self.policies(deadline_h)
+        for i, up in enumerate(self.spot):
+            t = i * STEP
+            self._train(t)
+            if self.work >= WORK:
+                return t / 3600
+            self._world(t, up)
+            for d in decide(self._snapshot(t, up), rules, NOW + timedelta(seconds=t)):
+                self._apply(d, t)
+        return None
+
+    def _train(self, t: float) -> None:
+        if self.ring and t > self.stalled_until:
+            speed = self.truth * throughput(self.ring, EFFICIENCY) / 3600
+            self.work += speed * min(STEP, t - self.stalled_until)
+
+    def _ring_changed(self, t: float) -> None:
+        self.ring = sum(1 for _, ready in self.workers.values() if ready <= t)
+        self.stalled_until = t + self.stall
+
+    def _world(self, t: float, up: int) -> None:
+        gone = [p for p, (n, _) in self.workers.items() if n.startswith("s") and int(n[1:]) >= up]
+        for pod in gone:
+            del self.workers[pod]
+        for w in self.workers.values():
+            if w[0] == "" and w[1] <= t:  # provisioned: its own on-demand node
+                self.od_nodes += 1
+                w[0], w[1] = f"od{self.od_nodes}", t + self.startup
+        joined = [w for w in self.workers.values() if w[0] and t - STEP < w[1] <= t]
+        if gone or joined:
+            self._ring_changed(t)
+
+    def _snapshot(self, t: float, up: int) -> Snapshot:
+        used = {n for n, _ in self.workers.values()}
+        nodes = [GpuNode(f"s{i}", 1, 1 if f"s{i}" in used else 0) for i in range(up)]
+        nodes += [GpuNode(n, 1, 1, capacity_type=OD) for n in sorted(used) if n.startswith("od")]
+        workers = tuple(
+            Worker(pod, n or None, pod, int(pod.split("-")[-1]), pending=not n or ready > t)
+            for pod, (n, ready) in self.workers.items()
+        )
+        j = Job(
+            "ml",
+            "bert",
+            1,
+            MAX,
+            workers=workers,
+            started_at=NOW,
+            progress=min(1.0, self.work / WORK),
+            pace=self.pace(),
+        )
+        return Snapshot(tuple(nodes), (), (j,), {n.name: LONG_AGO for n in nodes})
+
+    def _apply(self, d, t: float) -> None:
+        if d.action is Action.SCALE_OUT:
+            for i in range(d.count):
+                self.made += 1
+                where = d.nodes[i] if i < len(d.nodes) else ""
+                ready = t + (self.startup if where else self.provision)
+                self.workers[f"bert-worker-{self.made}"] = [where, ready]
+        elif d.action is Action.SCALE_IN:
+            for pod in d.pods:
+                self.workers.pop(pod, None)
+            self._ring_changed(t)
+
+
+@st.composite
+def _spot_schedules(draw) -> list[int]:
+    """Spot nodes up per pass: spells of 10 minutes to 3 hours at 0 to MAX nodes."""
+    out: list[int] = []
+    while len(out) < 8 * 60:
+        out += [draw(st.integers(0, MAX))] * draw(st.integers(10, 180))
+    return out[: 8 * 60]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spot=_spot_schedules(), multiple=st.sampled_from([1.5, 2.0]))
+def test_a_wrong_model_still_meets_every_deadline_uniform_progress_meets(
+    spot: list[int], multiple: float
+) -> None:
+    # the job trains 20% slower than its pace says, and a changeover takes twice the policy's
+    deadline = 3.0 / 0.8 * multiple  # the true on-demand time, 1.5x and 2x
+    up = _Replay("uniform_progress", 0, spot).run(deadline)
+    ours = _Replay("paced", 1, spot).run(deadline)
+    if up is not None and up <= deadline:
+        assert ours is not None and ours <= deadline, (up, ours)

@@ -24,7 +24,8 @@ from autoscaler.sim.run import EPOCH, replay, sim_cluster
 
 class RingProgress:
     """Feeds the simulated cluster's ring changes (a RingListener) into each job's progress, and
-    reports that progress back (a ProgressSource) as the job's annotation would."""
+    reports that progress back (a ProgressSource) as the job's annotation would: the work
+    committed, with no rate, so the simulated daemon measures the pace as the real one does."""
 
     def __init__(self, jobs: dict[str, Progress]) -> None:
         self.jobs = jobs
@@ -38,7 +39,7 @@ class RingProgress:
     def progress(self, job: str, now: datetime) -> JobProgress:
         p = self.jobs[job]
         p.advance(_seconds(now))
-        return JobProgress(EPOCH, p.done, p.rate_per_worker)
+        return JobProgress(EPOCH, p.committed, None)
 
 
 class _Discard:
@@ -51,19 +52,25 @@ class _Discard:
 
 
 def autoscaler(
-    world: World, policies: PolicySet | None = None, decisions_out: TextIO | None = None
+    world: World,
+    policies: PolicySet | None = None,
+    decisions_out: TextIO | None = None,
+    anchor: Literal["always", "at_risk"] = "at_risk",
 ) -> PolicyResult:
     """Our reconciler and core with `policies` (default: `Config()`'s), notified of removals; with
-    a deadline, every policy also paces to it and keeps one worker on on-demand."""
+    a deadline, every policy also paces to it (`paced`) with a one-worker anchor on on-demand,
+    held as `anchor` says."""
     rules = PolicySet() if policies is None else policies
     if world.deadline is not None:
-        rules = _with_deadline(rules, world.deadline, "paced", OnDemandRules(min_on_demand=1))
+        anchored = OnDemandRules(min_on_demand=1, anchor=anchor)
+        rules = _with_deadline(rules, world.deadline, "paced", anchored)
     return _reconciled("autoscaler", world, rules, decisions_out)
 
 
 def uniform_progress(world: World, policies: PolicySet | None = None) -> PolicyResult:
     """Can't Be Late's rule through our core: behind the line to the deadline, fill to max with
-    on-demand; on or above it, spot only. No anchor."""
+    on-demand until ahead by two changeovers, then on-demand leaves only for spot; the Safety
+    Net. No anchor."""
     assert world.deadline is not None, "uniform_progress needs a deadline"
     rules = PolicySet() if policies is None else policies
     rules = _with_deadline(rules, world.deadline, "uniform_progress", OnDemandRules())

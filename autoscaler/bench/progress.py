@@ -78,10 +78,10 @@ class Progress:
         return min(1.0, max(0.0, self.work / self.target))
 
     @property
-    def rate_per_worker(self) -> float:
-        """The fraction of the job one worker of the current ring (or one alone) does per hour."""
-        ring = max(self.ring, 1)
-        return throughput(ring, self.workload.scaling_efficiency) / ring / self.target
+    def committed(self) -> float:
+        """The fraction of the job done as of the last commit: what the training script reports
+        (rank 0 annotates after `state.commit()`; a failure rolls back to it)."""
+        return min(1.0, max(0.0, (self.work - self.commit.work) / self.target))
 
     def advance(self, t: float) -> None:
         start, rate = max(self.at, self.stalled_until), self.rate

@@ -1,36 +1,47 @@
-"""On-demand workers for one job: the anchor, and the pace a deadline needs.
+"""On-demand workers for one job: the anchor, and what a deadline needs.
 
 The daemon buys no nodes. When a policy wants on-demand workers, the job is scaled out beyond idle
 spot capacity (a ScaleOut with no node), its pods go Pending and the cluster's node autoscaler
 provisions them (docs/deadlines.md). Spot comes first: these rules act only when idle spot
 capacity gave the job nothing this pass, and the workers they add are the first to go.
 
-Two rules (DeadlineRules.rule):
-- `paced`: while on-demand alone (`max_on_demand`, within max) could still finish the rest 1.2x
-  over before `deadline - margin`, wait for spot; past that point, the workers the pace needs
-  now, on-demand making up what spot lacks. On-demand leaves once spot covers the need with 20%
-  to spare, or the slack is back above 1.44x (so a worker is not added and removed in turn).
-- `uniform_progress`: Can't Be Late's rule (Wu et al., NSDI '24) for one elastic job: behind the
-  straight line from start to `deadline - margin`, run every allowed worker (on-demand filling
-  in); above it, none on-demand, once ahead by `margin`'s worth of the line (the paper's
-  hysteresis). The benchmark's baseline.
+Both deadline rules pace on the job's committed progress (its annotation, after rollbacks and
+restarts) against Uniform Progress's line (Can't Be Late, Wu et al., NSDI '24): the straight line
+in work from the job's start to `deadline - margin`. Both re-check on every pass:
+- the Safety Net: once the time left is below what on-demand alone (the cap's workers, at a lower
+  bound of their speed: core/pace.py) needs for the rest plus two changeovers d̂, every allowed
+  worker; those stay until the slack is back above 2 d̂. While the job runs on fewer workers than
+  the cap, the slack shrinks by itself; the net sees that on the next pass.
+- `uniform_progress` (the baseline, the paper's rule for one elastic job): behind the line, every
+  allowed worker (on-demand filling in next to spot); they stay until progress is ahead of the
+  line by two changeovers, ep(t + 2 d̂) (the paper's hysteresis).
+- `paced`: the same line, but behind it only the on-demand workers whose lower-bound speed, next
+  to the spot workers there are, catches up with it; they stay while progress is below
+  ep(t + 2 d̂), and above it only what keeps the job near the line. Until the job's speed has
+  been measured nothing is provable and `paced` acts as `uniform_progress`. The throughput model
+  is used only to buy fewer workers than the baseline would, never to buy later.
 
-The anchor (`min_on_demand`) is kept under either rule while the job runs, unless spot is calm
-(`calm_after`), so a spot wipe-out leaves Horovod a host of its previous set and the job goes on
-without a restart.
+The anchor (`min_on_demand`) is kept while the job runs unless spot is calm (`calm_after`), so a
+spot wipe-out leaves Horovod a host of its previous set and the job goes on without a restart;
+with a deadline (`anchor: at_risk`) only while the deadline's slack is below one whole-job
+restart: otherwise the restart it saves costs less than the anchor.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from autoscaler.core.model import Action, CapacityType, Decision, GpuNode, Job, Reason, Worker
+from autoscaler.core.pace import Pace
 from autoscaler.core.policy import DeadlineRules, OnDemandRules, Policy
 
-_SPARE = 1.2  # on-demand leaves only once spot alone covers the need this many times
+# paced: behind the line, the gap is closed over this many changeovers d̂; above ep(t + 2 d̂),
+# on-demand is cut to what paces this share of the line's slope (the job drifts back down)
+_SLOWER = 0.8
+_CATCH_UP = 6.0
+_STALLED_HOURS = 1.0  # workers ran this long without the progress moving: more would not help
 # A growth noop for these reasons means no scaler may be created now, on-demand or not.
 _NO_SCALER = frozenset(
     {
@@ -56,41 +67,110 @@ class OnDemandNeed:
 
 @dataclass(frozen=True, slots=True)
 class Fleet:
-    """A job's staying workers by where they run: pending ones are not placed yet, so they are
-    the ones a ScaleOut past idle capacity made (the node autoscaler is bringing them up)."""
+    """A job's staying workers by where they run (pending ones are not placed yet, so they are
+    the ones a ScaleOut past idle capacity made: the node autoscaler is bringing them up), and
+    how many more workers idle spot capacity could take now."""
 
     spot: tuple[Worker, ...]
     on_demand: tuple[Worker, ...]
+    spot_room: int = 0
 
     @classmethod
-    def of(cls, workers: list[Worker], nodes: Mapping[str, GpuNode]) -> Fleet:
+    def of(
+        cls,
+        job: Job,
+        workers: list[Worker],
+        nodes: Mapping[str, GpuNode],
+        noticed: frozenset[str] = frozenset(),
+    ) -> Fleet:
         spot: list[Worker] = []
         on_demand: list[Worker] = []
         for w in workers:
             node = nodes.get(w.node or "")
             placed_on_spot = node is not None and node.capacity_type is CapacityType.SPOT
             (spot if placed_on_spot else on_demand).append(w)
-        return cls(tuple(spot), tuple(on_demand))
+        room = sum(
+            int(n.idle_gpus // job.gpus_per_worker)
+            for n in nodes.values()
+            if n.capacity_type is CapacityType.SPOT and n.schedulable and n.name not in noticed
+        )
+        return cls(tuple(spot), tuple(on_demand), room)
 
 
 @dataclass(frozen=True, slots=True)
 class _Pacing:
-    """One job's deadline pass: what the rules weigh."""
+    """One job's deadline pass: what the rules weigh. Times in hours, work in fractions."""
 
     job: Job
     progress: float
     deadline: DeadlineRules
-    due: datetime
-    anchor: OnDemandNeed  # what the anchor alone wants
+    start: datetime
+    end: datetime  # the deadline less its margin: where the line reaches 1
+    rules: OnDemandRules
     cap: int  # on-demand workers allowed (max_on_demand, within max)
     hi: int  # max workers
-    spot: int  # staying workers on spot
+    fleet: Fleet
     now: datetime
+    pace: Pace
 
     @property
-    def every_worker(self) -> int:
-        """On-demand workers that bring the job to max, within the cap."""
-        return _clamp(self.hi - self.spot, self.anchor.want, self.cap)
+    def spot(self) -> int:
+        return len(self.fleet.spot)
+
+    @property
+    def hours(self) -> float:
+        return (self.end - self.now).total_seconds() / 3600
+
+    @property
+    def left(self) -> float:
+        return 1.0 - self.progress
+
+    @property
+    def changeover(self) -> float:
+        """d̂, hours."""
+        return self.pace.changeover_hours(self.deadline.changeover.total_seconds() / 3600)
+
+    def line(self, later: float = 0.0) -> float:
+        """Uniform Progress's expected progress `later` hours from now, ep(t + later)."""
+        span = (self.end - self.start).total_seconds()
+        at = (self.now + timedelta(hours=later) - self.start).total_seconds()
+        return min(1.0, at / span) if span > 0 else 1.0
+
+    @property
+    def slope(self) -> float:
+        """The line's slope: fraction of the job per hour."""
+        return 1.0 / max(1e-9, (self.end - self.start).total_seconds() / 3600)
+
+    @property
+    def size(self) -> int:
+        """The ring if spot vanished now: the on-demand cap."""
+        return min(self.hi, self.cap)
+
+    def lower(self, workers: int) -> float:
+        return self.pace.lower(workers, self.deadline.scaling)
+
+    @property
+    def slack(self) -> float | None:
+        """Time left less what on-demand alone needs (lower-bound speed) and 2 d̂; None until a
+        speed has been measured."""
+        speed = self.lower(self.size)
+        if speed <= 0:
+            return None
+        return self.hours - self.left / speed - 2 * self.changeover
+
+    def every_worker(self, floor: int, spot: int | None = None) -> int:
+        """On-demand workers that bring the job to max next to `spot` (default: its spot
+        workers), within the cap."""
+        return _clamp(self.hi - (self.spot if spot is None else spot), floor, self.cap)
+
+    def workers_for(self, speed: float, floor: int) -> int:
+        """The fewest on-demand workers (at least `floor`) whose estimated speed next to the
+        spot workers reaches `speed`; every allowed worker if none do."""
+        most = self.every_worker(floor)
+        for extra in range(floor, most):
+            if self.pace.estimate(self.spot + extra, self.deadline.scaling) >= speed:
+                return extra
+        return most
 
 
 def _wants_any(policy: Policy) -> bool:
@@ -102,18 +182,20 @@ def on_demand_need(job: Job, policy: Policy, fleet: Fleet, now: datetime) -> OnD
     rules, deadline = policy.on_demand, policy.deadline
     if not _wants_any(policy):
         return None
-    lo, hi = policy.bounds(job)
+    _, hi = policy.bounds(job)
     cap = hi if rules.max_on_demand is None else min(hi, rules.max_on_demand)
     anchor = _anchor(rules, cap, fleet, now)
     if deadline is None:
         return anchor
     due = deadline.due(job.started_at)
-    if due is None or job.progress is None:
+    if due is None or job.started_at is None or job.progress is None:
         return _with_alert(anchor, Reason.NO_PROGRESS, "annotation spot-autoscaler.io/progress")
     if job.progress >= 1.0:
         return anchor
-    pacing = _Pacing(job, job.progress, deadline, due, anchor, cap, hi, len(fleet.spot), now)
-    return _uniform_progress(pacing) if deadline.rule == "uniform_progress" else _paced(pacing)
+    end = due - deadline.margin
+    pace = job.pace or Pace()
+    p = _Pacing(job, job.progress, deadline, job.started_at, end, rules, cap, hi, fleet, now, pace)
+    return _trouble(p, anchor) or _deadline(p, _anchor_at_risk(p, anchor))
 
 
 def _anchor(rules: OnDemandRules, cap: int, fleet: Fleet, now: datetime) -> OnDemandNeed:
@@ -133,55 +215,106 @@ def _with_alert(need: OnDemandNeed, alert: Reason, detail: str) -> OnDemandNeed:
     return replace(need, message=f"{alert.info.message} ({detail})", alert=alert)
 
 
-def _paced(p: _Pacing) -> OnDemandNeed:
-    remaining = 1.0 - p.progress
-    hours = (p.due - p.deadline.margin - p.now).total_seconds() / 3600
-    rate = p.job.progress_rate
-    if rate is None or rate <= 0:  # nothing measured yet: the anchor, until progress moves
-        return p.anchor
-    if hours <= 0:
-        return _infeasible(p, "past the deadline less its margin")
-    needed = math.ceil(remaining / (hours * rate) - 1e-9)
-    if needed > p.hi:
-        return _infeasible(p, f"{needed} workers needed, max {p.hi}")
-    # Spot may come back before the deadline is at risk: while on-demand alone (at most `cap`
-    # workers) could still finish in the time left with room to spare, wait for it.
-    slack = hours / (remaining / (min(p.hi, p.cap) * rate))
-    message = f"{remaining:.0%} left in {hours:.1f} h needs {needed} worker(s), {p.spot} on spot"
-    pace_keep = _clamp(math.ceil(needed * _SPARE) - p.spot, p.anchor.want, p.cap)
-    if slack > _SPARE:
-        keep = pace_keep if slack <= _SPARE * _SPARE else p.anchor.keep
-        waiting = f"{message}; on-demand alone could finish {slack:.1f}x over: waiting for spot"
-        return replace(p.anchor, keep=keep, message=waiting, release=Reason.AHEAD_OF_DEADLINE)
-    want = _clamp(needed - p.spot, p.anchor.want, p.cap)
-    reason = Reason.BEHIND_DEADLINE if want > p.anchor.want else p.anchor.reason
-    message += f", {want} on on-demand"
-    return OnDemandNeed(want, max(want, pace_keep), reason, message)
+def _trouble(p: _Pacing, anchor: OnDemandNeed) -> OnDemandNeed | None:
+    """Bad input, said with its shortfall: past the deadline, progress that never moves, or more
+    work left than every allowed worker can do (even at the upper bound of their speed)."""
+    every = p.every_worker(anchor.want)
+    behind = OnDemandNeed(every, every, Reason.BEHIND_DEADLINE, "")
+    if p.hours <= 0:
+        return _with_alert(behind, Reason.DEADLINE_INFEASIBLE, "past the deadline less its margin")
+    if p.pace.stalled_hours >= _STALLED_HOURS:  # more workers would not help: spend no more
+        why = f"progress {p.progress:.0%} has not moved in {p.pace.stalled_hours:.1f} h of work"
+        return _with_alert(anchor, Reason.DEADLINE_INFEASIBLE, f"{why}: on-demand held back")
+    best = p.pace.upper(p.size)
+    if best is not None and best > 0 and p.left / best > p.hours:
+        who = f"max_on_demand {p.cap}" if p.cap < p.hi else f"max {p.hi}"
+        short = p.left / best - p.hours
+        why = (
+            f"{p.left:.0%} left needs at least {p.left / best:.1f} h at {p.size} workers "
+            f"({who}), {p.hours:.1f} h left: short by {short:.1f} h"
+        )
+        return _with_alert(behind, Reason.DEADLINE_INFEASIBLE, why)
+    return None
 
 
-def _uniform_progress(p: _Pacing) -> OnDemandNeed:
-    """Behind the line: every allowed worker. On-demand workers stay until progress is ahead of
-    the line by `margin`'s worth of it (Can't Be Late's hysteresis: without it, on-demand is
-    bought and let go on every other pass)."""
-    start = p.job.started_at
-    span = (p.due - p.deadline.margin - start).total_seconds() if start is not None else 0.0
-    if start is None or span <= 0:
-        return _with_alert(p.anchor, Reason.NO_PROGRESS, "the job's start is unknown")
-    line = min(1.0, (p.now - start).total_seconds() / span)
-    band = p.deadline.margin.total_seconds() / span
-    if p.progress >= line:
-        keep = p.anchor.want if p.progress >= line + band else p.every_worker
-        message = f"progress {p.progress:.0%} on or above the line ({line:.0%}): spot only"
-        return OnDemandNeed(p.anchor.want, keep, Reason.AHEAD_OF_DEADLINE, message)
-    message = f"progress {p.progress:.0%} below the line ({line:.0%}): every worker"
-    return OnDemandNeed(p.every_worker, p.every_worker, Reason.BEHIND_DEADLINE, message)
+def _deadline(p: _Pacing, anchor: OnDemandNeed) -> OnDemandNeed:
+    """The Safety Net, the line and the anchor together: the most any of them wants."""
+    d = p.changeover
+    every = p.every_worker(anchor.want)
+    slack = p.slack
+    net_want = every if slack is not None and slack < 0 else anchor.want
+    net_keep = every if slack is not None and slack < 2 * d else anchor.keep
+    if p.deadline.rule == "uniform_progress" or slack is None:
+        line_want, line_keep = _uniform(p, every, anchor)
+    else:
+        line_want, line_keep = _fewer(p, anchor)
+    want = max(net_want, line_want)
+    keep = max(want, net_keep, line_keep)
+    return OnDemandNeed(
+        want,
+        keep,
+        Reason.BEHIND_DEADLINE if want > anchor.want else anchor.reason,
+        _explain(p, slack, d, anchor),
+        anchor.release if keep == anchor.keep else Reason.AHEAD_OF_DEADLINE,
+    )
 
 
-def _infeasible(p: _Pacing, why: str) -> OnDemandNeed:
-    """Too late to finish in time: every allowed worker, within the on-demand cap (spend stays
-    bounded), and a person is told."""
-    need = OnDemandNeed(p.every_worker, p.every_worker, Reason.BEHIND_DEADLINE, "")
-    return _with_alert(need, Reason.DEADLINE_INFEASIBLE, why)
+def _uniform(p: _Pacing, every: int, anchor: OnDemandNeed) -> tuple[int, int]:
+    """Uniform Progress (want, keep): behind the line, every allowed worker; they stay until
+    progress is ahead of ep(t + 2 d̂), and then leave only for spot workers that take their
+    place (the paper's on-demand never goes idle: it is left for spot)."""
+    want = every if p.progress < p.line() else anchor.want
+    if p.progress < p.line(2 * p.changeover):
+        return want, every
+    return want, p.every_worker(anchor.keep, spot=p.spot + p.fleet.spot_room)
+
+
+def _fewer(p: _Pacing, anchor: OnDemandNeed) -> tuple[int, int]:
+    """`paced` (want, keep): behind the line, the on-demand workers whose estimated speed next to
+    the spot workers holds the line and closes the gap over _CATCH_UP changeovers; in the band
+    up to ep(t + 2 d̂), what holds the line with a changeover's catch-up to spare (a worker just
+    bought is not let go at once); above it, what paces a little below the line."""
+    d = p.changeover
+    line, top = p.line(), p.line(2 * d)
+    catch_up = max(0.0, line - p.progress) / (_CATCH_UP * d)
+    on_line = p.workers_for(p.slope + catch_up, anchor.want)
+    want = on_line if p.progress < line else anchor.want
+    steady = p.workers_for(p.slope * (1 + 1 / _CATCH_UP), anchor.keep)
+    slower = p.workers_for(p.slope * _SLOWER, anchor.keep)
+    return want, max(want, steady if p.progress < top else slower)
+
+
+def _anchor_at_risk(p: _Pacing, anchor: OnDemandNeed) -> OnDemandNeed:
+    """With `anchor: at_risk`, the anchor only while the slack is below a whole-job restart (or
+    nothing is measured yet); the message says which."""
+    if not anchor.want or p.rules.anchor == "always":
+        return anchor
+    slack = p.slack
+    restart = p.deadline.restart.total_seconds() / 3600
+    speed = p.lower(p.size)
+    if p.pace.restart_loss and speed > 0:
+        restart = max(restart, p.pace.restart_loss / speed + p.changeover)
+    if slack is None or slack < restart:
+        why = "no speed measured yet" if slack is None else f"slack {slack:.1f} h"
+        message = f"{anchor.message}: {why} < a whole-job restart ({restart:.1f} h)"
+        return replace(anchor, message=message)
+    message = f"no anchor: slack {slack:.1f} h covers a whole-job restart ({restart:.1f} h)"
+    return replace(anchor, want=0, keep=0, message=message)
+
+
+def _explain(p: _Pacing, slack: float | None, d: float, anchor: OnDemandNeed) -> str:
+    if slack is None:
+        net = "no speed measured yet"
+    else:
+        alone = p.left / max(p.lower(p.size), 1e-9)
+        net = (
+            f"{p.hours:.1f} h left, {alone:.1f} h at {p.size} on-demand (lower bound) "
+            f"+ 2 x {d:.2f} h changeover: slack {slack:.1f} h"
+        )
+    return (
+        f"{p.deadline.rule}: progress {p.progress:.1%}, line {p.line():.1%} "
+        f"(+2 d̂ {p.line(2 * d):.1%}); {net}; {p.spot} on spot; {anchor.message}"
+    )
 
 
 def _clamp(value: int, lo: int, hi: int) -> int:
@@ -202,12 +335,13 @@ def on_demand(
     ceiling: int,
     nodes: Mapping[str, GpuNode],
     now: datetime,
+    noticed: frozenset[str] = frozenset(),
 ) -> Decision:
     """`growth` (the idle-capacity decision), or in its place, when it adds nothing, an on-demand
     ScaleOut past idle capacity, a ScaleIn of on-demand workers no longer needed, or an alert."""
     if not needs_fleet(growth, policy):
         return growth
-    fleet = Fleet.of(staying, nodes)
+    fleet = Fleet.of(job, staying, nodes, noticed)
     need = on_demand_need(job, policy, fleet, now)
     assert need is not None
     have = len(fleet.on_demand)

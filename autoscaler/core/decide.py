@@ -72,7 +72,7 @@ def decide(
             if needs_fleet(decision, plan.policy):
                 staying = _staying(plan.job, plan.departures)
                 decision = on_demand(
-                    decision, plan.job, plan.policy, staying, plan.ceiling, nodes, now
+                    decision, plan.job, plan.policy, staying, plan.ceiling, nodes, now, noticed
                 )
             decisions.append(decision)
     return hold_for_view(decisions, snapshot)

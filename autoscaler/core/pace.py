@@ -14,6 +14,7 @@ scheduler that re-plans, wrong for a deadline.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -48,6 +49,12 @@ class Pace:
         if n <= 0:
             return 0.0
         return min((x * max(1.0, n / m) for m, x in self.rates), default=None)
+
+    def estimate(self, n: int, exponent: float) -> float:
+        """A middle estimate of what a ring of `n` does per hour: the geometric mean of the two
+        bounds (0 when nothing was measured). Only for choosing how few workers to buy; whether
+        the deadline is safe is judged on the lower bound."""
+        return math.sqrt(self.lower(n, exponent) * (self.upper(n) or 0.0))
 
     def changeover_hours(self, floor_hours: float) -> float:
         """d̂: a pessimistic changeover (node provisioning and pod start-up, Horovod's reset, the

@@ -205,6 +205,11 @@ class OnDemandRules(StrictModel):
     # that a spot wipe-out never takes every host (Horovod cannot survive losing its whole
     # previous host set)
     min_on_demand: Workers = 0
+    # with a deadline, when the anchor is held: `at_risk`, only while the deadline's slack is
+    # below one whole-job restart (a wipe-out would then cost the deadline; otherwise the anchor
+    # costs more than the restart it saves); `always`, while the job runs. Without a deadline
+    # the anchor is always held
+    anchor: Literal["always", "at_risk"] = "at_risk"
     # the cap on on-demand workers, whatever the deadline says (None: up to max workers)
     max_on_demand: Workers | None = None
     # the anchor leaves while spot is calm: at least `calm_spot_workers` of the job's spot
@@ -231,10 +236,22 @@ class DeadlineRules(StrictModel):
     # finish this much before the deadline: covers node provisioning, pod start-up, Horovod's
     # reset and the error of the progress estimate
     margin: Duration = timedelta(minutes=30)
-    # paced: spot until on-demand alone could barely finish, then just enough on-demand workers
-    # for the pace, removed first when ahead; uniform_progress: Can't Be Late's rule (behind the
-    # line: fill to max with on-demand; ahead by the margin: none), the baseline
+    # paced: on the straight line from the job's start to `deadline - margin` in committed work,
+    # as uniform_progress, but behind it only the on-demand workers that catch up, and a safety
+    # net: on-demand up to the cap once the time left is below what the cap's workers need (at a
+    # lower bound of their speed) plus two changeovers; uniform_progress: Can't Be Late's rule
+    # (behind the line: fill to max with on-demand until ahead by two changeovers; the same
+    # net), the baseline
     rule: Literal["paced", "uniform_progress"] = "paced"
+    # the least a changeover is taken to cost (node provisioning, pod start-up, Horovod's reset,
+    # the training since the last commit): the job's own history raises it, never lowers it
+    changeover: Duration = timedelta(minutes=10)
+    # what a whole-job restart costs (back to the last checkpoint, and start again); the job's
+    # own restarts raise it. The anchor (`at_risk`) is held while the slack is below it
+    restart: Duration = timedelta(minutes=30)
+    # until a ring size has run, a ring of n is taken to do (n/m) ** scaling of what m measured
+    # workers did (0.5: 41% more per doubling, below what data-parallel jobs reach)
+    scaling: Annotated[float, Field(gt=0, le=1)] = 0.5
 
     @field_validator("at")
     @classmethod

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Protocol
 
+from autoscaler.adapters.kube.progress import ProgressRates
 from autoscaler.config.schema import OnDemandPool, SimJob
 from autoscaler.core import (
     Action,
@@ -72,7 +73,9 @@ class JobProgress:
 
     started_at: datetime
     done: float  # fraction of the job done, 0..1
-    rate: float | None  # fraction of the job one worker does per hour; None: not known yet
+    # fraction of the job one worker does per hour; None: measured from the readings, as the
+    # daemon does (adapters/kube/progress.py), with the ring's speed by size and changeovers
+    rate: float | None
 
 
 class ProgressSource(Protocol):
@@ -164,6 +167,7 @@ class SimulatedCluster:
         self.claims_made = 0
         self.empty_since: dict[str, datetime] = {}  # pool node -> when its last pod went
         self.progress = progress
+        self.rates = ProgressRates()  # the daemon's measurement of each job's pace
 
     # --- the world changes -------------------------------------------------------------------
     def add_node(self, node: SimNode) -> None:
@@ -321,39 +325,39 @@ class SimulatedCluster:
             reported = self.progress.progress(key, now) if self.progress else None
             pods = sorted((p for p in self.pods.values() if p.job == key), key=lambda p: p.index)
             scaler = state.scaler
-            out.append(
-                Job(
-                    namespace=spec.namespace,
-                    name=spec.name,
-                    min_workers=spec.min_workers,
-                    max_workers=spec.max_workers,
-                    gpus_per_worker=spec.gpus_per_worker,
-                    reuses_names=True,  # the simulated cluster follows et-operator
-                    priority=spec.priority,
-                    labels=spec.labels,
-                    workers=tuple(
-                        Worker(
-                            p.name,
-                            p.node,
-                            p.name,
-                            p.index,
-                            pending=not p.running,
-                            ready_since=p.ready_at if p.running else None,
-                        )
-                        for p in pods
-                    ),
-                    scaler=Scaler(scaler.kind, scaler.name, scaler.created_at, scaler.pods)
-                    if scaler
-                    else None,
-                    last_scale_out_at=state.last_scale_out_at,
-                    last_failed_scale_out_at=state.last_failed_scale_out_at,
-                    drained_hosts=frozenset(state.drained),
-                    failed_hosts=frozenset(state.failed),
-                    started_at=reported.started_at if reported else None,
-                    progress=reported.done if reported else None,
-                    progress_rate=reported.rate if reported else None,
-                )
+            job = Job(
+                namespace=spec.namespace,
+                name=spec.name,
+                min_workers=spec.min_workers,
+                max_workers=spec.max_workers,
+                gpus_per_worker=spec.gpus_per_worker,
+                reuses_names=True,  # the simulated cluster follows et-operator
+                priority=spec.priority,
+                labels=spec.labels,
+                workers=tuple(
+                    Worker(
+                        p.name,
+                        p.node,
+                        p.name,
+                        p.index,
+                        pending=not p.running,
+                        ready_since=p.ready_at if p.running else None,
+                    )
+                    for p in pods
+                ),
+                scaler=Scaler(scaler.kind, scaler.name, scaler.created_at, scaler.pods)
+                if scaler
+                else None,
+                last_scale_out_at=state.last_scale_out_at,
+                last_failed_scale_out_at=state.last_failed_scale_out_at,
+                drained_hosts=frozenset(state.drained),
+                failed_hosts=frozenset(state.failed),
+                started_at=reported.started_at if reported else None,
+                progress=reported.done if reported else None,
+                progress_rate=reported.rate if reported else None,
             )
+            measured = reported is not None and reported.rate is None
+            out.append(self.rates.with_rate(job, now) if measured else job)
         return out
 
     # --- actuator ------------------------------------------------------------------------------

@@ -1,20 +1,34 @@
-"""What one worker of a job does per hour, from how its progress annotation moved.
+"""A job's pace, measured from how its progress annotation moved (core/pace.py reads it).
 
-The training script reports only the fraction done; a deadline needs the pace too. Between two
-readings at least `_WINDOW` apart, the pace is the progress made over the worker-hours that ran
-meanwhile (running workers integrated over the snapshots in between). A reading lower than the
-last (a restart from a checkpoint) starts the window again. State lives here, per job, and is
-rebuilt after a restart within one window: no pace until then, and the core keeps the anchor.
+The training script reports only the fraction done, at its commits; a deadline needs the pace
+too. Per job, from the readings of the snapshots:
+- the fraction one worker does per hour (`progress_rate`): the progress made over the
+  worker-hours that ran, between readings at least `_WINDOW` apart;
+- the rate of the whole ring at each size it ran at (`Pace.rates`): between the first and the last
+  move of the progress while the same running workers trained, once those are `_RING_WINDOW` or
+  more apart; the slowest of the last `_KEEP` such stretches per size (a lower bound: resets in a
+  stretch slow it, never speed it up);
+- the slowest of the last `_KEEP` worker starts (first seen Pending to Ready: node provisioning
+  and pod start-up), the longest of the last `_KEEP` gaps between two moves of the progress
+  (what a failure loses since the last commit), the worst recent restart (a reading lower than
+  the last, which also starts the windows again), and the hours workers ran since the progress
+  last moved.
+State lives here, per job, and is rebuilt after a restart: no pace until a window has passed,
+and the core then acts as Uniform Progress does.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections import deque
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from autoscaler.core.model import Job
+from autoscaler.core.pace import Pace
 
 _WINDOW = timedelta(minutes=5)
+_RING_WINDOW = timedelta(minutes=3)
+_KEEP = 5
 
 
 @dataclass(slots=True)
@@ -27,30 +41,144 @@ class _Window:
     rate: float | None = None  # fraction of the job per worker-hour, from the last full window
 
 
+@dataclass(slots=True)
+class _Ring:
+    """The running workers' stretch: their count, and the first and last move of progress."""
+
+    size: int
+    first: tuple[datetime, float] | None = None
+    last: tuple[datetime, float] | None = None
+
+
+def _recent() -> deque[float]:
+    return deque(maxlen=_KEEP)
+
+
+@dataclass(slots=True)
+class _History:
+    window: _Window
+    ring: _Ring
+    progress: float
+    moved_at: datetime | None = None  # the last move of progress (while workers ran)
+    read_at: datetime | None = None
+    stalled_hours: float = 0.0
+    rates: dict[int, deque[float]] = field(default_factory=dict)
+    starts: deque[float] = field(default_factory=_recent)
+    gaps: deque[float] = field(default_factory=_recent)
+    restarts: deque[float] = field(default_factory=_recent)
+    pending_since: dict[str, datetime] = field(default_factory=dict)
+
+    def pace(self) -> Pace:
+        return Pace(
+            rates=tuple(sorted((n, min(xs)) for n, xs in self.rates.items())),
+            slowest_start=max(self.starts, default=0.0),
+            commit_gap=max(self.gaps, default=0.0),
+            restart_loss=max(self.restarts, default=0.0),
+            stalled_hours=self.stalled_hours,
+        )
+
+
 class ProgressRates:
     def __init__(self) -> None:
-        self._jobs: dict[str, _Window] = {}
+        self._jobs: dict[str, _History] = {}
 
     def with_rate(self, job: Job, now: datetime) -> Job:
-        """`job` with its measured pace (None until a window has passed with progress made)."""
+        """`job` with its measured pace (its per-worker rate None until a window has passed with
+        progress made)."""
         if job.progress is None:
             self._jobs.pop(job.key, None)
             return job
-        window = self._jobs.get(job.key)
-        if window is None or job.progress < window.progress:
-            rate = window.rate if window is not None else None
-            window = self._jobs[job.key] = _Window(now, job.progress, rate=rate)
-        if window.last_at is not None:
-            hours = max(0.0, (now - window.last_at).total_seconds() / 3600)
-            window.worker_hours += window.last_running * hours
-        window.last_at = now
-        window.last_running = sum(1 for w in job.workers if not w.pending)
-        made = job.progress - window.progress
-        if now - window.since >= _WINDOW and made > 0 and window.worker_hours > 0:
-            window.rate = made / window.worker_hours
-            window.since, window.progress, window.worker_hours = now, job.progress, 0.0
-        return replace(job, progress_rate=window.rate) if window.rate is not None else job
+        running = _ring(job)
+        history = self._jobs.get(job.key)
+        if history is None:
+            history = self._jobs[job.key] = _History(
+                _Window(now, job.progress), _Ring(running), job.progress
+            )
+        _worker_rate(history, job, now)
+        _starts(history, job, now)
+        _ring_rate(history, job.progress, running, now)
+        rate = history.window.rate
+        job = replace(job, pace=history.pace())
+        return replace(job, progress_rate=rate) if rate is not None else job
 
     def forget_except(self, keys: set[str]) -> None:
         for gone in self._jobs.keys() - keys:
             del self._jobs[gone]
+
+
+def _ring(job: Job) -> int:
+    """The workers in Horovod's ring: running and not drained."""
+    return sum(1 for w in job.workers if not w.pending and w.host not in job.drained_hosts)
+
+
+def _worker_rate(history: _History, job: Job, now: datetime) -> None:
+    """The fraction one worker does per hour, over windows of at least `_WINDOW`."""
+    assert job.progress is not None
+    window = history.window
+    if job.progress < window.progress:
+        window = history.window = _Window(now, job.progress, rate=window.rate)
+    if window.last_at is not None:
+        hours = max(0.0, (now - window.last_at).total_seconds() / 3600)
+        window.worker_hours += window.last_running * hours
+    window.last_at = now
+    window.last_running = sum(1 for w in job.workers if not w.pending)
+    made = job.progress - window.progress
+    if now - window.since >= _WINDOW and made > 0 and window.worker_hours > 0:
+        window.rate = made / window.worker_hours
+        window.since, window.progress, window.worker_hours = now, job.progress, 0.0
+
+
+def _starts(history: _History, job: Job, now: datetime) -> None:
+    """How long workers took from first seen Pending to Ready."""
+    pending = history.pending_since
+    for w in job.workers:
+        if w.pending:
+            pending.setdefault(w.pod, now)
+        elif w.pod in pending:
+            since = pending.pop(w.pod)
+            ready = w.ready_since or now
+            history.starts.append(max(0.0, (ready - since).total_seconds()))
+    alive = {w.pod for w in job.workers}
+    for gone in pending.keys() - alive:
+        del pending[gone]
+
+
+def _ring_rate(history: _History, progress: float, running: int, now: datetime) -> None:
+    """The ring's rate per size, the gaps between moves, restarts and stalls."""
+    moved = progress > history.progress
+    if history.read_at is not None and history.ring.size > 0 and not moved:
+        history.stalled_hours += (now - history.read_at).total_seconds() / 3600
+    history.read_at = now
+    if progress < history.progress:  # a restart from a checkpoint
+        history.restarts.append(history.progress - progress)
+        history.ring, history.moved_at = _Ring(running), None
+    elif moved:
+        history.stalled_hours = 0.0
+        if history.moved_at is not None and history.ring.size == running > 0:
+            history.gaps.append((now - history.moved_at).total_seconds())
+        history.moved_at = now
+    history.progress = progress
+    ring = history.ring
+    if running != ring.size:
+        _close(history)
+        history.ring = _Ring(running)
+        return
+    if moved and running > 0:
+        if ring.first is None:
+            ring.first = (now, progress)
+        else:
+            ring.last = (now, progress)
+    if ring.first and ring.last and ring.last[0] - ring.first[0] >= _RING_WINDOW:
+        _close(history)
+        history.ring = _Ring(running, first=ring.last)
+
+
+def _close(history: _History) -> None:
+    """Keep the ring's stretch as a rate sample if it was long enough."""
+    ring = history.ring
+    if ring.size <= 0 or ring.first is None or ring.last is None:
+        return
+    (t0, p0), (t1, p1) = ring.first, ring.last
+    if t1 - t0 >= _RING_WINDOW and p1 > p0:
+        rate = (p1 - p0) / ((t1 - t0).total_seconds() / 3600)
+        history.rates.setdefault(ring.size, _recent()).append(rate)
