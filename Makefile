@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: simulate test horovod lint chaos docs clean
+.PHONY: simulate test horovod control-plane lint chaos docs clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,11 @@ test: $(VENV)/.installed
 # Optional: horovod 0.28.1 + torch (CPU) for the end-to-end test; needs a compiler, ~4 min cold.
 horovod: $(VENV)/.installed
 	scripts/build-horovod.sh $(BIN)/python
+
+# Optional: etcd, kube-apiserver, -controller-manager, -scheduler, kwok and mpi-operator built from
+# source (scripts/control-plane.versions) for tests marked real_cluster; needs Go, ~25 min cold.
+control-plane:
+	scripts/build-control-plane.sh
 
 lint: $(VENV)/.installed  # import contracts, ruff check + format, mypy: also part of `make test`
 	$(BIN)/python -m pytest -q tests/test_layering.py tests/test_static_checks.py

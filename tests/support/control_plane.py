@@ -1,0 +1,933 @@
+"""A real Kubernetes control plane on loopback for tests: etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler and kwok (fake kubelets), optionally mpi-operator.
+
+The binaries come from ``scripts/build-control-plane.sh`` (``make control-plane``); the pytest
+fixture is in ``real_cluster.py``. What it sets up, as a real cluster has it:
+
+- certificates (EC P-256, made here): a CA; the apiserver's serving cert for 127.0.0.1,
+  ``localhost`` and the ``kubernetes.default.svc`` names; client certs for the admin
+  (O=system:masters), kube-controller-manager and kube-scheduler (their bootstrap RBAC users);
+  a separate service-account signing key pair;
+- kube-apiserver with ``--authorization-mode=Node,RBAC`` and the default admission plugins plus
+  NodeRestriction. ServiceAccount admission stays on: the controller-manager gets
+  ``--service-account-private-key-file`` and ``--root-ca-file``, so the ``default``
+  ServiceAccount of every namespace and the ``kube-root-ca.crt`` ConfigMap exist and pods are
+  admitted. ``start()`` returns once ``default/default`` exists;
+- kube-controller-manager with every default controller (garbage collector, disruption, node
+  lifecycle, serviceaccount and its token controller, job, namespace, ...), each acting as its
+  own ServiceAccount (``--use-service-account-credentials``), no leader election;
+- kube-scheduler, no leader election: pods are bound by the real scheduler;
+- kwok managing only nodes annotated ``kwok.x-k8s.io/node=fake`` with the stages of
+  ``kwok_stages.yaml`` (nodes Ready with their Lease renewed, pods Running with a podIP, deleted
+  pods removed; Job-owned pods stay Running until annotated ``spot-autoscaler.test/finish``).
+  Nodes get no kwok taint, so ordinary pods schedule on them.
+
+Every process runs in its own process group (and dies with this process on Linux when started
+from the main thread: PR_SET_PDEATHSIG). ``stop()`` kills the groups; it also runs on an
+exception in ``start()``, at exit, and on SIGINT/SIGTERM (the previous handler is then called).
+``leftover_processes()`` lists what is still alive, for tests to assert it is empty.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime
+import ipaddress
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any, TypeVar
+
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from kubernetes import client
+from kubernetes.client import ApiClient
+from kubernetes.client.rest import ApiException
+
+BINARIES = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+    "mpi-operator",
+)
+KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+SERVICE_CIDR = "10.96.0.0/16"
+POD_CIDR = "10.244.0.0/16"  # kwok hands out pod IPs from it
+# mpi-operator v0.8.2 serves /healthz on :8080 with no flag to change it
+# (cmd/mpi-operator/app/server.go, healthCheckPort): one per host at a time.
+MPI_OPERATOR_HEALTH_PORT = 8080
+LOG_TAIL_LINES = 40
+HERE = Path(__file__).resolve().parent
+MPIJOB_CRD = HERE / "crds" / "kubeflow.org_mpijobs.yaml"  # equals mpi-operator v0.8.2's
+
+T = TypeVar("T")
+
+
+class ControlPlaneError(RuntimeError):
+    """A component failed to start or become healthy (the message names it, with its log)."""
+
+
+def wait_until(
+    condition: Callable[[], T | None], timeout: float, what: str, interval: float = 0.1
+) -> T:
+    """Poll `condition()` until it returns something truthy; TimeoutError naming `what`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    """A loopback TCP port nobody listens on now (the kernel's choice)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_in_use(port: int) -> bool:
+    """Something listens on `port` (any address). SO_REUSEADDR as Go's listeners set it, so
+    connections lingering in TIME_WAIT do not count."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError:
+            return True
+        return False
+
+
+# --- certificates --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Pair:
+    cert: Path
+    key: Path
+
+
+def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    path.chmod(0o600)
+
+
+class _CertAuthority:
+    def __init__(self, directory: Path, stem: str = "ca", common_name: str = "test-ca") -> None:
+        self.dir = directory
+        self.key = ec.generate_private_key(ec.SECP256R1())
+        now = datetime.datetime.now(datetime.UTC)
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+        self.name = name
+        self.cert = (
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(name)
+            .public_key(self.key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=2))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .sign(self.key, hashes.SHA256())
+        )
+        self.cert_path = directory / f"{stem}.crt"
+        self.key_path = directory / f"{stem}.key"
+        self.cert_path.write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
+        _write_key(self.key, self.key_path)
+
+    def issue(
+        self,
+        stem: str,
+        common_name: str,
+        *,
+        organizations: Sequence[str] = (),
+        server_names: Sequence[str] = (),
+        server_ips: Sequence[str] = (),
+    ) -> _Pair:
+        key = ec.generate_private_key(ec.SECP256R1())
+        attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations]
+        attrs.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
+        server = bool(server_names or server_ips)
+        now = datetime.datetime.now(datetime.UTC)
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name(attrs))
+            .issuer_name(self.name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=2))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(
+                x509.ExtendedKeyUsage(
+                    [ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]
+                ),
+                critical=False,
+            )
+        )
+        if server:
+            sans: list[x509.GeneralName] = [x509.DNSName(n) for n in server_names]
+            sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in server_ips]
+            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        cert = builder.sign(self.key, hashes.SHA256())
+        pair = _Pair(self.dir / f"{stem}.crt", self.dir / f"{stem}.key")
+        pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        _write_key(key, pair.key)
+        return pair
+
+
+# --- processes -----------------------------------------------------------------------------
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+def _pgid_of(pid: int) -> int | None:
+    """The process group of a live (non-zombie) process, from /proc."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return None if fields[0] in ("Z", "X") else int(fields[2])
+
+
+@dataclass
+class _Process:
+    name: str
+    argv: list[str]
+    log: Path
+    popen: subprocess.Popen[bytes]
+    started: float = field(default_factory=time.monotonic)
+
+    def tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        try:
+            text = self.log.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return "\n".join(text[-lines:])
+
+
+_LIVE: weakref.WeakSet[ControlPlane] = weakref.WeakSet()
+_PREVIOUS_HANDLERS: dict[int, Any] = {}
+_HANDLERS_LOCK = threading.Lock()
+
+
+def _kill_every_live_plane() -> None:
+    for plane in list(_LIVE):
+        plane.kill()
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    _kill_every_live_plane()
+    previous = _PREVIOUS_HANDLERS.get(signum)
+    if callable(previous):
+        previous(signum, frame)
+    elif previous == signal.SIG_IGN:
+        return
+    else:  # SIG_DFL (or a handler not set from Python): die of the signal as before
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+
+def _install_process_guards() -> None:
+    """atexit and SIGINT/SIGTERM hooks, chained to whatever handled the signal before (once)."""
+    with _HANDLERS_LOCK:
+        if _PREVIOUS_HANDLERS or threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            _PREVIOUS_HANDLERS[signum] = signal.getsignal(signum)
+            signal.signal(signum, _on_signal)
+        atexit.register(_kill_every_live_plane)
+
+
+# --- the control plane ---------------------------------------------------------------------
+
+
+class ControlPlane:
+    """etcd + kube-apiserver + kube-controller-manager + kube-scheduler + kwok on loopback.
+
+    ``with ControlPlane(bin_dir) as cp:`` starts everything and waits for health (raising
+    ControlPlaneError naming the component, with the last 40 lines of its log); on exit every
+    process is killed and the temp dir removed (kept after a failed start, with
+    ``keep_dir=True`` or env ``SPOT_AUTOSCALER_KEEP_CONTROL_PLANE=1``; a `workdir` given is
+    never removed). ``startup_seconds`` says how long each step took.
+
+    `timeout`: seconds each component may take to become healthy. `node_lease_seconds`: the
+    Lease duration kwok gives its nodes (renewed every quarter of it). With
+    `service_account_credentials=False` the controller-manager runs as the admin instead of one
+    ServiceAccount per controller: ~5 s faster to start, less like a real cluster.
+    """
+
+    def __init__(
+        self,
+        bin_dir: str | os.PathLike[str],
+        *,
+        workdir: str | os.PathLike[str] | None = None,
+        timeout: float = 60.0,
+        keep_dir: bool | None = None,
+        node_lease_seconds: int = 40,
+        service_account_credentials: bool = True,
+    ) -> None:
+        self.bin_dir = Path(bin_dir)
+        self.timeout = timeout
+        self._workdir_arg = Path(workdir) if workdir is not None else None
+        if keep_dir is None:
+            keep_dir = os.environ.get("SPOT_AUTOSCALER_KEEP_CONTROL_PLANE") == "1"
+        self.keep_dir = keep_dir
+        self.node_lease_seconds = node_lease_seconds
+        self.service_account_credentials = service_account_credentials
+        self.dir = Path()
+        self.processes: dict[str, _Process] = {}
+        self._pgids: set[int] = set()
+        self._pids: set[int] = set()
+        self._lock = threading.RLock()
+        self.startup_seconds: dict[str, float] = {}
+        self.ports: dict[str, int] = {}
+        self._clients: list[ApiClient] = []
+        self._made_dir = False
+        self._failed = False
+        self._users: dict[str, _Pair] = {}
+
+    # --- paths and clients ---------------------------------------------------------------
+
+    @property
+    def kubeconfig_path(self) -> Path:
+        """Admin kubeconfig (client cert in group system:masters)."""
+        return self.dir / "admin.kubeconfig"
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.ports['kube-apiserver']}"
+
+    def _configuration(self) -> client.Configuration:
+        conf = client.Configuration()
+        conf.host = self.server
+        conf.ssl_ca_cert = str(self.dir / "pki" / "ca.crt")
+        return conf
+
+    def api_client(self) -> ApiClient:
+        """An official-client ApiClient authenticated by the admin client certificate."""
+        conf = self._configuration()
+        conf.cert_file = str(self.dir / "pki" / "admin.crt")
+        conf.key_file = str(self.dir / "pki" / "admin.key")
+        return self._track(ApiClient(conf))
+
+    def client_for_token(self, token: str) -> ApiClient:
+        """An ApiClient that authenticates with a bearer token only (no client cert)."""
+        conf = self._configuration()
+        # The whole header value under both keys: client 36 reads 'BearerToken' (older ones
+        # 'authorization') and looks up a prefix only under 'BearerToken', so
+        # api_key_prefix={"authorization": "Bearer"} sends the bare token: anonymous.
+        conf.api_key = {"BearerToken": f"Bearer {token}", "authorization": f"Bearer {token}"}
+        return self._track(ApiClient(conf))
+
+    def _track(self, api: ApiClient) -> ApiClient:
+        self._clients.append(api)
+        return api
+
+    @contextlib.contextmanager
+    def _admin(self) -> Iterator[ApiClient]:
+        api = self.api_client()
+        try:
+            yield api
+        finally:
+            api.close()
+            self._clients.remove(api)
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def __enter__(self) -> ControlPlane:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> ControlPlane:
+        missing = [b for b in BINARIES[:5] if not os.access(self.bin_dir / b, os.X_OK)]
+        if missing:
+            raise ControlPlaneError(
+                f"missing in {self.bin_dir}: {', '.join(missing)} (run `make control-plane`)"
+            )
+        _install_process_guards()
+        _LIVE.add(self)
+        t0 = time.monotonic()
+        try:
+            self._prepare_dir()
+            self._step("certificates", self._write_certificates)
+            self._step("etcd", self._start_etcd)
+            self._step("kube-apiserver", self._start_apiserver)
+            self._step("controllers", self._start_controllers)
+            self._step("default service account", self._wait_default_service_account)
+        except BaseException:
+            self._failed = True
+            self.stop()
+            raise
+        self.startup_seconds["total"] = time.monotonic() - t0
+        return self
+
+    def _step(self, name: str, action: Callable[[], None]) -> None:
+        t0 = time.monotonic()
+        action()
+        self.startup_seconds[name] = time.monotonic() - t0
+
+    def _prepare_dir(self) -> None:
+        if self._workdir_arg is not None:  # the caller's: never removed
+            self.dir = self._workdir_arg
+            self.dir.mkdir(parents=True, exist_ok=True)
+        else:
+            self.dir = Path(tempfile.mkdtemp(prefix="spot-control-plane-"))
+            self._made_dir = True
+        for sub in ("pki", "logs", "etcd", "kcm", "scheduler"):
+            (self.dir / sub).mkdir(mode=0o700, exist_ok=True)  # etcd warns about anything wider
+
+    def kill(self) -> None:
+        """SIGKILL every process group at once, without waiting (signal/atexit safe). Groups
+        whose leader was reaped are left alone: their number may belong to someone else now."""
+        for proc in list(self.processes.values()):
+            if proc.popen.returncode is not None:
+                continue
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.popen.pid, signal.SIGKILL)
+
+    def stop(self, *, grace: float = 5.0) -> None:
+        """SIGTERM the process groups (the apiserver's clients, then the apiserver, then etcd,
+        each wave given `grace` seconds), SIGKILL what is left, reap them all and remove the
+        temp dir (kept after a failed start, for its logs). Idempotent."""
+        with self._lock:
+            for api in list(self._clients):
+                with contextlib.suppress(Exception):
+                    api.close()
+            self._clients.clear()
+            procs = list(self.processes.values())
+            # Clients of the apiserver first (together), then the apiserver, then etcd: nobody
+            # logs connection errors on the way down.
+            waves = [
+                [p for p in procs if p.name not in ("kube-apiserver", "etcd")],
+                [p for p in procs if p.name == "kube-apiserver"],
+                [p for p in procs if p.name == "etcd"],
+            ]
+            for wave in waves:
+                for proc in wave:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(proc.popen.pid, signal.SIGTERM)
+                deadline = time.monotonic() + grace
+                for proc in wave:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+            self.kill()  # whatever ignored SIGTERM, and any member left in a group
+            for proc in procs:
+                proc.popen.wait()
+            self.processes.clear()
+            _LIVE.discard(self)
+            if self._made_dir and not (self.keep_dir or self._failed):
+                shutil.rmtree(self.dir, ignore_errors=True)
+
+    def leftover_processes(self) -> list[int]:
+        """Pids of our processes (or members of their process groups) still alive."""
+        alive = {pid for pid in self._pids if _pgid_of(pid) is not None}
+        if self._pgids:
+            for entry in os.scandir("/proc"):
+                if entry.name.isdigit() and _pgid_of(int(entry.name)) in self._pgids:
+                    alive.add(int(entry.name))
+        return sorted(alive)
+
+    # --- processes -----------------------------------------------------------------------
+
+    def _spawn(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+        log = self.dir / "logs" / f"{name}.log"
+        main_thread = threading.current_thread() is threading.main_thread()
+        with open(log, "ab") as out:
+            popen = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=self.dir,
+                env=dict(env) if env is not None else None,
+                start_new_session=True,  # own session and process group: killpg reaches all
+                # Die with this process even on SIGKILL. Not from another thread: the death
+                # signal fires when the *thread* that forked exits.
+                preexec_fn=_die_with_parent if main_thread else None,
+            )
+        self._pids.add(popen.pid)
+        self._pgids.add(popen.pid)
+        self.processes[name] = _Process(name, list(argv), log, popen)
+
+    def _failure(self, name: str, problem: str) -> ControlPlaneError:
+        proc = self.processes.get(name)
+        tail = proc.tail() if proc else "(not started)"
+        log = proc.log if proc else "-"
+        return ControlPlaneError(f"{name} {problem}; last {LOG_TAIL_LINES} lines of {log}:\n{tail}")
+
+    def _wait_healthy(self, name: str, probe: Callable[[], bool], timeout: float) -> None:
+        proc = self.processes[name]
+        deadline = time.monotonic() + timeout
+        while True:
+            code = proc.popen.poll()
+            if code is not None:
+                raise self._failure(name, f"exited with code {code} while starting")
+            if probe():
+                self.startup_seconds[f"{name} healthy"] = time.monotonic() - proc.started
+                return
+            if time.monotonic() > deadline:
+                raise self._failure(name, f"not healthy after {timeout:.0f} s")
+            time.sleep(0.05)
+
+    def _binary(self, name: str) -> str:
+        return str(self.bin_dir / name)
+
+    # --- health probes -------------------------------------------------------------------
+
+    def _ssl_context(self, *, verify: bool = True) -> ssl.SSLContext:
+        pki = self.dir / "pki"
+        if verify:
+            ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        else:  # the controller-manager and scheduler serve self-signed certificates
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+        return ctx
+
+    @staticmethod
+    def _get_ok(url: str, ctx: ssl.SSLContext | None = None) -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=2, context=ctx) as resp:
+                return bool(resp.status == 200)
+        except (urllib.error.URLError, OSError, ssl.SSLError):
+            return False
+
+    def health(self) -> dict[str, bool]:
+        """Each running component's health endpoint answers 200 now."""
+        probes: dict[str, Callable[[], bool]] = {
+            "etcd": lambda: self._get_ok(f"http://127.0.0.1:{self.ports['etcd']}/health"),
+            "kube-apiserver": lambda: self._get_ok(f"{self.server}/readyz", self._ssl_context()),
+            "kube-controller-manager": lambda: self._get_ok(
+                f"https://127.0.0.1:{self.ports['kube-controller-manager']}/healthz",
+                self._ssl_context(verify=False),
+            ),
+            "kube-scheduler": lambda: self._get_ok(
+                f"https://127.0.0.1:{self.ports['kube-scheduler']}/readyz",
+                self._ssl_context(verify=False),
+            ),
+            "kwok": lambda: self._get_ok(f"http://127.0.0.1:{self.ports['kwok']}/healthz"),
+            "mpi-operator": lambda: self._get_ok(
+                f"http://127.0.0.1:{MPI_OPERATOR_HEALTH_PORT}/healthz"
+            ),
+        }
+        return {
+            name: proc.popen.poll() is None and probes[name]()
+            for name, proc in self.processes.items()
+        }
+
+    # --- components ----------------------------------------------------------------------
+
+    def _write_certificates(self) -> None:
+        pki = self.dir / "pki"
+        ca = _CertAuthority(pki, "ca", "spot-autoscaler-test-ca")
+        service_ip = str(next(ipaddress.ip_network(SERVICE_CIDR).hosts()))
+        ca.issue(
+            "apiserver",
+            "kube-apiserver",
+            server_names=[
+                "localhost",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ],
+            server_ips=["127.0.0.1", service_ip],
+        )
+        self._users = {
+            "admin": ca.issue("admin", "admin", organizations=["system:masters"]),
+            "controller-manager": ca.issue("controller-manager", "system:kube-controller-manager"),
+            "scheduler": ca.issue("scheduler", "system:kube-scheduler"),
+        }
+        # The front proxy (aggregation layer): its own CA, as a kubeadm cluster has it. Without
+        # it the controller-manager and scheduler log "missing content for CA bundle
+        # requestheader-client-ca-file" over and over (their delegated authentication).
+        front = _CertAuthority(pki, "front-proxy-ca", "spot-autoscaler-test-front-proxy-ca")
+        front.issue("front-proxy-client", "front-proxy-client")
+        sa_key = ec.generate_private_key(ec.SECP256R1())
+        _write_key(sa_key, pki / "sa.key")
+        (pki / "sa.pub").write_bytes(
+            sa_key.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        )
+        self.ports = {
+            name: free_port()
+            for name in (
+                "etcd",
+                "etcd-peer",
+                "kube-apiserver",
+                "kube-controller-manager",
+                "kube-scheduler",
+                "kwok",
+            )
+        }
+        for user, pair in self._users.items():
+            self._write_kubeconfig(self.dir / f"{user}.kubeconfig", user, pair)
+
+    def _write_kubeconfig(self, path: Path, user: str, pair: _Pair) -> None:
+        conf = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "local",
+                    "cluster": {
+                        "server": self.server,
+                        "certificate-authority": str(self.dir / "pki" / "ca.crt"),
+                    },
+                }
+            ],
+            "users": [
+                {
+                    "name": user,
+                    "user": {"client-certificate": str(pair.cert), "client-key": str(pair.key)},
+                }
+            ],
+            "contexts": [{"name": "local", "context": {"cluster": "local", "user": user}}],
+            "current-context": "local",
+        }
+        path.write_text(yaml.safe_dump(conf, sort_keys=False))
+        path.chmod(0o600)
+
+    def _start_etcd(self) -> None:
+        client_url = f"http://127.0.0.1:{self.ports['etcd']}"
+        peer_url = f"http://127.0.0.1:{self.ports['etcd-peer']}"
+        self._spawn(
+            "etcd",
+            [
+                self._binary("etcd"),
+                "--name=test",
+                f"--data-dir={self.dir / 'etcd'}",
+                f"--listen-client-urls={client_url}",
+                f"--advertise-client-urls={client_url}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster=test={peer_url}",
+                "--unsafe-no-fsync=true",
+                "--log-level=warn",
+            ],
+        )
+        self._wait_healthy(
+            "etcd", lambda: self._get_ok(f"{client_url}/health"), min(self.timeout, 30)
+        )
+
+    def _start_apiserver(self) -> None:
+        pki = self.dir / "pki"
+        port = self.ports["kube-apiserver"]
+        self._spawn(
+            "kube-apiserver",
+            [
+                self._binary("kube-apiserver"),
+                f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--cert-dir={pki}",
+                f"--tls-cert-file={pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={pki / 'apiserver.key'}",
+                f"--client-ca-file={pki / 'ca.crt'}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction",
+                "--allow-privileged=true",
+                f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+                f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
+                # The "kubernetes" Service's endpoints would be 127.0.0.1, which Endpoints
+                # validation refuses (loopback): no reconciler, no repeated errors.
+                "--endpoint-reconciler-type=none",
+            ],
+        )
+        ctx = self._ssl_context()
+        self._wait_healthy(
+            "kube-apiserver", lambda: self._get_ok(f"{self.server}/readyz", ctx), self.timeout
+        )
+
+    def _start_controllers(self) -> None:
+        pki = self.dir / "pki"
+        # The bootstrap role of system:kube-controller-manager only creates ServiceAccounts and
+        # their tokens and lists/watches; each controller's write access is in the role of its
+        # own ServiceAccount (bootstrappolicy/controller_policy.go). So with its own identity the
+        # controller-manager needs --use-service-account-credentials (as kubeadm runs it);
+        # without them (~5 s faster start: no token per controller) it runs as the admin.
+        kcm_user = "controller-manager" if self.service_account_credentials else "admin"
+        kcm = str(self.dir / f"{kcm_user}.kubeconfig")
+        sched = str(self.dir / "scheduler.kubeconfig")
+        self._spawn(
+            "kube-controller-manager",
+            [
+                self._binary("kube-controller-manager"),
+                f"--kubeconfig={kcm}",
+                f"--authentication-kubeconfig={kcm}",
+                f"--authorization-kubeconfig={kcm}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={self.ports['kube-controller-manager']}",
+                f"--cert-dir={self.dir / 'kcm'}",
+                "--leader-elect=false",
+                "--controllers=*",
+                f"--root-ca-file={pki / 'ca.crt'}",
+                f"--service-account-private-key-file={pki / 'sa.key'}",
+                f"--use-service-account-credentials={str(self.service_account_credentials).lower()}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+            ],
+        )
+        self._spawn(
+            "kube-scheduler",
+            [
+                self._binary("kube-scheduler"),
+                f"--kubeconfig={sched}",
+                f"--authentication-kubeconfig={sched}",
+                f"--authorization-kubeconfig={sched}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={self.ports['kube-scheduler']}",
+                f"--cert-dir={self.dir / 'scheduler'}",
+                "--leader-elect=false",
+            ],
+        )
+        self._spawn(
+            "kwok",
+            [
+                self._binary("kwok"),
+                f"--kubeconfig={self.kubeconfig_path}",
+                f"--config={HERE / 'kwok_stages.yaml'}",
+                f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
+                f"--server-address=127.0.0.1:{self.ports['kwok']}",
+                f"--cidr={POD_CIDR}",
+                f"--node-lease-duration-seconds={self.node_lease_seconds}",
+            ],
+        )
+        health = self.health()  # warm: the three start in parallel
+        for name in ("kube-controller-manager", "kube-scheduler", "kwok"):
+            if not health.get(name):
+                self._wait_healthy(name, lambda n=name: self.health()[n], self.timeout)
+
+    def _wait_default_service_account(self) -> None:
+        with self._admin() as api:
+            core = client.CoreV1Api(api)
+
+            def exists() -> bool:
+                try:
+                    core.read_namespaced_service_account("default", "default")
+                except ApiException as e:
+                    if e.status == 404:
+                        return False
+                    raise
+                return True
+
+            try:
+                wait_until(exists, self.timeout, "ServiceAccount default/default", 0.1)
+            except TimeoutError as e:
+                raise self._failure("kube-controller-manager", str(e)) from None
+
+    # --- mpi-operator --------------------------------------------------------------------
+
+    def start_mpi_operator(self, timeout: float | None = None) -> None:
+        """Install the MPIJob CRD and the `mpi-operator` namespace (its leader-election lock),
+        then start mpi-operator and wait until it serves /healthz and holds its Lease.
+
+        Its health port 8080 is fixed (no flag): ControlPlaneError if something listens there.
+        """
+        timeout = self.timeout if timeout is None else timeout
+        binary = self.bin_dir / "mpi-operator"
+        if not os.access(binary, os.X_OK):
+            raise ControlPlaneError(f"missing in {self.bin_dir}: mpi-operator")
+        if "mpi-operator" in self.processes:
+            return
+        if port_in_use(MPI_OPERATOR_HEALTH_PORT):
+            raise ControlPlaneError(
+                f"mpi-operator: port {MPI_OPERATOR_HEALTH_PORT} is in use (its health port is "
+                "hard-coded; another mpi-operator or anything else on :8080 blocks it)"
+            )
+        with self._admin() as api:
+            self.apply_crd(api, MPIJOB_CRD, timeout)
+            with contextlib.suppress(ApiException):  # exists
+                client.CoreV1Api(api).create_namespace(
+                    client.V1Namespace(metadata=client.V1ObjectMeta(name="mpi-operator"))
+                )
+            env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+            env["KUBECONFIG"] = str(self.kubeconfig_path)  # overrides --kubeConfig anyway
+            self._spawn(
+                "mpi-operator",
+                [
+                    str(binary),
+                    f"--kubeConfig={self.kubeconfig_path}",
+                    "--lock-namespace=mpi-operator",
+                    "--monitoring-port=0",
+                ],
+                env,
+            )
+            coordination = client.CoordinationV1Api(api)
+
+            def leading() -> bool:
+                if not self._get_ok(f"http://127.0.0.1:{MPI_OPERATOR_HEALTH_PORT}/healthz"):
+                    return False
+                try:
+                    lease = coordination.read_namespaced_lease("mpi-operator", "mpi-operator")
+                except ApiException:
+                    return False
+                return bool(lease.spec and lease.spec.holder_identity)
+
+            self._wait_healthy("mpi-operator", leading, timeout)
+
+    @staticmethod
+    def apply_crd(api: ApiClient, path: Path, timeout: float = 30) -> None:
+        """Create a CRD from a YAML file (if absent) and wait until it is Established."""
+        body = yaml.safe_load(path.read_text())
+        ext = client.ApiextensionsV1Api(api)
+        try:
+            ext.create_custom_resource_definition(body)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+        name = body["metadata"]["name"]
+
+        def established() -> bool:
+            crd = ext.read_custom_resource_definition(name)
+            conditions = (crd.status and crd.status.conditions) or []
+            return any(c.type == "Established" and c.status == "True" for c in conditions)
+
+        wait_until(established, timeout, f"CRD {name} Established")
+
+    # --- cluster content -----------------------------------------------------------------
+
+    def add_gpu_nodes(
+        self,
+        names: Iterable[str],
+        gpus: int = 8,
+        labels: Mapping[str, str] | None = None,
+        capacity_type: str = "spot",
+        *,
+        instance_type: str = "p4d.24xlarge",
+        cpu: str = "96",
+        memory: str = "1152Gi",
+        pods: str = "110",
+        wait_ready: bool = True,
+        timeout: float = 30,
+    ) -> list[str]:
+        """Create kwok-managed Nodes with `gpus` nvidia.com/gpu in capacity and allocatable.
+
+        The status is set on creation (the API server keeps a Node's status on create) and
+        kwok's node-initialize stage keeps it. No kwok taint: ordinary pods schedule here. With
+        `wait_ready`, returns once each node is Ready and without the not-ready taint that
+        TaintNodesByCondition puts on new nodes (removed by the node lifecycle controller).
+        """
+        names = list(names)
+        resources = {"cpu": cpu, "memory": memory, "pods": pods, "nvidia.com/gpu": str(gpus)}
+        with self._admin() as api:
+            core = client.CoreV1Api(api)
+            for name in names:
+                node_labels = {
+                    "kubernetes.io/hostname": name,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                    "node.kubernetes.io/instance-type": instance_type,
+                    "karpenter.sh/capacity-type": capacity_type,
+                    "type": "kwok",
+                    **(labels or {}),
+                }
+                core.create_node(
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Node",
+                        "metadata": {
+                            "name": name,
+                            "labels": node_labels,
+                            "annotations": {KWOK_ANNOTATION: "fake"},
+                        },
+                        "spec": {"providerID": f"kwok://{name}"},
+                        "status": {"capacity": resources, "allocatable": resources},
+                    }
+                )
+            if wait_ready:
+
+                def ready(name: str) -> bool:
+                    node = core.read_node(name)
+                    conds = node.status.conditions or []
+                    taints = node.spec.taints or []
+                    return any(c.type == "Ready" and c.status == "True" for c in conds) and not any(
+                        t.key.startswith("node.kubernetes.io/") for t in taints
+                    )
+
+                for name in names:
+                    wait_until(lambda n=name: ready(n), timeout, f"node {name} Ready")
+        return names
+
+    def token_for(
+        self, service_account: str, namespace: str = "default", expiration_seconds: int = 3600
+    ) -> str:
+        """A bound token for the ServiceAccount (created if absent) from the TokenRequest API."""
+        with self._admin() as api:
+            core = client.CoreV1Api(api)
+            try:
+                core.create_namespaced_service_account(
+                    namespace,
+                    client.V1ServiceAccount(metadata=client.V1ObjectMeta(name=service_account)),
+                )
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+            request = client.AuthenticationV1TokenRequest(
+                spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=expiration_seconds)
+            )
+            answer = core.create_namespaced_service_account_token(
+                service_account, namespace, request
+            )
+            return str(answer.status.token)

@@ -1,0 +1,71 @@
+"""Pytest plugin: a session-scoped real control plane (support/control_plane.py).
+
+Load it with ``pytest_plugins = ["support.real_cluster"]`` (a test module or the root conftest).
+The ``control_plane`` fixture finds the binaries in env ``SPOT_AUTOSCALER_CONTROL_PLANE_BIN``
+or else where ``scripts/build-control-plane.sh --print-bin-dir`` says the pinned versions are
+cached. Without them the tests using it are skipped with one line saying how to build them
+(``make control-plane``), unless ``REQUIRE_REAL_CLUSTER=1``: then they fail. Tests using the
+fixture get the ``real_cluster`` marker (``-m "not real_cluster"`` leaves them out).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .control_plane import BINARIES, ControlPlane
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = ROOT / "scripts" / "build-control-plane.sh"
+BIN_ENV = "SPOT_AUTOSCALER_CONTROL_PLANE_BIN"
+REQUIRED = BINARIES[:5]  # mpi-operator is optional (start_mpi_operator)
+
+
+def find_bin_dir() -> tuple[Path | None, str]:
+    """The directory with the control-plane binaries, or None and one line saying why."""
+    override = os.environ.get(BIN_ENV)
+    if override:
+        bin_dir = Path(override)
+        missing = [b for b in REQUIRED if not os.access(bin_dir / b, os.X_OK)]
+        if missing:
+            return None, f"{BIN_ENV}={override} lacks {', '.join(missing)} (`make control-plane`)"
+        return bin_dir, ""
+    try:
+        found = subprocess.run(
+            [str(BUILD_SCRIPT), "--print-bin-dir"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return None, f"{BUILD_SCRIPT.name} --print-bin-dir failed ({e}): run `make control-plane`"
+    if found.returncode != 0:
+        lines = found.stderr.strip().splitlines() or ["no output"]
+        return None, lines[-1].replace("[build-control-plane] ERROR: ", "")
+    return Path(found.stdout.strip().splitlines()[-1]), ""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "control_plane" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.real_cluster)
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[ControlPlane]:
+    """A started ControlPlane shared by the session; stopped at its end, with no process left."""
+    bin_dir, why = find_bin_dir()
+    if bin_dir is None:
+        message = f"no real control plane: {why}"
+        if os.environ.get("REQUIRE_REAL_CLUSTER") == "1":
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    plane = ControlPlane(bin_dir)
+    with plane:
+        yield plane
+    leftover = plane.leftover_processes()
+    assert not leftover, f"control-plane processes still alive after stop(): {leftover}"
