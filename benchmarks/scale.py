@@ -480,6 +480,7 @@ def measure_kube(nodes: int, jobs: int, repeat: int, config: Any, out: dict[str,
     from kubernetes import client
 
     from autoscaler.adapters.kube import DryRunActuator, KubeCache, KubeObserver
+    from autoscaler.adapters.kube.kinds import WATCHLIST
     from autoscaler.adapters.kube.kinds.et_operator import TRAINING_JOBS
     from autoscaler.adapters.kube.resources import NODES, PODS
     from autoscaler.boards import NoticeBoard, PriceBook
@@ -488,7 +489,7 @@ def measure_kube(nodes: int, jobs: int, repeat: int, config: Any, out: dict[str,
     gc.collect()
     before = current_rss_mb()
     kinds = {r.kind: r for r in (NODES, PODS, TRAINING_JOBS)}
-    cache = KubeCache(client.ApiClient(), config.kubernetes)  # never started: no HTTP
+    cache = KubeCache(client.ApiClient(), config.kubernetes, WATCHLIST)  # never started: no HTTP
     sizes = []
     rss_at: dict[str, float] = {}  # the RSS when the first object of a kind came
     for n, obj in enumerate(raw_objects(nodes, jobs)):
@@ -561,6 +562,7 @@ def churn(cache: Any, every: int = 100, restart: bool = False) -> Callable[[], N
 # --- API requests in steady state -----------------------------------------------------------
 def measure_api(nodes: int, jobs: int, window: float, watch_timeout: float) -> dict[str, Any]:
     from autoscaler.adapters.kube import DryRunActuator, KubeCache, KubeObserver
+    from autoscaler.adapters.kube.kinds import WATCHLIST
     from autoscaler.boards import NoticeBoard, PriceBook
     from autoscaler.config import Config
     from autoscaler.reconcile import Reconciler
@@ -569,7 +571,7 @@ def measure_api(nodes: int, jobs: int, window: float, watch_timeout: float) -> d
     config = Config.model_validate({"kubernetes": {"watch_timeout": watch_timeout}})
     with KubeApiServer(history_limit=100) as api:
         api.seed(*raw_objects(nodes, jobs))
-        cache = KubeCache(api.api_client(), config.kubernetes)
+        cache = KubeCache(api.api_client(), config.kubernetes, WATCHLIST)
         started = time.perf_counter()
         cache.start()
         try:

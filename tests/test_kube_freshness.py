@@ -11,6 +11,7 @@ import pytest
 from kube_fixtures import NS, Kube, node, now, scaler, training_job, worker
 from support.waiting import wait_for
 
+from autoscaler.adapters.kube.kinds.et_operator import SCALE_INS
 from autoscaler.adapters.kube.resources import NODES, PODS
 from autoscaler.annotations import DRAINED_ANNOTATION
 from autoscaler.core import Action, Decision, Reason
@@ -152,12 +153,7 @@ def test_a_finished_scale_in_ahead_of_the_pod_view_takes_its_pods_out(kube: Kube
     done = scaler("ScaleIn", "bert-in-1", "bert", outcome="ScaleSucceeded", at=now(),
                   pods=["bert-worker-2"])  # fmt: skip
     kube.server.seed(done)
-    wait_for(lambda: cache.items(cache_resource(cache, "ScaleIn")), 5, "ScaleIn not seen")
+    wait_for(lambda: cache.items(SCALE_INS), 5, "ScaleIn not seen")
     [job] = kube.observer(cache).snapshot(now()).jobs
     assert sorted(w.pod for w in job.workers) == ["bert-worker-0", "bert-worker-1"]
 
-
-def cache_resource(cache, kind: str):
-    from autoscaler.adapters.kube.cache import WATCHED
-
-    return next(r for r in WATCHED if r.kind == kind)

@@ -23,6 +23,7 @@ from support.waiting import wait_for
 
 from autoscaler.adapters.kube import KubeCache, KubeObserver
 from autoscaler.adapters.kube import cache as cache_module
+from autoscaler.adapters.kube.kinds import WATCHLIST
 from autoscaler.adapters.kube.kinds.cce import AI_TRAINING_JOBS
 from autoscaler.adapters.kube.kinds.et_operator import SCALE_INS, SCALE_OUTS, TRAINING_JOBS
 from autoscaler.adapters.kube.lean import NODE_SHAPE, _Interner, project, trimmer
@@ -412,7 +413,7 @@ def filled_cache(monkeypatch: pytest.MonkeyPatch | None = None) -> KubeCache:
     `monkeypatch`, one that keeps objects whole (what the cache did before trimming)."""
     if monkeypatch is not None:
         monkeypatch.setattr(cache_module, "trimmer", lambda resource: copy.deepcopy)
-    cache = KubeCache(client.ApiClient(), SETTINGS)
+    cache = KubeCache(client.ApiClient(), SETTINGS, WATCHLIST)
     objects = [
         *((NODES, n) for n in full_nodes()),
         *((PODS, p) for p in full_pods()),
@@ -443,7 +444,7 @@ def test_a_snapshot_from_the_trimmed_cache_equals_one_from_whole_objects(
 
 
 def test_the_cache_holds_trimmed_copies_and_leaves_the_callers_object_alone() -> None:
-    cache = KubeCache(client.ApiClient(), SETTINGS)
+    cache = KubeCache(client.ApiClient(), SETTINGS, WATCHLIST)
     pod, job = full_pods()[0], custom_objects()[0][1]
     sent = copy.deepcopy([pod, job])
     cache.assume(PODS, pod)

@@ -65,13 +65,14 @@ def _kubernetes(
         KubeObserver,
     )
     from autoscaler.adapters.kube.client import api_client, own_namespace, unreachable
+    from autoscaler.adapters.kube.kinds import WATCHLIST
     from autoscaler.adapters.kube.lease import LeaseLock
     from autoscaler.adapters.kube.rejects import Rejections
 
     election = config.daemon.leader_election
     me = identity(election.identity)
     api = api_client(kubeconfig, identity=me)
-    cache = KubeCache(api, config.kubernetes, wake)
+    cache = KubeCache(api, config.kubernetes, WATCHLIST, wake)
     rejections = Rejections()
     # Every write asks this fence first; the daemon binds it to the elector (always open without
     # leader election). A write sent while the lease is valid (renewed < renew_deadline ago) and

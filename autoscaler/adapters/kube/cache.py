@@ -16,7 +16,6 @@ from functools import partial
 import structlog
 from kubernetes import client
 
-from autoscaler.adapters.kube.kinds import BACKENDS, JOB_RESOURCES, KINDS, kind_of
 from autoscaler.adapters.kube.lean import trimmer
 from autoscaler.adapters.kube.nodes import INSTANCE_TYPE_LABELS, first_label, instance_id, node_gpus
 from autoscaler.adapters.kube.pods import NOT_TERMINATED_SELECTOR, TERMINATED_PHASES
@@ -33,6 +32,7 @@ from autoscaler.adapters.kube.resources import (
     labels_of,
 )
 from autoscaler.adapters.kube.served import is_served
+from autoscaler.adapters.kube.view import Watchlist
 from autoscaler.adapters.kube.wakes import signature
 from autoscaler.boards import Wake
 from autoscaler.config.kubernetes import KubernetesSettings
@@ -41,8 +41,6 @@ from autoscaler.config.selectors import LabelMatcher, label_matcher
 log = structlog.get_logger()
 
 _CLUSTER_WIDE = (NODES, PODS)
-# what the cache watches: nodes and pods, every kind's job and helper kinds, our budgets
-WATCHED = (NODES, PODS, *(r for kind in KINDS for r in kind.resources), PDBS)
 _OURS = f"{MANAGED_BY_LABEL}={MANAGER}"  # the only PodDisruptionBudgets we read: our own
 
 
@@ -51,11 +49,14 @@ class KubeCache:
         self,
         api_client: client.ApiClient,
         settings: KubernetesSettings,
+        watchlist: Watchlist,
         wake: Wake | None = None,
         *,
         backoff_min: float = 0.5,
     ) -> None:
         self._settings = settings
+        self._watchlist = watchlist
+        self._jobs = {w.resource: w for w in watchlist.jobs}
         self._wake = wake
         self._stop = threading.Event()
         self._threads: list[tuple[Reflector, threading.Thread]] = []
@@ -65,11 +66,14 @@ class KubeCache:
         self._reflectors: dict[Resource, dict[str | None, Reflector]] = {}
         self._backends_lock = threading.Lock()
         self._backends_logged: dict[str, bool] | None = None
-        for resource in WATCHED:
-            is_job = resource in JOB_RESOURCES
-            selector = _OURS if resource is PDBS else settings.label_selector if is_job else ""
+        # nodes and pods, every kind's jobs and helper kinds (the wiring's watchlist), our budgets
+        watched = (NODES, PODS, *self._jobs, *watchlist.helpers, PDBS)
+        for resource in watched:
+            jobs = self._jobs.get(resource)
+            selector = _OURS if resource is PDBS else settings.label_selector if jobs else ""
             for scope in [None] if resource in _CLUSTER_WIDE else scopes:
-                keep = _keeper(resource, scope, label_matcher(selector) if selector else None)
+                labels = label_matcher(selector) if selector else None
+                keep = _keeper(resource, scope, labels, jobs.keep if jobs else None)
                 self._reflectors.setdefault(resource, {})[scope] = Reflector(
                     resource.lister(api_client, scope),
                     keep,
@@ -132,7 +136,7 @@ class KubeCache:
 
     def find_job(self, key: str) -> tuple[Resource, Obj] | None:
         """The job `ns/name` of whichever kind it is."""
-        for resource in JOB_RESOURCES:
+        for resource in self._jobs:
             if (obj := self.get(resource, key)) is not None:
                 return resource, obj
         return None
@@ -172,7 +176,8 @@ class KubeCache:
 
     def backends(self) -> dict[str, bool]:
         """Each operator backend and whether it can act: every kind it needs is served."""
-        return {name: all(map(self.served, kinds)) for name, kinds in BACKENDS.items()}
+        backends = self._watchlist.backends.items()
+        return {name: all(map(self.served, kinds)) for name, kinds in backends}
 
     def errors(self) -> int:
         """Failed lists/watches so far (each retried after a back-off)."""
@@ -227,8 +232,11 @@ class KubeCache:
     def _changed(self, resource: Resource, changes: Changes) -> None:
         if self._wake is None or not self.synced():
             return  # the initial lists are not news; the first pass reads them all
+        jobs = self._jobs.get(resource)
+        phase = jobs.phase if jobs else None
         for old, new in changes:
-            if signature(resource, old, self._settings) != signature(resource, new, self._settings):
+            before = signature(resource, old, self._settings, phase)
+            if before != signature(resource, new, self._settings, phase):
                 obj = new if new is not None else old
                 assert obj is not None
                 what = "deleted" if new is None else "added" if old is None else "changed"
@@ -253,9 +261,12 @@ def _ingester(resource: Resource) -> Callable[[Obj], Obj]:
 
 
 def _keeper(
-    resource: Resource, namespace: str | None, labels: LabelMatcher | None
+    resource: Resource,
+    namespace: str | None,
+    labels: LabelMatcher | None,
+    is_job: Callable[[Obj], bool] | None,
 ) -> Callable[[Obj], bool]:
-    """The client-side filter for one reflector."""
+    """The client-side filter for one reflector; `is_job`: the kind's test of its job objects."""
 
     def keep(obj: Obj) -> bool:
         meta = obj.get("metadata") or {}
@@ -265,8 +276,8 @@ def _keeper(
             return False
         if resource is PODS:
             return (obj.get("status") or {}).get("phase") not in TERMINATED_PHASES
-        if resource in JOB_RESOURCES:
-            return kind_of(resource).keep(obj)
+        if is_job is not None:
+            return is_job(obj)
         return True
 
     return keep

@@ -7,9 +7,8 @@ the signature changes. Nodes send a MODIFIED every few seconds for heartbeats al
 from __future__ import annotations
 
 import json
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
-from autoscaler.adapters.kube.kinds import JOB_RESOURCES, kind_of
 from autoscaler.adapters.kube.pods import TERMINATED_PHASES, gpu_requests
 from autoscaler.adapters.kube.resources import (
     NODES,
@@ -50,11 +49,11 @@ def _pod(pod: Obj, settings: KubernetesSettings) -> Hashable:
     return ((pod.get("spec") or {}).get("nodeName"), phase, phase in TERMINATED_PHASES)
 
 
-def _job(resource: Resource, job: Obj) -> Hashable:
+def _job(phase: Callable[[Obj], str], job: Obj) -> Hashable:
     status = job.get("status") or {}
     return (
         _frozen(job.get("spec") or {}),
-        kind_of(resource).phase(job),
+        phase(job),
         status.get("currentScaler"),
         annotations_of(job).get(DRAINED_ANNOTATION),
         _frozen(labels_of(job)),
@@ -67,16 +66,22 @@ def _scaler(scaler: Obj) -> Hashable:
     return (status.get("phase"), (conditions[-1] or {}).get("type"))
 
 
-def signature(resource: Resource, obj: Obj | None, settings: KubernetesSettings) -> Hashable:
-    """What about `obj` decisions depend on; None for an absent object. Our budgets are standing
-    objects no decision reads: their writes (thousands at start-up) must not each wake a pass;
-    one deleted by someone else is written again at the next tick."""
+def signature(
+    resource: Resource,
+    obj: Obj | None,
+    settings: KubernetesSettings,
+    job_phase: Callable[[Obj], str] | None = None,
+) -> Hashable:
+    """What about `obj` decisions depend on; None for an absent object. `job_phase`: `obj` is a
+    job, whose kind reads its phase so. Our budgets are standing objects no decision reads: their
+    writes (thousands at start-up) must not each wake a pass; one deleted by someone else is
+    written again at the next tick."""
     if obj is None or resource is PDBS:
         return None
     if resource is NODES:
         return _node(obj)
     if resource is PODS:
         return _pod(obj, settings)
-    if resource in JOB_RESOURCES:
-        return _job(resource, obj)
+    if job_phase is not None:
+        return _job(job_phase, obj)
     return _scaler(obj)

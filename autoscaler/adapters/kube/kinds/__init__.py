@@ -9,6 +9,7 @@ from __future__ import annotations
 from autoscaler.adapters.kube.kinds import cce, et_operator, mpi_operator
 from autoscaler.adapters.kube.kinds.base import JobKind
 from autoscaler.adapters.kube.resources import Obj, Resource
+from autoscaler.adapters.kube.view import WatchedJobs, Watchlist
 
 KINDS: tuple[JobKind, ...] = (et_operator.KIND, cce.KIND, mpi_operator.KIND)
 
@@ -16,6 +17,12 @@ JOB_RESOURCES: tuple[Resource, ...] = tuple(k.jobs for k in KINDS)
 # every kind a kind needs: a backend acts only while the API server serves all of them
 BACKENDS: dict[str, tuple[Resource, ...]] = {k.backend: k.resources for k in KINDS}
 _BY_JOBS = {k.jobs: k for k in KINDS}
+# what the watch cache is given to watch (it imports no kind)
+WATCHLIST = Watchlist(
+    jobs=tuple(WatchedJobs(k.jobs, k.keep, k.phase) for k in KINDS),
+    helpers=tuple(r for k in KINDS for r in k.helpers),
+    backends=BACKENDS,
+)
 
 
 def kind_of(resource: Resource) -> JobKind:
