@@ -6,15 +6,19 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 import structlog
 from kubernetes.client import ApiClient
 from support.kube_api import KubeApiServer
+from support.real_api import RealApi
 
 from autoscaler.adapters.kube import EventRecorder, KubeActuator, KubeCache, KubeObserver
+from autoscaler.adapters.kube.kinds import WATCHLIST
 from autoscaler.adapters.kube.rejects import Rejections
+from autoscaler.adapters.kube.resources import MANAGER
 from autoscaler.boards import NoticeBoard, PriceBook
 from autoscaler.config import Config, Prices
 from autoscaler.config.kubernetes import KubernetesSettings
@@ -22,6 +26,7 @@ from autoscaler.core.policy import Policy, ScaleOutRules
 from autoscaler.reconcile import Reconciler
 
 Obj = dict[str, Any]
+CRDS = Path(__file__).resolve().parent / "support" / "crds"
 NS = "ml"
 ET_API = "kai.alibabacloud.com/v1alpha1"
 CCE_API = "kongming.cce.baiudbce.com/v1"
@@ -189,7 +194,14 @@ def training_job(
             "annotations": annotations or {},
         },
         "spec": spec,
-        "status": {"phase": phase, "currentScaler": current_scaler},
+        # conditions, replicaStatuses and restartCount are required by et-operator's CRD
+        "status": {
+            "phase": phase,
+            "currentScaler": current_scaler,
+            "conditions": [],
+            "replicaStatuses": {},
+            "restartCount": 0,
+        },
     }
 
 
@@ -220,7 +232,7 @@ def scaler(
         "kind": kind,
         "metadata": meta,
         "spec": spec,
-        "status": {"conditions": conditions},
+        "status": {"conditions": conditions, "replicaStatuses": {}, "restartCount": 0},
     }
 
 
@@ -290,7 +302,7 @@ class Kube:
         """A new, started cache with its own ApiClient (as after a restart)."""
         api = self.server.api_client()
         self.clients.append(api)
-        cache = KubeCache(api, self.settings, self.wakes.append, backoff_min=0.05, **kw)
+        cache = KubeCache(api, self.settings, WATCHLIST, self.wakes.append, backoff_min=0.05, **kw)
         cache.start()
         self.caches.append(cache)
         if synced:
@@ -324,10 +336,12 @@ class Kube:
     def events(self, reason: str | None = None) -> list[Obj]:
         for recorder in self.recorders:  # Events are sent by a thread of their own
             assert recorder.flush(5), "Events not sent within 5 s"
-        return [
+        return [  # ours only: a real cluster's controllers write Events too
             e
             for e in self.server.objects("events")
-            if e["metadata"]["namespace"] in (NS, "default") and reason in (None, e["reason"])
+            if e["metadata"]["namespace"] in (NS, "default")
+            and reason in (None, e["reason"])
+            and e.get("reportingComponent") == MANAGER
         ]
 
     def close(self) -> None:
@@ -346,13 +360,58 @@ def make_config(**kubernetes: Any) -> Config:
     )
 
 
+SERVERS = ("emulator", "real")
+# installed once per session on the real server, as the emulator serves them from the start
+SERVED_CRDS = tuple(
+    CRDS / f"{name}.yaml"
+    for name in (
+        "kai.alibabacloud.com_trainingjobs",
+        "kai.alibabacloud.com_scaleins",
+        "kai.alibabacloud.com_scaleouts",
+        "kongming.cce.baiudbce.com_aitrainingjobs",
+    )
+)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """`@pytest.mark.servers("emulator", "real")` runs a `kube` test on each server named."""
+    marker = metafunc.definition.get_closest_marker("servers")
+    if marker is not None and "kube" in metafunc.fixturenames:
+        metafunc.parametrize("server", marker.args or SERVERS, indirect=True)
+
+
+@pytest.fixture
+def server(request: pytest.FixtureRequest) -> str:
+    """Which API server `kube` runs on: the emulator unless `servers` says otherwise."""
+    return str(getattr(request, "param", "emulator"))
+
+
+@pytest.fixture(scope="session")
+def real_api(control_plane: Any) -> Iterator[RealApi]:
+    """The session's control plane through the emulator's test surface, CRDs installed."""
+    api = RealApi(control_plane, NS)
+    for crd in SERVED_CRDS:
+        api.install_crd(crd)
+    yield api
+    api.close()
+
+
 @pytest.fixture(name="kube")
-def kube_fixture(request: pytest.FixtureRequest) -> Iterator[Kube]:
-    """Emulator + config; `@pytest.mark.parametrize("kube", [{...settings}], indirect=True)` sets
-    kubernetes settings."""
+def kube_fixture(request: pytest.FixtureRequest, server: str) -> Iterator[Kube]:
+    """Emulator (or, with `servers`, the real control plane) + config;
+    `@pytest.mark.parametrize("kube", [{...settings}], indirect=True)` sets kubernetes settings."""
     settings = getattr(request, "param", {})
-    with KubeApiServer() as server:
-        k = Kube(server, make_config(**settings))
+    if server == "real":
+        real: RealApi = request.getfixturevalue("real_api")
+        k = Kube(real, make_config(**settings))  # type: ignore[arg-type]
+        try:
+            yield k
+        finally:
+            k.close()
+            real.reset()
+        return
+    with KubeApiServer() as emulator:
+        k = Kube(emulator, make_config(**settings))
         try:
             yield k
         finally:

@@ -33,7 +33,6 @@ from support.control_plane import (
     wait_until,
 )
 
-pytest_plugins = ["support.real_cluster"]
 pytestmark = pytest.mark.real_cluster
 
 NS = "default"

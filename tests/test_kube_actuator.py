@@ -29,6 +29,7 @@ from autoscaler.annotations import (
 )
 from autoscaler.core import Action, Decision, Notice, NoticeKind, Reason
 
+BOTH = pytest.mark.servers("emulator", "real")  # Kubernetes-facing: pinned on both
 NTH_ITN = {"key": "aws-node-termination-handler/spot-itn", "value": "evt-9", "effect": "NoSchedule"}
 
 
@@ -46,6 +47,7 @@ def bert_on(*placement: str | None, max_workers: int = 4, **job: object) -> list
     ]
 
 
+@BOTH
 def test_idle_gpus_appearing_make_exactly_one_scale_out(kube: Kube) -> None:
     kube.server.seed(node("a", 4), *bert_on("a", "a"), pod("batch", "a", 2, namespace="other"))
     cache = kube.cache()
@@ -66,6 +68,7 @@ def test_idle_gpus_appearing_make_exactly_one_scale_out(kube: Kube) -> None:
     assert rec.errors == 0
 
 
+@BOTH
 def test_a_noticed_node_drains_then_scales_in_exactly_its_pods(kube: Kube) -> None:
     kube.server.seed(node("a", taints=[NTH_ITN]), node("b"), *bert_on("a", "b", "a", max_workers=3))
     rec = kube.reconciler()
@@ -88,16 +91,18 @@ def test_a_noticed_node_drains_then_scales_in_exactly_its_pods(kube: Kube) -> No
     assert actions(rec.tick(now())) == []  # the ScaleIn is in flight, the hosts already drained
 
 
+@BOTH
 def test_drained_hosts_come_back_when_the_notice_is_withdrawn(kube: Kube) -> None:
     drained = {"metadata": {"annotations": {DRAINED_ANNOTATION: json.dumps(["bert-worker-0"])}}}
     kube.server.seed(node("a"), node("b"), *bert_on("a", "b", max_workers=2))
     kube.server.patch("TrainingJob", "bert", drained, NS)
     assert actions(kube.reconciler().tick(now())) == [("ml/bert", Action.UNDRAIN)]
-    annotations = kube.server.get("TrainingJob", "bert", NS)["metadata"]["annotations"]
+    annotations = kube.server.get("TrainingJob", "bert", NS)["metadata"].get("annotations", {})
     assert DRAINED_ANNOTATION not in annotations  # the last host shown again: annotation removed
     assert [e["reason"] for e in kube.events()] == ["HostsUndrained"]
 
 
+@BOTH
 def test_a_scaler_in_flight_blocks_any_new_one(kube: Kube) -> None:
     kube.server.seed(node("a"), *bert_on("a"), scaler("ScaleOut", "bert-manual", "bert"))
     decisions = kube.reconciler().tick(now())
@@ -105,6 +110,7 @@ def test_a_scaler_in_flight_blocks_any_new_one(kube: Kube) -> None:
     assert [s["metadata"]["name"] for s in kube.objects("ScaleOut")] == ["bert-manual"]
 
 
+@BOTH
 def test_a_failed_scale_out_backs_off_then_retries_under_a_new_name(kube: Kube) -> None:
     a_minute_ago = now() - timedelta(minutes=1)
     failed = scaler("ScaleOut", "bert-out-old", "bert", outcome="ScaleFailed", at=a_minute_ago)
@@ -117,6 +123,7 @@ def test_a_failed_scale_out_backs_off_then_retries_under_a_new_name(kube: Kube) 
     assert len(kube.objects("ScaleOut")) == 2
 
 
+@BOTH
 def test_a_restart_mid_scale_creates_no_second_scaler(kube: Kube) -> None:
     kube.server.seed(node("a"), *bert_on("a"))
     first = kube.cache()
@@ -139,6 +146,7 @@ def test_the_same_decision_twice_gets_the_same_name_and_one_object(kube: Kube) -
     assert kube.server.count("POST", "scaleouts") == 2  # the second create answered 409
 
 
+@BOTH
 def test_the_actuator_refuses_what_the_operator_would_not_run(kube: Kube) -> None:
     kube.server.seed(
         node("a"),
@@ -182,7 +190,7 @@ def test_transient_api_errors_are_retried_and_lasting_ones_reach_the_reconciler(
     assert rec.errors == 1  # the drain failed for good: logged, retried by the next pass
     rec.tick(now())
     assert rec.errors == 1
-    annotations = kube.server.get("TrainingJob", "bert", NS)["metadata"]["annotations"]
+    annotations = kube.server.get("TrainingJob", "bert", NS)["metadata"].get("annotations", {})
     assert decode_drained(annotations[DRAINED_ANNOTATION]) == {"bert-worker-9"}
 
 
@@ -217,6 +225,7 @@ def test_cce_jobs_scale_by_patching_trainer_replicas(kube: Kube) -> None:
     assert [e["reason"] for e in kube.events()][-2:] == ["HostsDrained", "ScaleInRequested"]
 
 
+@BOTH
 def test_cloud_notices_persist_on_the_node(kube: Kube) -> None:
     kube.server.seed(node("a"))
     actuator = kube.actuator(kube.cache())
@@ -240,6 +249,7 @@ def test_cloud_notices_persist_on_the_node(kube: Kube) -> None:
 
 
 @pytest.mark.parametrize("kube", [{"namespaces": [NS]}], indirect=True)
+@BOTH
 def test_namespaced_watches_drive_the_same_flow(kube: Kube) -> None:
     kube.server.seed(node("a"), *bert_on("a"), training_job("bert", namespace="other"))
     assert actions(kube.reconciler().tick(now())) == [("ml/bert", Action.SCALE_OUT)]
