@@ -377,7 +377,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """`@pytest.mark.servers("emulator", "real")` runs a `kube` test on each server named."""
     marker = metafunc.definition.get_closest_marker("servers")
     if marker is not None and "kube" in metafunc.fixturenames:
-        metafunc.parametrize("server", marker.args or SERVERS, indirect=True)
+        servers = [
+            pytest.param(s, marks=pytest.mark.real_cluster) if s == "real" else s
+            for s in marker.args or SERVERS
+        ]
+        metafunc.parametrize("server", servers, indirect=True)
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -49,10 +50,31 @@ def find_bin_dir() -> tuple[Path | None, str]:
     return Path(found.stdout.strip().splitlines()[-1]), ""
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+_LEFT_OUT: list[str] = []  # why the real-cluster tests were left out of this run, if they were
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the tests that need the plane; without its binaries (and without
+    REQUIRE_REAL_CLUSTER=1) leave them out, said once at the end instead of once per test."""
+    real = []
     for item in items:
         if "control_plane" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.real_cluster)
+        if item.get_closest_marker("real_cluster") is not None:
+            real.append(item)
+    if not real or os.environ.get("REQUIRE_REAL_CLUSTER") == "1":
+        return
+    bin_dir, why = find_bin_dir()
+    if bin_dir is not None:
+        return
+    config.hook.pytest_deselected(items=real)
+    items[:] = [item for item in items if item not in set(real)]
+    _LEFT_OUT.append(f"{len(real)} real-cluster tests not run: {why}")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    for line in _LEFT_OUT:
+        terminalreporter.write_line(line, yellow=True)
 
 
 @pytest.fixture(scope="session")
