@@ -54,3 +54,50 @@ def test_a_restart_from_a_checkpoint_starts_the_window_again_and_keeps_the_last_
     back = rates.with_rate(_job(0.05, 2), T0 + timedelta(minutes=7))
     assert back.progress_rate == pytest.approx(0.1)
     assert rates.with_rate(_job(None, 2), T0 + timedelta(minutes=8)).progress_rate is None
+
+
+def _ring(progress: float, running: int, pending: int = 0, ready: datetime | None = None) -> Job:
+    workers = tuple(Worker(f"w{i}", "n", f"w{i}", i, ready_since=ready) for i in range(running))
+    workers += tuple(
+        Worker(f"w{i}", None, f"w{i}", i, pending=True) for i in range(running, running + pending)
+    )
+    return Job("ml", "bert", 1, 8, workers=workers, progress=progress)
+
+
+def _read(rates: ProgressRates, readings: list[tuple[float, float, int]]) -> Job:
+    """(minutes after T0, progress, running workers) in turn; the last job seen."""
+    job = None
+    for minutes, progress, running in readings:
+        job = rates.with_rate(_ring(progress, running), T0 + timedelta(minutes=minutes))
+    assert job is not None
+    return job
+
+
+def test_the_ring_rate_is_measured_per_size_between_moves_of_the_progress() -> None:
+    # 4 workers: from the first move (1 min) to one 3 min later, 3% in 3 min: 60% an hour
+    job = _read(ProgressRates(), [(0, 0.10, 4), (1, 0.11, 4), (2, 0.12, 4), (4, 0.14, 4)])
+    assert job.pace is not None and job.pace.rates == ((4, pytest.approx(0.6)),)
+    assert job.pace.commit_gap == pytest.approx(120)  # the longest gap between two moves
+
+
+def test_a_ring_that_changed_too_soon_gives_no_rate_and_the_slowest_stretch_counts() -> None:
+    rates = ProgressRates()
+    job = _read(rates, [(0, 0.1, 4), (1, 0.11, 4), (2, 0.12, 2), (3, 0.13, 4)])
+    assert job.pace is not None and job.pace.rates == ()
+    readings = [(4, 0.14, 4), (7, 0.17, 4), (8, 0.18, 4), (10, 0.19, 4)]  # 60%/h, then 40%/h
+    job = _read(rates, readings)
+    assert job.pace is not None and job.pace.rates == ((4, pytest.approx(0.4)),)
+
+
+def test_worker_starts_restarts_and_stalls_are_measured() -> None:
+    rates = ProgressRates()
+    rates.with_rate(_ring(0.30, 2, pending=1), T0)
+    ready = T0 + timedelta(minutes=3)  # the pending worker ran 3 min after it was seen
+    job = rates.with_rate(_ring(0.31, 3, ready=ready), T0 + timedelta(minutes=4))
+    assert job.pace is not None and job.pace.slowest_start == pytest.approx(180)
+    job = rates.with_rate(_ring(0.25, 3), T0 + timedelta(minutes=5))  # back to a checkpoint
+    assert job.pace is not None and job.pace.restart_loss == pytest.approx(0.06)
+    job = rates.with_rate(_ring(0.25, 3), T0 + timedelta(minutes=95))  # 91 min since the move
+    assert job.pace is not None and job.pace.stalled_hours == pytest.approx(91 / 60)
+    job = rates.with_rate(_ring(0.26, 3), T0 + timedelta(minutes=96))
+    assert job.pace is not None and job.pace.stalled_hours == 0.0

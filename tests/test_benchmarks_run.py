@@ -33,3 +33,16 @@ def test_notice_delay_runs() -> None:
     result = run("notice_delay.py", "-n", "2")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "median" in result.stdout
+
+
+def test_deadline_seeds_runs_the_gate_and_reports_its_keys(tmp_path: Path) -> None:
+    out = tmp_path / "deadline.json"
+    args = ["--family", "1", "--job-hours", "1", "--deadlines", "2", "--json", str(out)]
+    result = run("deadline_seeds.py", *args)
+    assert result.returncode in (0, 1), result.stderr[-2000:]  # 1: the gate is broken
+    report = json.loads(out.read_text())
+    [row] = report["rows"]
+    assert row["trace"] == "adversarial-1-16n" and row["deadline_hours"] == 2
+    assert set(row["ours"]) == {"completion_hours", "met", "cost_to_target", "restarts", "resets"}
+    aggregate = report["aggregate"]
+    assert aggregate["runs"] == 1 and (result.returncode == 1) == bool(aggregate["gate_broken_by"])

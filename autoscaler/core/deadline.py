@@ -130,16 +130,16 @@ class _Pacing:
         """d̂, hours."""
         return self.pace.changeover_hours(self.deadline.changeover.total_seconds() / 3600)
 
-    def line(self, later: float = 0.0) -> float:
-        """Uniform Progress's expected progress `later` hours from now, ep(t + later)."""
-        span = (self.end - self.start).total_seconds()
+    def line(self, later: float = 0.0, early: float = 0.0) -> float:
+        """Uniform Progress's expected progress `later` hours from now, ep(t + later), on the
+        line that reaches 1 `early` hours before the end."""
+        span = (self.end - self.start).total_seconds() - early * 3600
         at = (self.now + timedelta(hours=later) - self.start).total_seconds()
         return min(1.0, at / span) if span > 0 else 1.0
 
-    @property
-    def slope(self) -> float:
+    def slope(self, early: float = 0.0) -> float:
         """The line's slope: fraction of the job per hour."""
-        return 1.0 / max(1e-9, (self.end - self.start).total_seconds() / 3600)
+        return 1.0 / max(1e-9, (self.end - self.start).total_seconds() / 3600 - early)
 
     @property
     def size(self) -> int:
@@ -275,25 +275,27 @@ def _fewer(p: _Pacing, anchor: OnDemandNeed) -> tuple[int, int]:
     up to ep(t + 2 d̂), what holds the line with a changeover's catch-up to spare (a worker just
     bought is not let go at once); above it, what paces a little below the line."""
     d = p.changeover
-    line, top = p.line(), p.line(2 * d)
+    early = 2 * d  # done before the Safety Net's last two changeovers: it need not fire
+    line, top, slope = p.line(0, early), p.line(2 * d, early), p.slope(early)
     catch_up = max(0.0, line - p.progress) / (_CATCH_UP * d)
-    on_line = p.workers_for(p.slope + catch_up, anchor.want)
+    on_line = p.workers_for(slope + catch_up, anchor.want)
     want = on_line if p.progress < line else anchor.want
-    steady = p.workers_for(p.slope * (1 + 1 / _CATCH_UP), anchor.keep)
-    slower = p.workers_for(p.slope * _SLOWER, anchor.keep)
+    steady = p.workers_for(slope * (1 + 1 / _CATCH_UP), anchor.keep)
+    slower = p.workers_for(slope * _SLOWER, anchor.keep)
     return want, max(want, steady if p.progress < top else slower)
 
 
 def _anchor_at_risk(p: _Pacing, anchor: OnDemandNeed) -> OnDemandNeed:
-    """With `anchor: at_risk`, the anchor only while the slack is below a whole-job restart (or
-    nothing is measured yet); the message says which."""
+    """With `anchor: at_risk`, the anchor only while the deadline's slack (the time left less
+    what on-demand alone needs, at its lower-bound speed) is below a whole-job restart (which
+    includes starting again on on-demand), or nothing is measured yet; the message says which."""
     if not anchor.want or p.rules.anchor == "always":
         return anchor
-    slack = p.slack
     restart = p.deadline.restart.total_seconds() / 3600
     speed = p.lower(p.size)
     if p.pace.restart_loss and speed > 0:
         restart = max(restart, p.pace.restart_loss / speed + p.changeover)
+    slack = None if speed <= 0 else p.hours - p.left / speed
     if slack is None or slack < restart:
         why = "no speed measured yet" if slack is None else f"slack {slack:.1f} h"
         message = f"{anchor.message}: {why} < a whole-job restart ({restart:.1f} h)"
