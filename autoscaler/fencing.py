@@ -13,11 +13,18 @@ is abandoned) by `renewed_at + lease_duration`, before any other replica may tak
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 
 class NotLeader(RuntimeError):
     """This replica does not hold a valid lease now: the write was not sent."""
+
+
+class Stale(RuntimeError):
+    """What the write was decided on was confirmed too long ago: it was not sent (decide again)."""
 
 
 def _closed() -> bool:
@@ -36,6 +43,7 @@ class Fence:
         # seconds a fenced write may take in all (connect + send + answer); None: caller's default
         self.write_timeout = write_timeout
         self._may_write: Callable[[], bool] = _closed
+        self._until = threading.local()  # this thread's (monotonic deadline, what it rests on)
 
     @classmethod
     def open(cls) -> Fence:
@@ -50,11 +58,29 @@ class Fence:
     def allows(self) -> bool:
         return self._may_write()
 
+    @contextmanager
+    def until(self, deadline: float, rests_on: str) -> Iterator[None]:
+        """Writes of this thread inside the block (retries too) go out only before `deadline`
+        (time.monotonic()) and must be answered by then: a fact checked on the server (a notice
+        still there) holds that long, not through a slow series of retries."""
+        self._until.value = (deadline, rests_on)
+        try:
+            yield
+        finally:
+            self._until.value = None
+
     def check(self, what: str) -> None:
-        """Raise NotLeader (and so send nothing) unless the lease is valid right now."""
+        """Raise NotLeader (and so send nothing) unless the lease is valid right now; Stale when
+        past this thread's `until`."""
         if not self._may_write():
             raise NotLeader(f"not the leader (lease not valid now): {what} not sent")
+        until = getattr(self._until, "value", None)
+        if until is not None and time.monotonic() >= until[0]:
+            raise Stale(f"{what} not sent: {until[1]} was checked too long ago")
 
     def timeout(self, default: float) -> float:
-        """The total timeout for one write: ours if we have one, never longer than `default`."""
-        return default if self.write_timeout is None else min(default, self.write_timeout)
+        """The total timeout for one write: ours if we have one, never longer than `default`,
+        nor past this thread's `until`."""
+        out = default if self.write_timeout is None else min(default, self.write_timeout)
+        until = getattr(self._until, "value", None)
+        return out if until is None else max(0.001, min(out, until[0] - time.monotonic()))

@@ -36,7 +36,7 @@ from autoscaler.adapters.kube.resources import NODES
 from autoscaler.config import parse_config
 from autoscaler.config.daemon import LeaderElectionSettings
 from autoscaler.daemon.leader import LeaderElector
-from autoscaler.fencing import Fence, NotLeader
+from autoscaler.fencing import Fence, NotLeader, Stale
 
 LEASE = "spot-autoscaler"
 WRITES = ("POST", "PUT", "PATCH", "DELETE")
@@ -384,3 +384,24 @@ def test_the_user_agent_names_the_replica(tmp_path: Path) -> None:
         except ApiException as exc:
             assert exc.status == 404
         assert [s.agent for s in server.sent] == ["spot-autoscaler/pod-7"]
+
+
+def test_a_write_resting_on_a_check_goes_out_only_while_the_check_holds() -> None:
+    """Fence.until: a write (and each retry) of this thread after the deadline is not sent, and
+    one sent before it carries a timeout that ends by then; other threads are not affected."""
+    fence = Fence.open()
+    with fence.until(time.monotonic() + 10, "a notice"):
+        fence.check("create scaleins")  # in time
+        assert 0 < fence.timeout(30) <= 10
+        seen: list[float] = []
+        other = threading.Thread(target=lambda: seen.append(fence.timeout(30)))
+        other.start()
+        other.join()
+        assert seen == [30]  # another thread's writes keep their own timeout
+    with (
+        fence.until(time.monotonic() - 0.001, "a notice"),
+        pytest.raises(Stale, match="a notice was checked too long ago"),
+    ):
+        fence.check("create scaleins")
+    fence.check("create scaleins")  # outside the blocks: as before
+    assert fence.timeout(30) == 30

@@ -6,6 +6,7 @@ the next pass, seeing the cluster again, decides afresh.
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 from functools import partial
 
@@ -29,6 +30,7 @@ from autoscaler.core.model import Action, Decision, Job, Notice
 from autoscaler.fencing import Fence
 
 log = structlog.get_logger()
+CONFIRMED_FOR = 0.5  # seconds a server check holds for the write that rests on it
 
 
 class KubeActuator:
@@ -108,11 +110,16 @@ class KubeActuator:
         self, kind: JobKind, backend: KindActuator, job: Obj, decision: Decision, now: datetime
     ) -> None:
         """Irreversible: only what the server still supports (confirm.py) goes out."""
+        checked = time.monotonic()
         confirmed = self._check.scale_in(job, kind, decision, now)
         if not confirmed.pods:
             refuse(decision, "not_confirmed_by_server", pods=list(decision.pods))
             return
-        backend.scale_in(job, confirmed, now)
+        # what the server said holds for CONFIRMED_FOR: a ScaleIn that cannot land by then (API
+        # trouble, retries) is not sent, and the next pass checks again (a notice withdrawn
+        # meanwhile would otherwise remove a healthy worker)
+        with self._objects.fence.until(checked + CONFIRMED_FOR, "the ScaleIn's victims"):
+            backend.scale_in(job, confirmed, now)
 
     def _node_of(self, namespace: str, pod: str) -> str | None:
         obj = self._cache.get(PODS, f"{namespace}/{pod}")

@@ -111,10 +111,9 @@ class ObjectApi:
         return self._retrying(once, what, urgent)
 
     def _write(self, what: str, fn: Any, *args: Any, urgent: bool = False, **kwargs: Any) -> Obj:
-        timeout = self.fence.timeout(_WRITE_TIMEOUT)  # one number: a total, not per socket read
-
         def once() -> Obj:
             self.fence.check(what)  # immediately before each attempt: NotLeader sends nothing
+            timeout = self.fence.timeout(_WRITE_TIMEOUT)  # one number: a total, not per read
             response = fn(*args, _preload_content=False, _request_timeout=timeout, **kwargs)
             return json.loads(response.data)
 
