@@ -30,7 +30,9 @@ from autoscaler.core.model import Action, Decision, Job, Notice
 from autoscaler.fencing import Fence
 
 log = structlog.get_logger()
-CONFIRMED_FOR = 0.5  # seconds a server check holds for the write that rests on it
+# seconds a server check holds for the write that rests on it, counted from before the check:
+# the fault suite tolerates no write landing later than 1 s after its notice was withdrawn
+CONFIRMED_FOR = 1.0
 
 
 class KubeActuator:
