@@ -2,17 +2,40 @@
 
     .venv/bin/python benchmarks/reaction.py                        # 100 and 2,000 nodes
     .venv/bin/python benchmarks/reaction.py --sizes 100 --notices 300 --json reaction.json
+    .venv/bin/python benchmarks/reaction.py --cluster real --sizes 2000 --notices 100
 
 The real daemon (`spot-autoscaler run`, Kubernetes wiring, SQS consumer, leader election) runs
-in its own process against the test Kubernetes API emulator (tests/support/kube_api.py) and
-moto's SQS, both served from this process. Every node has 8 one-GPU workers, 4 of job k and 4 of
-job k-1, so a notice dooms workers of two jobs. Notices go out in rounds (100 ms apart, nodes
-whose jobs do not overlap). A stand-in for et-operator completes each ScaleIn (deletes the named
-pods, marks it ScaleSucceeded); then the node is replaced by a fresh one with fresh workers.
+in its own process against moto's SQS, served from this process, and a Kubernetes API:
+
+- `--cluster emulator` (the default): the test API emulator (tests/support/kube_api.py), served
+  from this process, its objects seeded through its backdoor;
+- `--cluster real`: a real control plane (tests/support/control_plane.py: etcd, kube-apiserver,
+  kube-controller-manager, kube-scheduler, kwok; `make control-plane` builds the pinned
+  binaries, env SPOT_AUTOSCALER_CONTROL_PLANE_BIN names another directory). Everything goes
+  through the API, in parallel (benchmarks/real_plane.py): the GPU nodes are kwok nodes
+  (8 nvidia.com/gpu, capacity-type spot, instance-type p3.16xlarge, a providerID naming the
+  instance), et-operator's CRDs (tests/support/crds) are installed and the TrainingJobs created
+  with their status written through /status and their rank assignment reported as the
+  discovery sidecar does (spot-autoscaler.io/assigned-hosts: jobs that have run a while, see
+  RealCluster._create_job); the workers are real pods created with
+  spec.nodeName set (the scheduler is skipped to make the setup fast; binding 40,000 pods
+  through it would add minutes) and made Running by kwok; the stand-in's deletes, its ScaleIn
+  status and the replacement nodes and pods go through the API too. The daemon uses the
+  admin kubeconfig and its own client settings.
+
+Every node has 8 one-GPU workers, 4 of job k and 4 of job k-1, so a notice dooms workers of two
+jobs. Notices go out in rounds (100 ms apart, nodes whose jobs do not overlap). A stand-in for
+et-operator completes each ScaleIn (deletes the named pods, marks it ScaleSucceeded); then the
+node is replaced by a fresh one with fresh workers.
 
 Per notice: drain = the last of its node's hosts appears in its job's drained-hosts annotation,
 ScaleIn = the last of its pods is named by a ScaleIn object, both from the moment before the
-message was sent, as seen by watches from this process. Figures, not a test.
+message was sent, as seen by watches from this process. Beside them, per phase (setup, daemon
+start, rounds): CPU seconds of the daemon's process, of this harness (the emulator or the bulk
+client, moto, the watches and the stand-in) and of each control-plane process, from
+/proc/<pid>/stat; the daemon's passes in the rounds from its /metrics histogram; the peak RSS
+(VmHWM) of each process. `--py-spy FILE` samples the daemon during the rounds. Figures, not a
+test.
 """
 
 from __future__ import annotations
@@ -21,6 +44,7 @@ import argparse
 import json
 import logging
 import os
+import platform
 import socket
 import statistics
 import subprocess
@@ -28,12 +52,13 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections import defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -44,14 +69,25 @@ from moto.server import ThreadedMotoServer  # noqa: E402
 
 from autoscaler.adapters.kube.guard import desired_guard  # noqa: E402
 from autoscaler.adapters.kube.kinds import et_operator  # noqa: E402
-from autoscaler.annotations import DRAINED_ANNOTATION, decode_drained  # noqa: E402
+from autoscaler.annotations import (  # noqa: E402
+    ASSIGNED_ANNOTATION,
+    DRAINED_ANNOTATION,
+    decode_drained,
+    encode_assigned,
+)
 from benchmarks.scale import raw_job  # noqa: E402
 from tests.support.kube_api import KubeApiServer  # noqa: E402
+
+if TYPE_CHECKING:
+    from benchmarks.real_plane import Meter, Rest
 
 REGION, NS, GROUP, VERSION = "us-east-1", "ml", "kai.alibabacloud.com", "v1alpha1"
 ET_API = f"{GROUP}/{VERSION}"
 PER_JOB_ON_NODE = 4
 Obj = dict[str, Any]
+ET_CRDS = tuple(f"{GROUP}_{p}" for p in ("trainingjobs", "scaleins", "scaleouts"))
+RECONCILE = "spot_autoscaler_reconcile_duration_seconds"
+REACTION = "spot_autoscaler_reaction_latency_seconds"
 
 CONFIG = """
 kubernetes: {{namespaces: [{ns}]}}
@@ -65,11 +101,11 @@ daemon:
 """
 
 
-class Cluster:
-    """The emulated cluster: node i hosts 4 workers of job i and 4 of job i-1 (mod n)."""
+class Layout:
+    """Node i hosts 4 workers of job i and 4 of job i-1 (mod n); a replaced node gets fresh
+    workers of the same two jobs under new indices."""
 
-    def __init__(self, api: KubeApiServer, nodes: int) -> None:
-        self.api = api
+    def __init__(self, nodes: int) -> None:
         self.n = nodes
         self.generation = [0] * nodes
         self.next_index: dict[int, int] = defaultdict(int)
@@ -80,6 +116,39 @@ class Cluster:
 
     def instance(self, slot: int) -> str:
         return f"i-{slot:05d}{self.generation[slot]:06d}"
+
+    def provider_id(self, slot: int) -> str:
+        return f"aws:///{REGION}a/{self.instance(slot)}"
+
+    @staticmethod
+    def node_labels() -> dict[str, str]:
+        return {
+            "karpenter.sh/capacity-type": "spot",
+            "node.kubernetes.io/instance-type": "p3.16xlarge",
+            "topology.kubernetes.io/zone": f"{REGION}a",
+        }
+
+    def workers_for(self, slot: int) -> list[Obj]:
+        """The slot's fresh workers (new indices); pods_on[slot] names them."""
+        name = self.node_name(slot)
+        pods, out = [], []
+        for job in (slot, (slot - 1) % self.n):
+            for _ in range(PER_JOB_ON_NODE):
+                index = self.next_index[job]
+                self.next_index[job] += 1
+                pod = f"job-{job:05d}-worker-{index}"
+                pods.append((f"job-{job:05d}", pod))
+                out.append(_worker(f"job-{job:05d}", pod, index, name))
+        self.pods_on[slot] = pods
+        return out
+
+
+class Cluster(Layout):
+    """The layout in the emulator, seeded through its backdoor."""
+
+    def __init__(self, api: KubeApiServer, nodes: int) -> None:
+        super().__init__(nodes)
+        self.api = api
 
     def seed(self) -> None:
         # seeded as if created: the emulator gives each job its uid and resourceVersion
@@ -111,37 +180,20 @@ class Cluster:
         self.api.seed(*self._node_and_pods(slot))
 
     def _node_and_pods(self, slot: int) -> list[Obj]:
-        name = self.node_name(slot)
         node = {
             "apiVersion": "v1",
             "kind": "Node",
-            "metadata": {
-                "name": name,
-                "labels": {
-                    "karpenter.sh/capacity-type": "spot",
-                    "node.kubernetes.io/instance-type": "p3.16xlarge",
-                    "topology.kubernetes.io/zone": f"{REGION}a",
-                },
-            },
-            "spec": {"providerID": f"aws:///{REGION}a/{self.instance(slot)}"},
+            "metadata": {"name": self.node_name(slot), "labels": self.node_labels()},
+            "spec": {"providerID": self.provider_id(slot)},
             "status": {
                 "allocatable": {"nvidia.com/gpu": str(2 * PER_JOB_ON_NODE)},
                 "conditions": [{"type": "Ready", "status": "True"}],
             },
         }
-        pods, out = [], [node]
-        for job in (slot, (slot - 1) % self.n):
-            for _ in range(PER_JOB_ON_NODE):
-                index = self.next_index[job]
-                self.next_index[job] += 1
-                pod = f"job-{job:05d}-worker-{index}"
-                pods.append((f"job-{job:05d}", pod))
-                out.append(_worker(f"job-{job:05d}", pod, index, name))
-        self.pods_on[slot] = pods
-        return out
+        return [node, *self.workers_for(slot)]
 
 
-def _worker(job: str, pod: str, index: int, node: str) -> Obj:
+def _worker(job: str, pod: str, index: int, node: str, uid: str = "u") -> Obj:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -158,7 +210,7 @@ def _worker(job: str, pod: str, index: int, node: str) -> Obj:
                     "apiVersion": ET_API,
                     "kind": "TrainingJob",
                     "name": job,
-                    "uid": "u",
+                    "uid": uid,
                     "controller": True,
                 }
             ],
@@ -175,6 +227,121 @@ def _worker(job: str, pod: str, index: int, node: str) -> Obj:
         },
         "status": {"phase": "Running"},
     }
+
+
+class RealCluster(Layout):
+    """The layout on a real control plane, made through the API by a thread pool."""
+
+    def __init__(self, rest: Rest, nodes: int) -> None:
+        super().__init__(nodes)
+        self.rest = rest
+        self.uids: dict[str, str] = {}  # job -> its uid (owner references must carry it)
+        self.assigned: dict[str, list[str]] = {}  # job -> its first workers
+        self.steps: dict[str, float] = {}
+
+    def _step(self, name: str, fn: Any, items: Any) -> None:
+        t0 = time.monotonic()
+        self.rest.parallel(fn, items)
+        self.steps[name] = round(time.monotonic() - t0, 1)
+
+    def seed(self, guards: bool) -> None:
+        self._step("nodes", self._create_node, range(self.n))
+        pods = [pod for slot in range(self.n) for pod in self.workers_for(slot)]
+        for slot in range(self.n):
+            for job, pod in self.pods_on[slot]:
+                self.assigned.setdefault(job, []).append(pod)
+        self._step("jobs", self._create_job, range(self.n))
+        if guards:
+            self._step("guards", self._create_guard, range(self.n))
+        self._step("pods", self._create_pod, pods)
+        t0 = time.monotonic()
+        self.wait_ready()
+        self.steps["nodes_ready_pods_running"] = round(time.monotonic() - t0, 1)
+
+    def wait_ready(self, timeout: float = 1800) -> None:
+        """Every node Ready and untainted (kwok, the node lifecycle controller), every pod
+        Running (kwok)."""
+        from benchmarks.real_plane import node_ready, wait_for
+
+        wait_for(
+            lambda: all(node_ready(n) for n in self.rest.list_all("/api/v1/nodes")),
+            timeout,
+            "every node Ready without taints",
+            every=2.0,
+        )
+        wait_for(
+            lambda: (
+                not self.rest.list_all(
+                    f"/api/v1/namespaces/{NS}/pods", "fieldSelector=status.phase!=Running"
+                )
+            ),
+            timeout,
+            "every pod Running",
+            every=2.0,
+        )
+
+    def _create_node(self, slot: int) -> None:
+        from benchmarks.real_plane import kwok_node
+
+        body = kwok_node(
+            self.node_name(slot),
+            self.node_labels(),
+            self.provider_id(slot),
+            gpus=2 * PER_JOB_ON_NODE,
+        )
+        self.rest.call("POST", "/api/v1/nodes", body)
+
+    def _create_job(self, k: int) -> None:
+        name = f"job-{k:05d}"
+        job = raw_job(name, 2 * PER_JOB_ON_NODE, NS, headroom=0, stored=False)
+        # Horovod's rank assignment, as the discovery sidecar reports it for a job that has run
+        # a while. Without it the daemon counts a worker as a settled survivor only join_grace
+        # (30 s) after its Ready time, which kwok sets when the pod is made: it would keep a
+        # job's last settled host out of the drain (LAST_HOST_KEPT) until the setup is 30 s
+        # old, and the figure would measure that. (The emulator's pods carry no Ready time:
+        # settled from the start.) A replacement is left out, as the sidecar reports it only
+        # once Horovod has synced it; the job's workers on its other node stay settled.
+        job["metadata"]["annotations"] = {
+            ASSIGNED_ANNOTATION: encode_assigned(set(self.assigned[name]))
+        }
+        status = job.pop("status")  # a create drops it: written through /status
+        # conditions, replicaStatuses and restartCount are required by et-operator's CRD
+        status |= {"conditions": [], "replicaStatuses": {}, "restartCount": 0}
+        made = self.rest.call("POST", f"/apis/{ET_API}/namespaces/{NS}/trainingjobs", job)
+        assert made is not None
+        self.uids[name] = made["metadata"]["uid"]
+        path = f"/apis/{ET_API}/namespaces/{NS}/trainingjobs/{name}/status"
+        self.rest.call("PATCH", path, {"status": status}, merge=True)
+
+    def _create_guard(self, k: int) -> None:
+        labels = et_operator.KIND.guard_labels
+        assert labels is not None
+        name = f"job-{k:05d}"
+        job = {
+            "apiVersion": ET_API,
+            "kind": "TrainingJob",
+            "metadata": {"name": name, "namespace": NS, "uid": self.uids[name]},
+        }
+        guard = desired_guard(job, labels(name))
+        self.rest.call("POST", f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets", guard)
+
+    def _create_pod(self, pod: Obj) -> None:
+        pod = {**pod, "metadata": dict(pod["metadata"])}
+        del pod["status"]  # kwok makes it Running
+        [owner] = pod["metadata"]["ownerReferences"]
+        pod["metadata"]["ownerReferences"] = [{**owner, "uid": self.uids[owner["name"]]}]
+        self.rest.call("POST", f"/api/v1/namespaces/{NS}/pods", pod)
+
+    def replace_all(self, slots: list[int]) -> None:
+        """The reclaimed nodes are gone; fresh ones arrive with fresh workers for the same jobs."""
+        self.rest.parallel(
+            lambda name: self.rest.call("DELETE", f"/api/v1/nodes/{name}", missing_ok=True),
+            [self.node_name(slot) for slot in slots],
+        )
+        for slot in slots:
+            self.generation[slot] += 1
+        self.rest.parallel(self._create_node, slots)
+        self.rest.parallel(self._create_pod, [p for slot in slots for p in self.workers_for(slot)])
 
 
 class Observed:
@@ -212,6 +379,12 @@ class Observed:
             self.scale_ins.append(obj)
             self.lock.notify_all()
 
+    def take_scale_ins(self, stop: threading.Event) -> list[Obj]:
+        with self.lock:
+            self.lock.wait_for(lambda: self.scale_ins or stop.is_set(), timeout=0.5)
+            todo, self.scale_ins = self.scale_ins, []
+        return todo
+
 
 def watch_kind(
     api_client: client.ApiClient, plural: str, on_event: Any, stop: threading.Event
@@ -243,35 +416,45 @@ def watch_kind(
             time.sleep(0.05)
 
 
+def _succeeded() -> Obj:
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "conditions": [
+            {"type": "Created", "status": "True", "lastTransitionTime": stamp},
+            {"type": "ScaleSucceeded", "status": "True", "lastTransitionTime": stamp},
+        ]
+    }
+
+
 def operator_stand_in(api: KubeApiServer, seen: Observed, stop: threading.Event) -> None:
     """Complete every ScaleIn as et-operator would: delete its pods, mark it ScaleSucceeded."""
     while not stop.is_set():
-        with seen.lock:
-            seen.lock.wait_for(lambda: seen.scale_ins or stop.is_set(), timeout=0.5)
-            todo, seen.scale_ins = seen.scale_ins, []
-        for obj in todo:
+        for obj in seen.take_scale_ins(stop):
             meta = obj["metadata"]
             for pod in (obj.get("spec", {}).get("toDelete") or {}).get("podNames") or []:
                 if api.get("pods", pod, NS) is not None:
                     api.delete("pods", pod, NS)
-            stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-            api.patch(
-                "scaleins",
-                meta["name"],
-                {
-                    "status": {
-                        "conditions": [
-                            {"type": "Created", "status": "True", "lastTransitionTime": stamp},
-                            {
-                                "type": "ScaleSucceeded",
-                                "status": "True",
-                                "lastTransitionTime": stamp,
-                            },
-                        ]
-                    }
-                },
-                NS,
-            )
+            api.patch("scaleins", meta["name"], {"status": _succeeded()}, NS)
+
+
+def real_operator_stand_in(rest: Rest, seen: Observed, stop: threading.Event) -> None:
+    """The same through the real API: DELETE each named pod (kwok ends it at once), then the
+    ScaleIn's status through /status (the CRD requires conditions, replicaStatuses and
+    restartCount). ScaleIns in parallel."""
+
+    def complete(obj: Obj) -> None:
+        for pod in (obj.get("spec", {}).get("toDelete") or {}).get("podNames") or []:
+            rest.call("DELETE", f"/api/v1/namespaces/{NS}/pods/{pod}", missing_ok=True)
+        status = _succeeded() | {"replicaStatuses": {}, "restartCount": 0}
+        path = f"/apis/{ET_API}/namespaces/{NS}/scaleins/{obj['metadata']['name']}/status"
+        rest.call("PATCH", path, {"status": status}, merge=True, missing_ok=True)
+
+    while not stop.is_set():
+        todo = seen.take_scale_ins(stop)
+        try:
+            rest.parallel(complete, todo)
+        except Exception as e:  # reported; a round's timeout then shows the effect
+            print(f"stand-in: {e}", file=sys.stderr, flush=True)
 
 
 def interruption(instance: str) -> str:
@@ -290,9 +473,191 @@ def interruption(instance: str) -> str:
     )
 
 
+# --- the two clusters -----------------------------------------------------------------------
+class EmulatedBench:
+    """The emulator in this process, the cluster seeded through its backdoor."""
+
+    name = "emulator"
+
+    def __init__(self, nodes: int, guards: str) -> None:
+        self.nodes, self.guards = nodes, guards
+        self.setup: dict[str, float] = {}
+
+    def __enter__(self) -> EmulatedBench:
+        t0 = time.monotonic()
+        # a long event history: watches resume instead of relisting (no 410 Gone mid-run)
+        self.api = KubeApiServer(history_limit=500_000).__enter__()
+        # The disruption controller runs in kube-controller-manager, not in a write's path; the
+        # emulator's, which recomputes budgets on every pod change, would make each write cost
+        # O(pods x budgets) here (~165 ms at 2,000 nodes) and measure the emulator, not the daemon
+        self.api.pdb_controller = False
+        self.api.seed(
+            {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"name": NS},
+                "status": {"phase": "Active"},
+            }
+        )
+        self.cluster = Cluster(self.api, self.nodes)
+        self.cluster.seed()
+        if self.guards == "seeded":
+            self.cluster.seed_guards()
+        self.setup["total"] = round(time.monotonic() - t0, 1)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.api.__exit__(*exc)
+
+    def api_client(self) -> client.ApiClient:
+        return self.api.api_client()
+
+    def kubeconfig(self, tmp: Path) -> str:
+        return self.api.kubeconfig(str(tmp / "kubeconfig"))
+
+    def stand_in(self, seen: Observed, stop: threading.Event) -> None:
+        operator_stand_in(self.api, seen, stop)
+
+    def wait_for_daemon(self, daemon: subprocess.Popen[bytes], port: int) -> float:
+        return _wait_for_daemon(self.api, jobs=self.nodes)
+
+    def replace(self, slots: list[int]) -> None:
+        for slot in slots:
+            self.cluster.replace(slot)
+
+    def guards_marked(self) -> None:
+        pass
+
+    def guard_writes(self) -> int:
+        methods = ("POST", "PUT", "PATCH")
+        return sum(self.api.count(method, "poddisruptionbudgets") for method in methods)
+
+    def versions(self) -> dict[str, Any]:
+        return {"kube_api": "emulator (tests/support/kube_api.py)"}
+
+    def watch_processes(self, meter: Meter) -> None:
+        pass
+
+
+class RealBench:
+    """A real control plane with kwok nodes (benchmarks/real_plane.py), everything through the
+    API."""
+
+    name = "real"
+
+    def __init__(self, nodes: int, guards: str, threads: int) -> None:
+        self.nodes, self.guards, self.threads = nodes, guards, threads
+        self.setup: dict[str, float] = {}
+        self._guard_writes_before = 0
+
+    def __enter__(self) -> RealBench:
+        from benchmarks.real_plane import Rest, start_plane
+
+        t0 = time.monotonic()
+        self.plane = start_plane()
+        self.setup["control_plane"] = round(time.monotonic() - t0, 1)
+        try:
+            self.rest = Rest(self.plane, self.threads)
+            t1 = time.monotonic()
+            self.rest.apply_crds(ET_CRDS)
+            self.setup["crds"] = round(time.monotonic() - t1, 1)
+            t1 = time.monotonic()
+            self.rest.namespace(NS)
+            self.setup["namespace"] = round(time.monotonic() - t1, 1)
+            self.cluster = RealCluster(self.rest, self.nodes)
+            self.cluster.seed(self.guards == "seeded")
+            self.setup |= self.cluster.steps
+        except BaseException:
+            self.plane.stop()
+            raise
+        self.setup["total"] = round(time.monotonic() - t0, 1)
+        self.setup["requests_retried"] = self.rest.retried
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.rest.close()
+        self.plane.stop()
+
+    def api_client(self) -> client.ApiClient:
+        return self.plane.api_client()
+
+    def kubeconfig(self, tmp: Path) -> str:
+        return str(self.plane.kubeconfig_path)
+
+    def stand_in(self, seen: Observed, stop: threading.Event) -> None:
+        real_operator_stand_in(self.rest, seen, stop)
+
+    def wait_for_daemon(self, daemon: subprocess.Popen[bytes], port: int) -> float:
+        """Until the daemon holds the Lease, has synced (/readyz), every job has its eviction
+        guard and a pass has run: the steady state, not the start-up."""
+        from benchmarks.real_plane import wait_for
+
+        started = time.monotonic()
+
+        def alive(ok: Any) -> Any:
+            if daemon.poll() is not None:
+                raise RuntimeError(f"the daemon exited with code {daemon.returncode}")
+            return ok
+
+        lease = "/apis/coordination.k8s.io/v1/namespaces/default/leases/spot-autoscaler"
+        guards = f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets"
+        wait_for(
+            lambda: alive(((self.rest.get(lease) or {}).get("spec") or {}).get("holderIdentity")),
+            600,
+            "the daemon's Lease",
+        )
+        wait_for(lambda: alive(_get_ok(f"http://127.0.0.1:{port}/readyz")), 600, "/readyz")
+        wait_for(lambda: alive(len(self.rest.list_all(guards)) >= self.nodes), 600, "guards", 1.0)
+        wait_for(lambda: alive(_scrape(port).get(f"{RECONCILE}_count", 0) >= 1), 600, "a pass")
+        time.sleep(2.0)  # the pass after the last guard
+        return time.monotonic() - started
+
+    def replace(self, slots: list[int]) -> None:
+        self.cluster.replace_all(slots)
+
+    def guards_marked(self) -> None:
+        """Budget writes so far (the setup's): the daemon's are counted from here."""
+        from benchmarks.real_plane import apiserver_requests
+
+        self._guard_writes_before = apiserver_requests(
+            self.rest, "poddisruptionbudgets", ("POST", "PUT", "PATCH")
+        )
+
+    def guard_writes(self) -> int:
+        """Budget writes since the mark (the server's apiserver_request_total: only the daemon
+        writes budgets then; the disruption controller writes their status subresource)."""
+        from benchmarks.real_plane import apiserver_requests
+
+        verbs = ("POST", "PUT", "PATCH")
+        after = apiserver_requests(self.rest, "poddisruptionbudgets", verbs)
+        return after - self._guard_writes_before
+
+    def versions(self) -> dict[str, Any]:
+        from benchmarks.real_plane import versions
+
+        return versions(self.plane, self.rest)
+
+    def watch_processes(self, meter: Meter) -> None:
+        meter.watch_plane(self.plane)
+
+
+Bench = EmulatedBench | RealBench
+
+
 def run_size(
-    nodes: int, notices: int, round_size: int, spacing: float, guards: str = "seeded"
+    nodes: int,
+    notices: int,
+    round_size: int,
+    spacing: float,
+    guards: str = "seeded",
+    cluster: str = "emulator",
+    threads: int = 24,
+    py_spy: tuple[Path, float] | None = None,
 ) -> dict[str, Any]:
+    from benchmarks.real_plane import Meter
+
+    meter = Meter()
+    meter.mark("begin")
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's access log
     moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     moto.start()
@@ -311,65 +676,72 @@ def run_size(
     queue = sqs.create_queue(QueueName=f"notices-{uuid.uuid4().hex[:8]}")["QueueUrl"]
     stop = threading.Event()
     seen = Observed()
-    # a long event history: watches resume instead of relisting (no 410 Gone mid-run)
-    with KubeApiServer(history_limit=500_000) as api, tempfile.TemporaryDirectory() as tmp:
-        # The disruption controller runs in kube-controller-manager, not in a write's path; the
-        # emulator's, which recomputes budgets on every pod change, would make each write cost
-        # O(pods x budgets) here (~165 ms at 2,000 nodes) and measure the emulator, not the daemon
-        api.pdb_controller = False
-        api.seed(
-            {
-                "apiVersion": "v1",
-                "kind": "Namespace",
-                "metadata": {"name": NS},
-                "status": {"phase": "Active"},
-            }
-        )
-        cluster = Cluster(api, nodes)
-        cluster.seed()
-        if guards == "seeded":
-            cluster.seed_guards()
-        kubeconfig = api.kubeconfig(str(Path(tmp) / "kubeconfig"))
+    bench: Bench = (
+        EmulatedBench(nodes, guards) if cluster == "emulator" else RealBench(nodes, guards, threads)
+    )
+    with bench, tempfile.TemporaryDirectory() as tmp:
+        bench.watch_processes(meter)
+        meter.mark("setup")
+        kubeconfig = bench.kubeconfig(Path(tmp))
         config = Path(tmp) / "config.yaml"
         port = _free_port()
         config.write_text(CONFIG.format(ns=NS, region=REGION, queue=queue, port=port))
-        threads = [
-            threading.Thread(target=watch_kind, args=(api.api_client(), p, f, stop), daemon=True)
+        threads_ = [
+            threading.Thread(target=watch_kind, args=(bench.api_client(), p, f, stop), daemon=True)
             for p, f in (("trainingjobs", seen.saw_job), ("scaleins", seen.saw_scale_in))
         ]
-        threads.append(
-            threading.Thread(target=operator_stand_in, args=(api, seen, stop), daemon=True)
-        )
-        for t in threads:
+        threads_.append(threading.Thread(target=bench.stand_in, args=(seen, stop), daemon=True))
+        for t in threads_:
             t.start()
+        bench.guards_marked()
         cli = Path(sys.executable).with_name("spot-autoscaler")
+        stderr = (Path(tmp) / "daemon.err").open("wb")  # a file: a full pipe would stall it
         daemon = subprocess.Popen(
             [str(cli), "run", "--config", str(config), "--kubeconfig", kubeconfig],
             cwd=ROOT,
             env=env,
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
+            stderr=stderr,
         )
+        meter.watch("daemon", daemon.pid)
+        meter.mark("daemon_started")
+        profiler = None
         try:
-            ready = _wait_for_daemon(api, jobs=nodes)
-            samples = _rounds(cluster, sqs, queue, seen, notices, round_size, spacing, daemon)
+            ready = bench.wait_for_daemon(daemon, port)
+            before = _scrape(port)
+            meter.mark("daemon_ready")
+            profiler = _start_py_spy(daemon.pid, py_spy)
+            t0 = time.monotonic()
+            samples = _rounds(bench, sqs, queue, seen, notices, round_size, spacing, daemon)
+            rounds_s = time.monotonic() - t0
+            meter.mark("rounds")
             metrics = _scrape(port)
-            guard_writes = sum(
-                api.count(method, "poddisruptionbudgets") for method in ("POST", "PUT", "PATCH")
-            )
+            guard_writes = bench.guard_writes()
+            meter.peaks()
+            versions = bench.versions()
         finally:
+            if profiler is not None:
+                _finish_py_spy(profiler)
             daemon.terminate()
-            _, err = daemon.communicate(timeout=30)
+            try:
+                daemon.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+                daemon.wait()
+            stderr.close()
+            err = (Path(tmp) / "daemon.err").read_text(errors="replace")
             stop.set()
             moto.stop()
     drain = [s["drain"] for s in samples]
     scale_in = [s["scale_in"] for s in samples]
     return {
+        "cluster": bench.name,
         "nodes": nodes,
         "pods": nodes * 2 * PER_JOB_ON_NODE,
         "notices": len(samples),
+        "setup_s": bench.setup,
         "daemon_ready_s": round(ready, 1),
+        "rounds_s": round(rounds_s, 1),
         "drain_s": _stats(drain),
         "scale_in_s": _stats(scale_in),
         "daemon_errors": _errors(err),
@@ -377,9 +749,51 @@ def run_size(
         # fresh workers need none: the budget selects by job)
         "guard_writes": guard_writes,
         # the daemon's own view: one pass, and a notice received -> its drain/ScaleIn applied
-        "pass_mean_s": _mean(metrics, "spot_autoscaler_reconcile_duration_seconds"),
-        "daemon_reaction_mean_s": _mean(metrics, "spot_autoscaler_reaction_latency_seconds"),
+        "pass_mean_s": _mean(metrics, RECONCILE),
+        "daemon_reaction_mean_s": _mean(metrics, REACTION),
+        # its passes during the rounds only (the histogram's difference)
+        "daemon_passes": _window(before, metrics, RECONCILE),
+        # CPU seconds per process and phase: setup (the cluster made), daemon_start (start to
+        # steady state), rounds (the notices); the harness is this process
+        "cpu_s": {
+            "setup": meter.cpu("begin", "setup"),
+            "daemon_start": meter.cpu("daemon_started", "daemon_ready"),
+            "rounds": meter.cpu("daemon_ready", "rounds"),
+        },
+        "peak_rss_mb": meter.rss,
+        "versions": versions | _ours(),
     }
+
+
+def _start_py_spy(pid: int, py_spy: tuple[Path, float] | None) -> subprocess.Popen[bytes] | None:
+    """py-spy (pip install py-spy) sampling the daemon for a while: collapsed stacks."""
+    if py_spy is None:
+        return None
+    out, seconds = py_spy
+    binary = Path(sys.executable).with_name("py-spy")
+    argv = [str(binary), "record", "--pid", str(pid), "--duration", f"{seconds:g}"]
+    argv += ["--format", "raw", "--output", str(out), "--nonblocking"]
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _finish_py_spy(profiler: subprocess.Popen[bytes]) -> None:
+    try:
+        _, err = profiler.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        profiler.kill()
+        _, err = profiler.communicate()
+    if profiler.returncode != 0:
+        print(f"py-spy: {err.decode(errors='replace')[-500:]}", file=sys.stderr)
+
+
+def _ours() -> dict[str, Any]:
+    try:
+        commit = subprocess.run(
+            ["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+    except OSError:
+        commit = ""
+    return {"spot_autoscaler": commit or "?", "python": platform.python_version()}
 
 
 def _wait_for_daemon(api: KubeApiServer, jobs: int, timeout: float = 600.0) -> float:
@@ -396,15 +810,16 @@ def _wait_for_daemon(api: KubeApiServer, jobs: int, timeout: float = 600.0) -> f
 
 
 def _rounds(
-    cluster: Cluster,
+    bench: Bench,
     sqs: Any,
     queue: str,
     seen: Observed,
     notices: int,
     round_size: int,
     spacing: float,
-    daemon: subprocess.Popen[str],
+    daemon: subprocess.Popen[bytes],
 ) -> list[dict[str, float]]:
+    cluster = bench.cluster
     # nodes 0, 2, 4, ... touch disjoint pairs of jobs: one round never has two scalers per job
     slots = list(range(0, cluster.n - 1, 2))
     samples: list[dict[str, float]] = []
@@ -431,8 +846,7 @@ def _rounds(
                 }
             )
         time.sleep(1.0)  # the stand-in deletes the pods and marks the ScaleIns done
-        for slot in batch:
-            cluster.replace(slot)
+        bench.replace(batch)
         time.sleep(1.0)  # the daemon sees the fresh nodes before the next round
     return samples
 
@@ -443,12 +857,21 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _get_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return bool(r.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
 def _scrape(port: int) -> dict[str, float]:
+    """Every series of /metrics, by its name and labels as written."""
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     out = {}
     for line in body.splitlines():
-        if line and not line.startswith("#") and "{" not in line:
-            name, _, value = line.partition(" ")
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
             out[name] = float(value)
     return out
 
@@ -456,6 +879,28 @@ def _scrape(port: int) -> dict[str, float]:
 def _mean(metrics: dict[str, float], histogram: str) -> float | None:
     count = metrics.get(f"{histogram}_count", 0.0)
     return round(metrics[f"{histogram}_sum"] / count, 3) if count else None
+
+
+def _window(before: dict[str, float], after: dict[str, float], histogram: str) -> dict[str, Any]:
+    """A histogram between two scrapes: count, mean, and the bucket bounds under which half
+    and 99% of the observations fall."""
+    diff = {k: after[k] - before.get(k, 0.0) for k in after if k.startswith(histogram)}
+    count = diff.get(f"{histogram}_count", 0.0)
+    buckets = sorted(
+        (float(k.split('le="')[1].split('"')[0]), v)
+        for k, v in diff.items()
+        if k.startswith(f"{histogram}_bucket{{")
+    )
+
+    def bound(q: float) -> float | None:
+        return next((le for le, n in buckets if n >= q * count), None) if count else None
+
+    return {
+        "count": int(count),
+        "mean_s": round(diff[f"{histogram}_sum"] / count, 3) if count else None,
+        "p50_le_s": bound(0.5),
+        "p99_le_s": bound(0.99),
+    }
 
 
 def _stats(values: list[float]) -> dict[str, float]:
@@ -472,6 +917,39 @@ def _errors(stderr: str) -> int:
     return sum(1 for line in stderr.splitlines() if '"level": "error"' in line)
 
 
+def _cpu_line(cpu: dict[str, float | None]) -> str:
+    from benchmarks.real_plane import COMPONENTS, control_plane_total
+
+    parts = [f"daemon {cpu.get('daemon')}", f"harness {cpu.get('harness')}"]
+    if any(cpu.get(c) is not None for c in COMPONENTS):
+        each = ", ".join(f"{c} {cpu.get(c)}" for c in COMPONENTS)
+        parts.append(f"control plane {control_plane_total(cpu)} ({each})")
+    return "; ".join(parts)
+
+
+def report(r: dict[str, Any]) -> str:
+    setup = ", ".join(f"{k} {v}" for k, v in r["setup_s"].items())
+    p = r["daemon_passes"]
+    rss = ", ".join(f"{k} {v}" for k, v in r["peak_rss_mb"].items())
+    cpu = r["cpu_s"]
+    return (
+        f"{r['nodes']:,} nodes / {r['pods']:,} pods on the {r['cluster']}, {r['notices']} "
+        f"notices (daemon ready in {r['daemon_ready_s']} s, {r['daemon_errors']} error lines):\n"
+        f"  notice -> drain:   median {r['drain_s']['median']} s, "
+        f"p99 {r['drain_s']['p99']} s, max {r['drain_s']['max']} s\n"
+        f"  notice -> ScaleIn: median {r['scale_in_s']['median']} s, "
+        f"p99 {r['scale_in_s']['p99']} s, max {r['scale_in_s']['max']} s\n"
+        f"  daemon: mean pass {r['pass_mean_s']} s, mean notice received -> applied "
+        f"{r['daemon_reaction_mean_s']} s; in the rounds {p['count']} passes, mean "
+        f"{p['mean_s']} s, p50 <= {p['p50_le_s']} s, p99 <= {p['p99_le_s']} s\n"
+        f"  setup (s): {setup}\n"
+        f"  CPU s, setup: {_cpu_line(cpu['setup'])}\n"
+        f"  CPU s, daemon start: {_cpu_line(cpu['daemon_start'])}\n"
+        f"  CPU s, rounds ({r['rounds_s']} s): {_cpu_line(cpu['rounds'])}\n"
+        f"  peak RSS MB: {rss}"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="100,2000", help="comma-separated node counts")
@@ -484,23 +962,42 @@ def main() -> int:
         default="seeded",
         help="eviction guards already there (steady state), or written by the daemon first",
     )
+    parser.add_argument(
+        "--cluster",
+        choices=["emulator", "real"],
+        default="emulator",
+        help="the API emulator in this process, or a real control plane with kwok nodes",
+    )
+    parser.add_argument(
+        "--setup-threads", type=int, default=24, help="parallel requests making a real cluster"
+    )
+    parser.add_argument("--py-spy", type=Path, help="sample the daemon in the rounds: raw stacks")
+    parser.add_argument("--py-spy-seconds", type=float, default=20.0)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     results = []
-    for size in map(int, args.sizes.split(",")):
-        r = run_size(size, args.notices, args.round, args.spacing, args.guards)
-        results.append(r)
-        print(
-            f"{r['nodes']:,} nodes / {r['pods']:,} pods, {r['notices']} notices "
-            f"(daemon ready in {r['daemon_ready_s']} s, {r['daemon_errors']} error lines):\n"
-            f"  notice -> drain:   median {r['drain_s']['median']} s, "
-            f"p99 {r['drain_s']['p99']} s, max {r['drain_s']['max']} s\n"
-            f"  notice -> ScaleIn: median {r['scale_in_s']['median']} s, "
-            f"p99 {r['scale_in_s']['p99']} s, max {r['scale_in_s']['max']} s\n"
-            f"  daemon: mean pass {r['pass_mean_s']} s, mean notice received -> applied "
-            f"{r['daemon_reaction_mean_s']} s",
-            flush=True,
+    sizes = [int(s) for s in args.sizes.split(",")]
+    for size in sizes:
+        py_spy = None
+        if args.py_spy:  # one file per size when there are several
+            out = (
+                args.py_spy
+                if len(sizes) == 1
+                else args.py_spy.with_name(f"{size}-{args.py_spy.name}")
+            )
+            py_spy = (out, args.py_spy_seconds)
+        r = run_size(
+            size,
+            args.notices,
+            args.round,
+            args.spacing,
+            args.guards,
+            args.cluster,
+            args.setup_threads,
+            py_spy,
         )
+        results.append(r)
+        print(report(r), flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0

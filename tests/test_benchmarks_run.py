@@ -4,11 +4,16 @@ docs/benchmarks.md; here only that they work and keep their output keys)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from support.real_cluster import find_bin_dir
+
 ROOT = Path(__file__).resolve().parents[1]
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 
 
 def run(script: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -33,6 +38,33 @@ def test_notice_delay_runs() -> None:
     result = run("notice_delay.py", "-n", "2")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "median" in result.stdout
+
+
+@pytest.mark.real_cluster
+def test_reaction_runs_on_a_real_control_plane(tmp_path: Path) -> None:
+    """reaction.py --cluster real at a tiny size: kwok nodes, real pods, the report's fields."""
+    bin_dir, why = find_bin_dir()
+    if bin_dir is None:
+        message = f"no real control plane: {why}"
+        if os.environ.get("REQUIRE_REAL_CLUSTER") == "1":
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    out = tmp_path / "reaction.json"
+    args = ("--cluster", "real", "--sizes", "20", "--notices", "5", "--round", "5")
+    result = run("reaction.py", *args, "--json", str(out))
+    assert result.returncode == 0, result.stderr[-2000:]
+    [r] = json.loads(out.read_text())
+    assert r["cluster"] == "real" and r["nodes"] == 20 and r["pods"] == 160 and r["notices"] == 5
+    for figure in ("drain_s", "scale_in_s"):
+        assert 0 < r[figure]["median"] <= r[figure]["p99"] <= r[figure]["max"]
+    assert r["daemon_passes"]["count"] > 0 and r["pass_mean_s"] > 0
+    assert r["setup_s"]["total"] > 0 and r["setup_s"]["pods"] > 0
+    processes = {"daemon", "harness", *COMPONENTS}
+    for phase in ("setup", "daemon_start", "rounds"):
+        assert set(r["cpu_s"][phase]) == processes, phase
+    assert r["cpu_s"]["rounds"]["daemon"] > 0 and r["cpu_s"]["rounds"]["kube-apiserver"] > 0
+    assert set(r["peak_rss_mb"]) == processes and all(v > 0 for v in r["peak_rss_mb"].values())
+    assert r["versions"]["kube_apiserver"].startswith("v1.") and r["versions"]["pinned"]
 
 
 def test_deadline_seeds_runs_the_gate_and_reports_its_keys(tmp_path: Path) -> None:

@@ -1,0 +1,329 @@
+"""What the benchmarks need of a real control plane (tests/support/control_plane.py), as a harness.
+
+- `start_plane()`: etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok from
+  the pinned binaries (env SPOT_AUTOSCALER_CONTROL_PLANE_BIN, else
+  `scripts/build-control-plane.sh --print-bin-dir`; `make control-plane` builds them), with
+  the apiserver's flags left at their defaults (--max-requests-inflight 400, mutating 200; the
+  admin user is in system:masters, which API Priority and Fairness exempts).
+- `Rest`: JSON over HTTPS with the admin client certificate, one urllib3 pool shared by a thread
+  pool, no client-side rate limit: bulk creation of nodes, pods and custom resources in parallel
+  (the official client's models, one request at a time, would make a 5,000-node setup take
+  minutes more). 429 and 5xx answers are retried after a short pause.
+- `kwok_node()`: a Node that kwok manages (annotation kwok.x-k8s.io/node=fake), its status
+  (capacity/allocatable with nvidia.com/gpu) given on creation, which the server keeps and kwok's
+  node-initialize stage keeps too.
+- `Meter`: CPU seconds (utime + stime from /proc/<pid>/stat, children reaped included) and peak
+  RSS (VmHWM from /proc/<pid>/status) of any process: the daemon, this harness and each
+  control-plane component, read at named marks so a phase's CPU is a difference of two marks.
+- `versions()`: which binaries ran (the pinned versions, the apiserver's /version, etcd's and
+  kwok's --version).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import urllib3
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.support.control_plane import KWOK_ANNOTATION, ControlPlane  # noqa: E402
+from tests.support.real_cluster import find_bin_dir  # noqa: E402
+
+Obj = dict[str, Any]
+T = TypeVar("T")
+R = TypeVar("R")
+CRDS = ROOT / "tests" / "support" / "crds"
+VERSIONS_FILE = ROOT / "scripts" / "control-plane.versions"
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+class ApiError(RuntimeError):
+    def __init__(self, method: str, path: str, status: int, body: str) -> None:
+        super().__init__(f"{method} {path}: HTTP {status}: {body[:500]}")
+        self.status = status
+
+
+def start_plane() -> ControlPlane:
+    """A started ControlPlane of the pinned binaries; SystemExit with one line if there are none."""
+    bin_dir, why = find_bin_dir()
+    if bin_dir is None:
+        raise SystemExit(f"--cluster real needs the control-plane binaries: {why}")
+    return ControlPlane(bin_dir, timeout=120).start()
+
+
+class Rest:
+    """The admin's JSON API over one keep-alive pool, and a thread pool to call it in parallel."""
+
+    def __init__(self, plane: ControlPlane, threads: int = 24) -> None:
+        conf = yaml.safe_load(plane.kubeconfig_path.read_text())
+        cluster = conf["clusters"][0]["cluster"]
+        user = conf["users"][0]["user"]
+        self.base = cluster["server"]
+        self.http = urllib3.PoolManager(
+            num_pools=2,
+            maxsize=threads + 8,
+            block=True,
+            cert_reqs="CERT_REQUIRED",
+            ca_certs=cluster["certificate-authority"],
+            cert_file=user["client-certificate"],
+            key_file=user["client-key"],
+            retries=False,
+            timeout=urllib3.Timeout(connect=10, read=120),
+        )
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="rest")
+        self.retried = 0
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        merge: bool = False,
+        missing_ok: bool = False,
+        exists_ok: bool = False,
+    ) -> Obj | None:
+        headers = {
+            "Accept": "application/json",
+            "Content-Type": "application/merge-patch+json" if merge else "application/json",
+        }
+        data = None if body is None else json.dumps(body).encode()
+        for attempt in range(20):
+            r = self.http.request(method, self.base + path, body=data, headers=headers)
+            if r.status == 429 or r.status >= 500:
+                self.retried += 1
+                time.sleep(min(2.0, 0.05 * 2**attempt))
+                continue
+            if r.status == 404 and missing_ok or r.status == 409 and exists_ok:
+                return None
+            if r.status >= 400:
+                raise ApiError(method, path, r.status, r.data.decode(errors="replace"))
+            out: Obj = json.loads(r.data)
+            return out
+        raise ApiError(method, path, r.status, r.data.decode(errors="replace"))
+
+    def get(self, path: str) -> Obj | None:
+        return self.call("GET", path, missing_ok=True)
+
+    def parallel(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
+        return list(self.pool.map(fn, items))
+
+    def list_all(self, path: str, query: str = "", page: int = 2000) -> list[Obj]:
+        """Every item, in pages (as informers list)."""
+        items: list[Obj] = []
+        token = ""
+        while True:
+            sep = "&" if query else ""
+            cont = f"&continue={token}" if token else ""
+            got = self.call("GET", f"{path}?{query}{sep}limit={page}{cont}")
+            assert got is not None
+            items += got.get("items") or []
+            token = (got.get("metadata") or {}).get("continue") or ""
+            if not token:
+                return items
+
+    def apply_crds(self, names: Sequence[str], timeout: float = 60) -> None:
+        crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+        for name in names:
+            body = yaml.safe_load((CRDS / f"{name}.yaml").read_text())
+            self.call("POST", crds, body, exists_ok=True)
+        for name in names:
+            group, plural = name.split("_", 1)
+            crd = f"{plural}.{group}"
+
+            def established(crd: str = crd) -> bool:
+                got = self.get(f"{crds}/{crd}")
+                conds = ((got or {}).get("status") or {}).get("conditions") or []
+                return any(c["type"] == "Established" and c["status"] == "True" for c in conds)
+
+            wait_for(established, timeout, f"CRD {crd} Established")
+
+    def namespace(self, name: str, timeout: float = 60) -> None:
+        """Create it and wait for its `default` ServiceAccount (pods are refused without)."""
+        self.call("POST", "/api/v1/namespaces", {"metadata": {"name": name}}, exists_ok=True)
+        wait_for(
+            lambda: self.get(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
+            timeout,
+            f"ServiceAccount {name}/default",
+        )
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+        self.http.clear()
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, what: str, every: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(every)
+
+
+def kwok_node(
+    name: str, labels: dict[str, str], provider_id: str, gpus: int = 8, pods: str = "110"
+) -> Obj:
+    resources = {"cpu": "96", "memory": "1152Gi", "pods": pods, "nvidia.com/gpu": str(gpus)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+                **labels,
+            },
+            "annotations": {KWOK_ANNOTATION: "fake"},
+        },
+        "spec": {"providerID": provider_id},
+        "status": {"capacity": resources, "allocatable": resources},
+    }
+
+
+def node_ready(node: Obj) -> bool:
+    """Ready, and without the not-ready/unreachable taints new nodes are born with."""
+    conds = (node.get("status") or {}).get("conditions") or []
+    taints = (node.get("spec") or {}).get("taints") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conds) and not any(
+        t["key"].startswith("node.kubernetes.io/") for t in taints
+    )
+
+
+def pod_running(pod: Obj) -> bool:
+    status = pod.get("status") or {}
+    conds = status.get("conditions") or []
+    return status.get("phase") == "Running" and any(
+        c["type"] == "Ready" and c["status"] == "True" for c in conds
+    )
+
+
+# --- processes ------------------------------------------------------------------------------
+def cpu_seconds(pid: int) -> float | None:
+    """utime + stime + cutime + cstime of a process (its reaped children included)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return sum(int(f) for f in fields[11:15]) / _TICKS
+
+
+def peak_rss_mb(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        return None
+    return None
+
+
+class Meter:
+    """CPU seconds of named processes at named marks; peak RSS when asked (before they end)."""
+
+    def __init__(self) -> None:
+        self.pids: dict[str, int] = {"harness": os.getpid()}
+        self.marks: dict[str, dict[str, float | None]] = {}
+        self.rss: dict[str, float | None] = {}
+        self.lock = threading.Lock()
+
+    def watch(self, name: str, pid: int) -> None:
+        self.pids[name] = pid
+
+    def watch_plane(self, plane: ControlPlane) -> None:
+        for name in COMPONENTS:
+            self.pids[name] = plane.processes[name].popen.pid
+
+    def mark(self, label: str) -> None:
+        with self.lock:
+            self.marks[label] = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+
+    def peaks(self) -> None:
+        """Peak RSS of every process (call while they still run)."""
+        for name, pid in self.pids.items():
+            if name == "harness":  # KiB on Linux
+                self.rss[name] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+            else:
+                self.rss[name] = peak_rss_mb(pid)
+
+    def cpu(self, start: str, end: str) -> dict[str, float | None]:
+        a, b = self.marks[start], self.marks[end]
+        out: dict[str, float | None] = {}
+        for name in self.pids:
+            before, after = a.get(name), b.get(name)
+            if after is None:
+                out[name] = None
+            else:
+                out[name] = round(after - (before or 0.0), 2)
+        return out
+
+
+def control_plane_total(cpu: dict[str, float | None]) -> float:
+    return round(sum(cpu.get(name) or 0.0 for name in COMPONENTS), 2)
+
+
+# --- versions -------------------------------------------------------------------------------
+def versions(plane: ControlPlane, rest: Rest) -> dict[str, Any]:
+    pinned = {}
+    for line in VERSIONS_FILE.read_text().splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.isupper() and not line.startswith("#"):
+            pinned[key.lower()] = value.strip()
+    served = rest.get("/version") or {}
+
+    def first_line(binary: str, *args: str) -> str:
+        try:
+            out = subprocess.run(
+                [str(plane.bin_dir / binary), *args], capture_output=True, text=True, timeout=30
+            )
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"? ({e})"
+        text = (out.stdout or out.stderr).strip().splitlines()
+        return text[0] if text else "?"
+
+    return {
+        "pinned": pinned,
+        "kube_apiserver": served.get("gitVersion"),
+        "go": served.get("goVersion"),
+        "etcd": first_line("etcd", "--version"),
+        "kwok": first_line("kwok", "--version"),
+        "bin_dir": str(plane.bin_dir),
+    }
+
+
+def apiserver_requests(rest: Rest, resource_name: str, verbs: Sequence[str]) -> int:
+    """apiserver_request_total for one resource (no subresource), summed over the verbs."""
+    r = rest.http.request("GET", rest.base + "/metrics")
+    total = 0.0
+    for line in r.data.decode().splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels, _, value = line.rpartition(" ")
+        if (
+            f'resource="{resource_name}"' in labels
+            and 'subresource=""' in labels
+            and any(f'verb="{v}"' in labels for v in verbs)
+        ):
+            total += float(value)
+    return int(total)
