@@ -96,11 +96,52 @@ def test_the_stand_in_writes_discovery_as_the_operator_does(kube: Kube, mpi: Mpi
     assert discover_hosts("j", "ns", ["j-worker-10", "j-worker-2"]).splitlines()[1] == (
         "echo j-worker-10.j.ns.svc"
     )
+    # newConfigMap: the hostfile has every index with its slots, whatever runs; the ConfigMap
+    # is the job's (as tests/test_real_mpi_operator.py sees the real operator write it)
+    cm = kube.server.get("configmaps", "hvd-config", NS)
+    assert cm["data"]["hostfile"] == "".join(
+        f"hvd-worker-{i}.hvd.ml.svc slots=1\n" for i in range(3)
+    )
+    assert [(o["kind"], o["name"]) for o in cm["metadata"]["ownerReferences"]] == [
+        ("MPIJob", "hvd")
+    ]
     kube.server.patch(
         "mpijobs", "hvd", {"spec": {"mpiReplicaSpecs": {"Worker": {"replicas": 1}}}}, NS
     )
     mpi.step()  # getOrCreateWorker: the highest indices go
     assert [p["metadata"]["name"] for p in mpi.workers("hvd")] == ["hvd-worker-0"]
+
+
+def test_the_stand_in_runs_the_job_only_with_its_launcher_and_ends_it_with_its_success(
+    kube: Kube, mpi: MpiOperator
+) -> None:
+    """updateMPIJobStatus: Running needs the launcher's pod Running too; the launcher's success
+    makes the job Succeeded (Running turned False) and the operator leaves its workers alone
+    (default cleanPodPolicy None), as on the real control plane."""
+    kube.server.seed(node("a"), mpi_job(replicas=1))
+    mpi.step()
+    kube.server.patch("pods", "hvd-worker-0", {"status": {"phase": "Running"}}, NS)
+    mpi.step()
+    assert _conditions(kube) == {"Created": "True"}  # the launcher is still Pending
+    mpi.run_pending("a")
+    mpi.step()
+    assert _conditions(kube) == {"Created": "True", "Running": "True"}
+    launcher = mpi.launcher("hvd")
+    assert launcher is not None and launcher["metadata"]["ownerReferences"][0]["kind"] == "Job"
+    kube.server.patch("pods", launcher["metadata"]["name"], {"status": {"phase": "Succeeded"}}, NS)
+    mpi.step()
+    assert _conditions(kube) == {"Created": "True", "Running": "False", "Succeeded": "True"}
+    assert "hvd" not in {j.name for j in kube.observer(kube.cache()).snapshot(now()).jobs}
+    kube.server.patch(
+        "mpijobs", "hvd", {"spec": {"mpiReplicaSpecs": {"Worker": {"replicas": 2}}}}, NS
+    )
+    mpi.step()  # done: no worker made, none removed
+    assert [p["metadata"]["name"] for p in mpi.workers("hvd")] == ["hvd-worker-0"]
+
+
+def _conditions(kube: Kube, name: str = "hvd") -> dict[str, str]:
+    job = kube.server.get("mpijobs", name, NS)
+    return {c["type"]: c["status"] for c in (job.get("status") or {}).get("conditions") or []}
 
 
 def test_an_mpijob_is_read_as_an_elastic_job(kube: Kube, mpi: MpiOperator) -> None:

@@ -46,7 +46,7 @@ from support.control_plane import (
     ControlPlaneError,
     port_in_use,
 )
-from support.mpi_operator import discover_hosts
+from support.mpi_operator import discover_hosts, hostfile
 from support.real_api import RealApi
 from support.waiting import wait_for
 
@@ -501,6 +501,7 @@ def test_workers_run_on_kwok_gpu_nodes_and_the_operators_discovery_is_what_ours_
     assert data["hostfile"] == (
         "disc-worker-0.disc.mpi-e2e.svc slots=2\ndisc-worker-1.disc.mpi-e2e.svc slots=2\n"
     )
+    assert data["hostfile"] == hostfile("disc", NS, 2, slots=2)  # the stand-in writes the same
     cm = cluster.core.read_namespaced_config_map("disc-config", NS)
     assert [(o.kind, o.name) for o in cm.metadata.owner_references] == [("MPIJob", "disc")]
 
@@ -743,26 +744,22 @@ def test_with_the_launcher_as_a_worker_lowering_replicas_deletes_a_healthy_worke
     in (`launcher_as_worker`)."""
     cluster.add_nodes("law", 3, gpus=1)
     cluster.create(mpi_job("law", "law", replicas=3, lo=1, hi=3, runLauncherAsWorker=True))
-    launcher_line = "echo law-launcher.law.mpi-e2e.svc\n"
     workers = [f"law-worker-{i}" for i in range(3)]
     wait_for(
         lambda: (
             cluster.running("law") == workers
-            and cluster.script("law")
-            == discover_hosts("law", NS, workers).replace(
-                "#!/bin/sh\n", "#!/bin/sh\n" + launcher_line
-            )
+            and cluster.script("law") == discover_hosts("law", NS, workers, launcher_too=True)
         ),
         SETTLE,
-        "3 workers Running and listed after the launcher",
+        "3 workers Running, listed after the launcher (updateDiscoverHostsInConfigMap)",
     )
+    assert cluster.script("law").splitlines()[1] == "echo law-launcher.law.mpi-e2e.svc"
     labels = [
         p.metadata.labels["training.kubeflow.org/replica-index"] for p in cluster.workers("law")
     ]
     assert labels == ["1", "2", "3"]
-    assert (
-        cluster.config("law")["hostfile"].splitlines()[0] == "law-launcher.law.mpi-e2e.svc slots=1"
-    )
+    assert cluster.config("law")["hostfile"] == hostfile("law", NS, 3, 1, launcher_too=True)
+    assert cluster.config("law")["hostfile"].startswith("law-launcher.law.mpi-e2e.svc slots=1\n")
 
     top = Decision(
         "mpi-e2e/law",

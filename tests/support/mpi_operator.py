@@ -10,16 +10,31 @@ It does through the API server what kubeflow/mpi-operator v0.8.2 does
   ``<job>-worker-<i>``), labelled (``defaultLabels``), owned by the MPIJob, Pending. With
   ``runLauncherAsWorker`` the index label is i + 1 (``workerReplicaIndexLabel``), so a scale-in
   also deletes worker ``replicas - 1``, which the same pass creates again.
-- discovery (``updateDiscoverHostsInConfigMap``): the ConfigMap ``<job>-config`` holds
-  ``discover_hosts.sh``: ``#!/bin/sh`` then ``echo <pod>.<job>.<ns>.svc`` per worker whose phase
-  is Running (Terminating ones too), sorted by pod name as strings.
-- status (``updateMPIJobStatus``): ``Created`` on the first sync; ``Running`` once every worker
-  pod is Running (it is not withdrawn when one is Pending again); ``Failed`` when a worker pod
-  failed with reason ``Evicted`` (kubelet node-pressure eviction).
+- discovery (``getOrCreateConfigMap``, ``newConfigMap``, ``updateDiscoverHostsInConfigMap``):
+  the ConfigMap ``<job>-config``, controller-owned by the MPIJob and labelled ``app: <job>``,
+  holds ``discover_hosts.sh``: ``#!/bin/sh`` then ``echo <pod>.<job>.<ns>.svc`` per worker whose
+  phase is Running (Terminating ones too), sorted by pod name as strings; and ``hostfile``: one
+  ``<pod>.<job>.<ns>.svc slots=<slotsPerWorker>`` line per index 0..replicas-1, whatever runs
+  (OpenMPI, the default mpiImplementation). With ``runLauncherAsWorker`` both start with the
+  launcher's name (``<job>-launcher``), listed whether it runs or not.
+- the launcher (``newLauncherJob``): at the first sync (launcherCreationPolicy AtStartup, the
+  default), a batch/v1 Job ``<job>-launcher`` whose pod the Job controller makes. The emulator
+  has no Job controller: the stand-in makes the pod itself, ``<job>-launcher-<5 chars>``,
+  labelled ``job-role: launcher`` and controller-owned by the Job (never a worker).
+- status (``updateMPIJobStatus``): ``Created`` on the first sync; ``Running`` once the launcher
+  pod AND every worker pod are Running (it is not withdrawn when one is Pending again);
+  ``Failed`` when a worker pod failed with reason ``Evicted`` (kubelet node-pressure eviction);
+  ``Succeeded`` (and ``Running`` turned False, ``filterOutCondition``) once the launcher pod
+  succeeded, after which the job's workers and ConfigMap are left alone (``syncHandler``: done);
+  ``replicaStatuses`` counts the active (Running) launcher and the active, failed and succeeded
+  worker pods of indices below replicas. A worker pod that ended (Failed, Succeeded) is never
+  made again while it exists (``getOrCreateWorker`` finds it by name).
 
-Not modelled: the launcher Job, the Service, the kubelet's delay in syncing the ConfigMap volume
-(the real launcher sees a change up to a minute late). ``run_pending(nodes)`` stands in for the
-scheduler and kubelet.
+Not modelled: the Service, the SSH Secret, the Events (the real one sends ``MPIJobRunning`` at
+every sync of a running job), the kubelet's delay in syncing the ConfigMap volume (the real
+launcher sees a change up to a minute late). ``run_pending(nodes)`` stands in for the scheduler
+and kubelet (the launcher's pod included); docs/mpi-operator.md lists what the real operator was
+seen to do on the real control plane (tests/test_real_mpi_operator.py).
 """
 
 from __future__ import annotations
@@ -34,16 +49,28 @@ JOB_LABEL = "training.kubeflow.org/job-name"
 ROLE_LABEL = "training.kubeflow.org/job-role"
 INDEX_LABEL = "training.kubeflow.org/replica-index"
 OPERATOR_LABEL = "training.kubeflow.org/operator-name"
+# status.replicaStatuses.Worker's counts (ReplicaStatus) and the pod phase each counts
+WORKER_COUNTS = {"active": "Running", "failed": "Failed", "succeeded": "Succeeded"}
 
 
 def worker_name(job: str, index: int) -> str:
     return f"{job}-worker-{index}"
 
 
-def discover_hosts(job: str, namespace: str, running: list[str]) -> str:
+def discover_hosts(job: str, namespace: str, running: list[str], launcher_too: bool = False) -> str:
     """The script the operator writes for these Running worker pods."""
-    lines = [f"echo {pod}.{job}.{namespace}.svc\n" for pod in sorted(running)]
+    first = [f"{job}-launcher"] if launcher_too else []
+    lines = [f"echo {pod}.{job}.{namespace}.svc\n" for pod in [*first, *sorted(running)]]
     return "#!/bin/sh\n" + "".join(lines)
+
+
+def hostfile(
+    job: str, namespace: str, replicas: int, slots: int, launcher_too: bool = False
+) -> str:
+    """newConfigMap's hostfile (OpenMPI format): every index, running or not."""
+    first = [f"{job}-launcher"] if launcher_too else []
+    names = [*first, *(worker_name(job, i) for i in range(replicas))]
+    return "".join(f"{name}.{job}.{namespace}.svc slots={slots}\n" for name in names)
 
 
 class MpiOperator:
@@ -63,8 +90,19 @@ class MpiOperator:
             and p["metadata"]["labels"].get(ROLE_LABEL) == "worker"
         ]
 
+    def launcher(self, job: str) -> Obj | None:
+        """The launcher Job's pod (the newest, if the Job made several)."""
+        pods = [
+            p
+            for p in self.server.objects("pods", self.namespace)
+            if (p["metadata"].get("labels") or {}).get(JOB_LABEL) == job
+            and p["metadata"]["labels"].get(ROLE_LABEL) == "launcher"
+        ]
+        return pods[-1] if pods else None
+
     def run_pending(self, node: str) -> None:
-        """The scheduler and kubelet: bind every Pending worker to `node` and start it."""
+        """The scheduler and kubelet: bind every Pending worker (and launcher) to `node` and
+        start it."""
         for pod in self.server.objects("pods", self.namespace):
             labels = pod["metadata"].get("labels") or {}
             if ROLE_LABEL in labels and (pod.get("status") or {}).get("phase") == "Pending":
@@ -91,13 +129,20 @@ class MpiOperator:
         spec = job.get("spec") or {}
         worker = (spec.get("mpiReplicaSpecs") or {}).get("Worker") or {}
         replicas = int(worker.get("replicas", 1))
-        self._workers(job, worker, replicas, bool(spec.get("runLauncherAsWorker")))
-        pods = self.workers(name)
-        running = [
-            p["metadata"]["name"] for p in pods if (p.get("status") or {}).get("phase") == "Running"
-        ]
-        self._config_map(name, running)
-        self._status(job, pods)
+        launcher_too = bool(spec.get("runLauncherAsWorker"))
+        launcher = self.launcher(name)
+        indexed: list[Obj] = []  # getOrCreateWorker's answer: the pods of indices < replicas
+        if _phase(launcher) not in ("Succeeded", "Failed"):  # syncHandler: not done
+            self._workers(job, worker, replicas, launcher_too)
+            pods = self.workers(name)
+            running = [p["metadata"]["name"] for p in pods if _phase(p) == "Running"]
+            slots = int(spec.get("slotsPerWorker", 1))
+            self._config_map(job, running, replicas, slots, launcher_too)
+            if launcher is None:  # AtStartup: made at the first sync, whatever the workers do
+                launcher = self._new_launcher(job)
+            names = {worker_name(name, i) for i in range(replicas)}
+            indexed = [p for p in pods if p["metadata"]["name"] in names]
+        self._status(job, launcher, indexed)
 
     def _workers(self, job: Obj, worker: Obj, replicas: int, launcher_too: bool) -> None:
         """getOrCreateWorker."""
@@ -128,6 +173,7 @@ class MpiOperator:
             **(template.get("spec") or {"containers": [{"name": "worker", "image": "x"}]}),
             "hostname": worker_name(name, index),
             "subdomain": name,
+            "restartPolicy": "Never",  # setRestartPolicy: the Worker's default (constants.go)
         }
         return {
             "apiVersion": "v1",
@@ -151,46 +197,121 @@ class MpiOperator:
             "status": {"phase": "Pending"},
         }
 
-    def _config_map(self, job: str, running: list[str]) -> None:
-        """getOrCreateConfigMap + updateDiscoverHostsInConfigMap."""
-        data = {"discover_hosts.sh": discover_hosts(job, self.namespace, running)}
-        name = f"{job}-config"
-        current = self.server.get("configmaps", name, self.namespace)
+    def _new_launcher(self, job: Obj) -> Obj:
+        """newLauncherJob, and the pod the Job controller makes of it."""
+        name = job["metadata"]["name"]
+        template = copy.deepcopy((job["spec"].get("mpiReplicaSpecs") or {}).get("Launcher") or {})
+        pod_template = template.get("template") or {}
+        labels = {
+            **(pod_template.get("metadata") or {}).get("labels", {}),
+            OPERATOR_LABEL: "mpi-operator",
+            JOB_LABEL: name,
+            ROLE_LABEL: "launcher",
+            "job-name": f"{name}-launcher",  # the Job controller's
+        }
+        spec = pod_template.get("spec") or {"containers": [{"name": "launcher", "image": "x"}]}
+        suffix = (job["metadata"].get("uid") or "00000").replace("-", "")[:5]
+        made: Obj = self.server.seed(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": f"{name}-launcher-{suffix}",
+                    "namespace": self.namespace,
+                    "labels": labels,
+                    "ownerReferences": [
+                        {
+                            "apiVersion": "batch/v1",
+                            "kind": "Job",
+                            "name": f"{name}-launcher",
+                            "uid": f"job-{suffix}",
+                            "controller": True,
+                            "blockOwnerDeletion": True,
+                        }
+                    ],
+                },
+                "spec": {
+                    **spec,
+                    "hostname": f"{name}-launcher",
+                    "subdomain": name,
+                    "restartPolicy": "OnFailure",  # DefaultLauncherRestartPolicy
+                },
+                "status": {"phase": "Pending"},
+            }
+        )[0]
+        return made
+
+    def _config_map(
+        self, job: Obj, running: list[str], replicas: int, slots: int, launcher_too: bool
+    ) -> None:
+        """getOrCreateConfigMap: newConfigMap + updateDiscoverHostsInConfigMap."""
+        name = job["metadata"]["name"]
+        data = {
+            "hostfile": hostfile(name, self.namespace, replicas, slots, launcher_too),
+            "discover_hosts.sh": discover_hosts(name, self.namespace, running, launcher_too),
+        }
+        cm_name = f"{name}-config"
+        current = self.server.get("configmaps", cm_name, self.namespace)
         if current is None:
+            owner = {
+                "apiVersion": "kubeflow.org/v2beta1",
+                "kind": "MPIJob",
+                "name": name,
+                "uid": job["metadata"].get("uid", ""),
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+            meta = {"name": cm_name, "namespace": self.namespace, "labels": {"app": name}}
             self.server.seed(
                 {
                     "apiVersion": "v1",
                     "kind": "ConfigMap",
                     "data": data,
-                    "metadata": {"name": name, "namespace": self.namespace},
+                    "metadata": {**meta, "ownerReferences": [owner]},
                 }
             )
         elif current.get("data") != data:
-            self.server.patch("configmaps", name, {"data": data}, self.namespace)
+            self.server.patch("configmaps", cm_name, {"data": data}, self.namespace)
 
-    def _status(self, job: Obj, pods: list[Obj]) -> None:
-        """updateMPIJobStatus (conditions only): setCondition replaces a type and appends it."""
-        conditions = list((job.get("status") or {}).get("conditions") or [])
+    def _status(self, job: Obj, launcher: Obj | None, pods: list[Obj]) -> None:
+        """updateMPIJobStatus (conditions and replicaStatuses): setCondition replaces a type and
+        appends it; filterOutCondition turns Running False when the job finishes."""
+        status = job.get("status") or {}
+        conditions = [dict(c) for c in status.get("conditions") or []]
 
         def held(kind: str) -> bool:
             return any(c["type"] == kind and c["status"] == "True" for c in conditions)
 
         def add(kind: str, reason: str) -> None:
             conditions[:] = [c for c in conditions if c["type"] != kind]
+            if kind in ("Succeeded", "Failed"):
+                for c in conditions:
+                    if c["type"] in ("Running", "Failed"):
+                        c["status"] = "False"
             conditions.append({"type": kind, "status": "True", "reason": reason})
 
-        before = list(conditions)
         if not held("Created"):
             add("Created", "MPIJobCreated")
-        phases = [(p.get("status") or {}) for p in pods]
-        if any(s.get("phase") == "Failed" and s.get("reason") == "Evicted" for s in phases):
+        if _phase(launcher) == "Succeeded" and not held("Succeeded"):
+            add("Succeeded", "MPIJobSucceeded")
+        phases = [_phase(p) for p in pods]
+        if any(_phase(p) == "Failed" and p["status"].get("reason") == "Evicted" for p in pods):
             add("Failed", "MPIJobEvicted")
-        elif pods and all(s.get("phase") == "Running" for s in phases) and not held("Running"):
+        finished = held("Succeeded") or held("Failed")
+        running = _phase(launcher) == "Running" and all(ph == "Running" for ph in phases)
+        if not finished and running and not held("Running"):
             add("Running", "MPIJobRunning")
-        if conditions != before:
-            self.server.patch(
-                "mpijobs",
-                job["metadata"]["name"],
-                {"status": {"conditions": conditions}},
-                self.namespace,
-            )
+        counts = {k: phases.count(ph) for k, ph in WORKER_COUNTS.items()}
+        replica_statuses = {  # omitempty: a zero count is left out
+            "Launcher": {"active": 1} if _phase(launcher) == "Running" else {},
+            "Worker": {k: n for k, n in counts.items() if n},
+        }
+        if launcher is None:
+            del replica_statuses["Launcher"]
+        new = {"conditions": conditions, "replicaStatuses": replica_statuses}
+        if {k: status.get(k) for k in new} != new:
+            self.server.patch("mpijobs", job["metadata"]["name"], {"status": new}, self.namespace)
+
+
+def _phase(pod: Obj | None) -> str:
+    return str(((pod or {}).get("status") or {}).get("phase") or "")
