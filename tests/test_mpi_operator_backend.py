@@ -196,6 +196,40 @@ def test_idle_gpus_raise_the_worker_replicas(kube: Kube, mpi: MpiOperator) -> No
     assert [p["metadata"]["name"] for p in mpi.workers("hvd")][-1] == worker_name("hvd", 3)
 
 
+def test_a_worker_pod_that_ended_is_no_scale_in_flight_and_the_job_grows_around_it(
+    kube: Kube, mpi: MpiOperator
+) -> None:
+    """mpi-operator never makes a Failed (or Succeeded) worker pod again while it exists
+    (getOrCreateWorker finds it by name), and the pod watch leaves ended pods out: the index is
+    dead, counted in status.replicaStatuses.Worker.failed (updateMPIJobStatus). It is not a
+    scale-out in flight (that one would never finish: the job was frozen, as seen on the real
+    control plane), and a scale counts it: replicas = live workers + dead ones."""
+    kube.server.seed(node("a", gpus=4))
+    running(kube, mpi, mpi_job(replicas=3, hi=4), on="a")
+    uid = kube.server.get("pods", "hvd-worker-1", NS)["metadata"]["uid"]
+    kube.server.patch("pods", "hvd-worker-1", {"status": {"phase": "Failed"}}, NS)
+    mpi.step()
+    dead = kube.server.get("pods", "hvd-worker-1", NS)
+    assert (dead["metadata"]["uid"], dead["status"]["phase"]) == (uid, "Failed")  # kept as is
+    status = kube.server.get("mpijobs", "hvd", NS)["status"]["replicaStatuses"]["Worker"]
+    assert status == {"active": 2, "failed": 1}
+    rec = kube.reconciler()
+    [out] = [d for d in rec.tick(now()) if d.action is Action.SCALE_OUT]
+    assert (out.from_workers, out.to_workers) == (2, 4)  # two live workers, two idle GPUs
+    assert replicas(kube) == 5  # ... and the dead index
+    mpi.step()
+    mpi.run_pending("a")
+    mpi.step()
+    assert {p["metadata"]["name"]: p["status"]["phase"] for p in mpi.workers("hvd")} == {
+        "hvd-worker-0": "Running",
+        "hvd-worker-1": "Failed",
+        "hvd-worker-2": "Running",
+        "hvd-worker-3": "Running",
+        "hvd-worker-4": "Running",
+    }
+    assert not [d for d in rec.tick(now()) if d.action is not Action.NOOP]  # at max: settled
+
+
 def test_a_notice_on_the_highest_index_drains_it_and_lowers_the_replicas(
     kube: Kube, mpi: MpiOperator
 ) -> None:

@@ -789,6 +789,56 @@ def test_with_the_launcher_as_a_worker_lowering_replicas_deletes_a_healthy_worke
     wait_for(remade, SETTLE, "law-worker-1 made again")
 
 
+def test_a_worker_pod_that_failed_stays_dead_and_the_job_grows_around_it(
+    cluster: Cluster, product: Product
+) -> None:
+    """A worker pod that ended is never made again while it exists (getOrCreateWorker finds it
+    by name); the operator counts it in status.replicaStatuses.Worker.failed (updateMPIJobStatus)
+    and leaves it out of discover_hosts.sh. The product took the gap for a scale-out in flight
+    and froze the job (no growth, no clamp); now it counts the dead index and grows around it."""
+    cluster.add_nodes("dead", 3, gpus=1)
+    cluster.create(mpi_job("dead", "dead", replicas=3, lo=1, hi=3, policy="grow"))
+    cluster.wait_settled("dead", 3)
+    uid = cluster.core.read_namespaced_pod("dead-worker-1", NS).metadata.uid
+    freed = cluster.node_of("dead-worker-1")
+    cluster.core.patch_namespaced_pod(
+        "dead-worker-1", NS, {"metadata": {"annotations": {FINISH: "fail"}}}
+    )
+
+    def counted() -> bool:
+        status = cluster.job("dead")["status"]["replicaStatuses"]["Worker"]
+        return bool(status == {"active": 2, "failed": 1})
+
+    wait_for(counted, SETTLE, "the failed worker counted by mpi-operator")
+    assert cluster.script("dead") == discover_hosts("dead", NS, ["dead-worker-0", "dead-worker-2"])
+
+    # its GPU is free again (an ended pod holds nothing): one live worker more, up to max 3
+    product.until(lambda ds: any(d.action is Action.SCALE_OUT for d in ds), "a scale-out")
+    [out] = [d for d in product.decisions if d.action is Action.SCALE_OUT]
+    assert (out.from_workers, out.to_workers) == (2, 3)
+    assert cluster.replicas("dead") == 4  # 3 live + the dead index
+    wait_for(
+        lambda: cluster.running("dead") == ["dead-worker-0", "dead-worker-2", "dead-worker-3"],
+        SETTLE,
+        "dead-worker-3 Running",
+    )
+    assert cluster.node_of("dead-worker-3") == freed
+    dead = cluster.core.read_namespaced_pod("dead-worker-1", NS)
+    assert (dead.metadata.uid, dead.status.phase) == (uid, "Failed")  # never made again
+    wait_for(
+        lambda: (
+            cluster.script("dead")
+            == discover_hosts("dead", NS, ["dead-worker-0", "dead-worker-2", "dead-worker-3"])
+        ),
+        SETTLE,
+        "the new worker listed",
+    )
+    # the pass after: nothing in flight, nothing more to do (at max)
+    last = product.until(lambda ds: ds[-1].reason is not Reason.SCALER_IN_FLIGHT, "settled")[-1]
+    assert (last.action, last.from_workers) == (Action.NOOP, 3), last
+    assert [d.action for d in product.decisions].count(Action.SCALE_OUT) == 1
+
+
 # --- the daemon under deploy/rbac.yaml's rules ------------------------------------------------
 def grant_deploy_rbac(cluster: Cluster, account: str) -> str:
     """The ClusterRole and the leader-election Role of deploy/rbac.yaml (rules verbatim, names of

@@ -10,7 +10,10 @@ pkg/controller/mpi_job_controller.go; docs/mpi-operator.md has the details and w
   indices, and only after they are drained;
 - an index below replicas whose pod is gone is created again under the same name: a worker
   whose node died comes back Pending with its old name (Horovod blacklists a host name that
-  failed: `reuses_names`);
+  failed: `reuses_names`); a pod that ended (Failed, Succeeded) is never made again while it
+  exists (`getOrCreateWorker` finds it by name): its index stays dead, counted in
+  `status.replicaStatuses.Worker.failed/succeeded` (`updateMPIJobStatus`), and the pod watch
+  does not show it (ended pods hold nothing): replicas = live workers + dead ones;
 - `discover_hosts.sh` in the ConfigMap `<job>-config` echoes `<pod>.<job>.<namespace>.svc` (plus
   `.<clusterDomain>` when the operator is given one) for each Running worker
   (`updateDiscoverHostsInConfigMap`), and reaches the launcher only when the kubelet syncs the
@@ -53,7 +56,7 @@ class MpiJobActuator(ReplicasActuator):
         return _phase(job)
 
     def done(self, job: Obj, decision: Decision, victims: tuple[str, ...]) -> bool:
-        return _worker_spec(job).replicas == decision.to_workers
+        return _worker_spec(job).replicas == decision.to_workers + _dead(job)
 
     def removable(self, job: Obj, decision: Decision, victims: Sequence[str]) -> bool:
         if (job.get("spec") or {}).get("runLauncherAsWorker"):
@@ -73,13 +76,14 @@ class MpiJobActuator(ReplicasActuator):
         return True
 
     def patch(self, job: Obj, decision: Decision, victims: tuple[str, ...]) -> Obj | None:
-        replicas = _worker_spec(job).replicas
-        if replicas != decision.from_workers:  # decided on a view the job has moved on from
-            refuse(decision, "replicas_changed", replicas=replicas)
+        # decisions count live workers; replicas also counts the dead indices (see _dead)
+        replicas, dead = _worker_spec(job).replicas, _dead(job)
+        if replicas != decision.from_workers + dead:  # decided on a view the job moved on from
+            refuse(decision, "replicas_changed", replicas=replicas, dead=dead)
             return None
         return {
             "metadata": {"resourceVersion": job["metadata"].get("resourceVersion")},
-            "spec": {"mpiReplicaSpecs": {WORKER: {"replicas": decision.to_workers}}},
+            "spec": {"mpiReplicaSpecs": {WORKER: {"replicas": decision.to_workers + dead}}},
         }
 
 
@@ -106,6 +110,16 @@ def _worker_spec(job: Obj) -> ReplicaSpec:
     )
 
 
+def _dead(job: Obj) -> int:
+    """Worker indices below replicas whose pod ended (Failed, Succeeded) and stays: mpi-operator
+    v0.8.2 never replaces such a pod (pkg/controller/mpi_job_controller.go, `getOrCreateWorker`
+    gets it by name and keeps it) and counts it in status.replicaStatuses.Worker
+    (`updateMPIJobStatus`); our pod watch leaves ended pods out. Until the pod is deleted (by a
+    person, or by the pod garbage collector once its node is gone) the index holds no worker."""
+    worker = ((job.get("status") or {}).get("replicaStatuses") or {}).get(WORKER) or {}
+    return sum(max(count(worker, k) or 0, 0) for k in ("failed", "succeeded"))
+
+
 def _phase(job: Obj) -> str:
     """The newest condition that holds, as a phase (the MPIJob has conditions, no phase)."""
     held = [
@@ -122,11 +136,12 @@ def _next_index(job: Obj) -> int | None:
 
 
 def in_flight(job: Obj, workers: tuple[Worker, ...]) -> Scaler | None:
-    """No scaler objects: replicas that the worker pods do not match yet is a scale in flight."""
+    """No scaler objects: replicas that the worker pods do not match yet is a scale in flight.
+    Dead indices (`_dead`) are not: the operator will not fill them, it would never finish."""
     replicas = _worker_spec(job).replicas or 0
     live = [w for w in workers if not w.terminating]
     name = f"{job['metadata']['name']}-replicas"
-    if len(live) < replicas:
+    if len(live) + _dead(job) < replicas:
         return Scaler(ScalerKind.SCALE_OUT, name)
     going = tuple(w.pod for w in live if (name_index(w.pod) or 0) >= replicas)
     return Scaler(ScalerKind.SCALE_IN, name, pods=going) if going else None
