@@ -107,9 +107,9 @@ def test_the_configmap_config_passes_the_loader_and_check_config(
 RULES = {  # (apiGroup, resource) -> verbs, exactly what the daemon does
     ("", "nodes"): {"get", "list", "watch", "patch"},
     ("", "pods"): {"get", "list", "watch"},
-    ("", "events"): {"create", "patch"},
-    # kubernetes.guard_evictions: our own budgets only
-    ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("", "events"): {"create"},  # each Event is created once, never patched
+    # kubernetes.guard_evictions: our own budgets only, read from the watch cache (no get)
+    ("policy", "poddisruptionbudgets"): {"list", "watch", "create", "patch", "delete"},
     # and what each job kind declares it needs (adapters/kube/kinds)
     **{(r.group, r.plural): set(verbs) for kind in KINDS for r, verbs in kind.rbac.items()},
 }
