@@ -42,6 +42,7 @@ from kubernetes.client.rest import ApiException
 from support.cli import run_cli
 from support.control_plane import (
     MPI_OPERATOR_HEALTH_PORT,
+    MPIJOB_CRD,
     ControlPlane,
     ControlPlaneError,
     port_in_use,
@@ -111,7 +112,7 @@ def mpi_operator(control_plane: ControlPlane) -> ControlPlane:
         if "mpi-operator" in control_plane.processes or not port_in_use(MPI_OPERATOR_HEALTH_PORT):
             try:
                 control_plane.start_mpi_operator()
-                return control_plane
+                return _healthy(control_plane)
             except ControlPlaneError as e:
                 if "in use" not in str(e) or time.monotonic() > deadline:
                     raise
@@ -122,6 +123,18 @@ def mpi_operator(control_plane: ControlPlane) -> ControlPlane:
             OPERATOR_WAIT,
             f"port {MPI_OPERATOR_HEALTH_PORT} free",
         )
+
+
+def _healthy(plane: ControlPlane) -> ControlPlane:
+    """mpi-operator up (started by an earlier module, it may have died since) and its CRD there
+    (another module may have removed and reinstalled it)."""
+    with contextlib.closing(plane.api_client()) as api:
+        plane.apply_crd(api, MPIJOB_CRD, SETTLE)
+    try:
+        wait_for(lambda: plane.health().get("mpi-operator"), SETTLE, "mpi-operator healthy")
+    except AssertionError as e:
+        pytest.fail(f"{e}; its log:\n{plane.processes['mpi-operator'].tail()}")
+    return plane
 
 
 # --- a test's cluster: namespace, nodes, jobs; cleaned up after -------------------------------
