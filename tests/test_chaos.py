@@ -210,6 +210,17 @@ class Outcome:
             # notice -> every noticed worker named by a ScaleIn (after the server confirmed it)
             "scale_in_p50_s": _round(percentile(r.scale_in_latencies(), 0.5)),
             "scale_in_p99_s": _round(percentile(r.scale_in_latencies(), 0.99)),
+            # ... for notices whose jobs had no scaler of ours in flight (not queued behind one)
+            "scale_in_p99_unqueued_s": _round(
+                percentile(
+                    [
+                        n.scale_in_latency
+                        for n in r.notices
+                        if n.scale_in_latency is not None and self.steady(n) and not n.queued
+                    ],
+                    0.99,
+                )
+            ),
             "scale_in_p99_steady_s": _round(
                 percentile(
                     [

@@ -53,6 +53,8 @@ def test_a_relist_after_410_is_behind_until_it_lands(kube: Kube) -> None:
     kube.server.seed(node("a"), *bert("a"))
     cache = kube.cache()
     kube.server.fail_next(1_000_000, 500, path_contains="limit=")  # every re-list
+    # a change the pod watch does not carry: its resourceVersion is now older than the store's
+    kube.server.patch("Node", "a", {"metadata": {"labels": {"touched": "yes"}}})
     kube.server.compact()
     kube.server.drop_watches()
     wait_for(lambda: PODS in cache.behind(), 5, "the pod view never fell behind")

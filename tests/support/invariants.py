@@ -146,6 +146,9 @@ class Notice:
     names: dict[str, str]  # pod uid -> pod name (the host)
     drained_at: dict[str, float] = field(default_factory=dict)
     named_at: dict[str, float] = field(default_factory=dict)  # uid -> first named by a ScaleIn
+    # a job of its workers had a scaler of ours unfinished when the notice came: its ScaleIn
+    # waits for that one (et-operator runs one scaler per job at a time)
+    queued: bool = False
     fate: dict[str, str] = field(default_factory=dict)  # uid -> removed / drained_reclaim / ...
     # workers that were their job's last hosts off noticed nodes: the daemon keeps such a host
     # visible until a replacement runs (Horovod must not lose its whole host set), so their
@@ -410,6 +413,12 @@ class _State:
             for uid, job in n.pods.items():
                 if n.names[uid] in self.drained[job]:
                     n.drained_at[uid] = e.t
+            n.queued = any(
+                not _finished(sc)
+                and ((sc.get("spec") or {}).get("selector") or {}).get("name") == j
+                for sc in self.scalers.values()
+                for j in set(n.pods.values())
+            )
             self.notices.append(n)
             self.healthy_since.pop(name, None)
         elif was and not now:

@@ -2,7 +2,8 @@
 
 A ScaleIn (or a replicas decrease) cannot be taken back, and the watch cache may be behind: a
 pod already deleted, a notice already withdrawn, a worker count that an earlier ScaleIn already
-brought down. So each victim is read from the server first. One named for a notice (its node had
+brought down. So the victims are read from the server first (one list of the job's workers by
+the kind's labels, or a GET each for a kind without them). One named for a notice (its node had
 one in the view) goes if the node still carries it on the server (or the cloud source's own
 record, the notice board, has it); any other goes only while the job, as the server has it,
 still has more live workers than the decision aims at (a clamp to max, an on-demand surplus).
@@ -51,9 +52,8 @@ class ServerCheck:
     def scale_in(self, job: Obj, kind: JobKind, decision: Decision, now: datetime) -> Decision:
         """The ScaleIn the server supports: `decision` with the victims that hold up (maybe
         none, then the caller writes nothing)."""
-        namespace = job["metadata"]["namespace"]
-        nodes = {pod: self._live_node(namespace, pod) for pod in decision.pods}
-        alive = {pod: node for pod, node in nodes.items() if node is not None}
+        pods, live = self._workers(job, kind, decision.pods)
+        alive = {p: _node_of(pods[p]) for p in decision.pods if p in pods and _alive(pods[p])}
         # the victims the decision named for a notice (the view's), and those it still has
         meant = {p for p, n in alive.items() if n and self._noticed_in_view(n, now)}
         noticed = self._noticed({alive[p] for p in meant}, now)
@@ -61,7 +61,7 @@ class ServerCheck:
         plain = [p for p in alive if p not in meant]
         if plain:  # only above the decision's target, counted on the server; a notice victim
             # that does not hold up stays, and the target with it
-            room = self._live_workers(job, kind) - decision.to_workers - len(meant)
+            room = live() - decision.to_workers - len(meant)
             plain = plain[: max(0, room)]
         kept = tuple(p for p in decision.pods if p in by_notice or p in plain)
         if kind.removes_highest_first and kept != decision.pods:
@@ -87,20 +87,38 @@ class ServerCheck:
         log.info("drain_narrowed_by_server", job=decision.job, nodes=list(decision.nodes))
         return narrowed(decision, tuple(p for p in decision.pods if node_of(p) in noticed))
 
-    def _live_node(self, namespace: str, pod: str) -> str | None:
-        """The pod's node ('' while unscheduled); None when it is gone or on its way out."""
+    def _workers(
+        self, job: Obj, kind: JobKind, victims: tuple[str, ...]
+    ) -> tuple[dict[str, Obj], Callable[[], int]]:
+        """The victims as the server has them (by name), and the count of the job's live
+        workers there: one list by the kind's worker labels where it has them, else a GET per
+        victim and a list of the namespace when the count is wanted."""
+        meta = job["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        if kind.guard_labels is not None:
+            listed = self._job_pods(namespace, name, kind, kind.guard_labels(name))
+            by_name = {p["metadata"]["name"]: p for p in listed}
+            return by_name, lambda: sum(map(_alive, listed))
+        found = {v: obj for v in victims if (obj := self._pod(namespace, v)) is not None}
+        return found, lambda: sum(map(_alive, self._job_pods(namespace, name, kind, {})))
+
+    def _job_pods(
+        self, namespace: str, name: str, kind: JobKind, labels: dict[str, str]
+    ) -> list[Obj]:
+        selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+        return [
+            pod
+            for pod in self._objects.pods(namespace, selector)
+            if kind.worker_of(pod["metadata"], pod["metadata"]["name"], labels_of(pod)) == name
+        ]
+
+    def _pod(self, namespace: str, pod: str) -> Obj | None:
         try:
-            obj = self._objects.get(PODS, namespace, pod, urgent=True)
+            return self._objects.get(PODS, namespace, pod, urgent=True)
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
-        status = obj.get("status") or {}
-        if (obj.get("metadata") or {}).get("deletionTimestamp") or status.get(
-            "phase"
-        ) in TERMINATED_PHASES:
-            return None
-        return str((obj.get("spec") or {}).get("nodeName") or "")
 
     def _noticed_in_view(self, node: str, now: datetime) -> bool:
         if self._board is not None and any(n.node == node for n in self._board(now)):
@@ -128,19 +146,16 @@ class ServerCheck:
                 out.add(node)
         return out
 
-    def _live_workers(self, job: Obj, kind: JobKind) -> int:
-        """The job's worker pods on the server that are neither Terminating nor finished."""
-        meta = job["metadata"]
-        labels = kind.guard_labels(meta["name"]) if kind.guard_labels else {}
-        selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
-        return sum(
-            1
-            for pod in self._objects.pods(meta["namespace"], selector)
-            if kind.worker_of(pod["metadata"], pod["metadata"]["name"], labels_of(pod))
-            == meta["name"]
-            and not pod["metadata"].get("deletionTimestamp")
-            and (pod.get("status") or {}).get("phase") not in TERMINATED_PHASES
-        )
+
+def _alive(pod: Obj) -> bool:
+    """Neither Terminating nor ended."""
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    return (pod.get("status") or {}).get("phase") not in TERMINATED_PHASES
+
+
+def _node_of(pod: Obj) -> str:
+    return str((pod.get("spec") or {}).get("nodeName") or "")  # '' while unscheduled
 
 
 def narrowed(decision: Decision, pods: tuple[str, ...]) -> Decision:
