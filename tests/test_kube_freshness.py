@@ -158,4 +158,3 @@ def test_a_finished_scale_in_ahead_of_the_pod_view_takes_its_pods_out(kube: Kube
     wait_for(lambda: cache.items(SCALE_INS), 5, "ScaleIn not seen")
     [job] = kube.observer(cache).snapshot(now()).jobs
     assert sorted(w.pod for w in job.workers) == ["bert-worker-0", "bert-worker-1"]
-
