@@ -351,12 +351,16 @@ def test_no_process_outlives_the_python_process_that_started_it(
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(TESTS), str(control_plane.bin_dir)],
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         text=True,
     )
     try:
-        assert child.stdout is not None
-        pids = json.loads(child.stdout.readline())
+        assert child.stdout is not None and child.stderr is not None
+        line = child.stdout.readline()
+        if not line:  # the child's plane did not start: say why
+            child.wait(timeout=30)
+            pytest.fail(f"the child's plane did not start:\n{child.stderr.read()[-3000:]}")
+        pids = json.loads(line)
         assert len(pids) == 5 and all(os.path.exists(f"/proc/{p}") for p in pids)
         child.send_signal(signum)
         child.wait(timeout=30)
