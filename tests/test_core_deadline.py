@@ -120,7 +120,7 @@ def test_with_a_deadline_the_anchor_is_held_only_while_a_restart_would_cost_the_
 
 
 def test_the_anchor_comes_back_once_the_slack_is_below_a_restart() -> None:
-    # 55% left in 6 h at 9.5%/h on 8: 5.8 h + 20 min: the slack is gone; nothing on-demand yet
+    # 55% left in 6 h at 9.5%/h on 8: 5.8 h, 0.2 h short of a restart; nothing on-demand yet
     slow = Pace(rates=((8, 0.095),))
     j = _job(_spot_on(7), progress=0.45, pace=slow)
     decisions = run(snapshot(_full_spot(7), [j]), policies(**_deadline(min_on_demand=1)))
@@ -143,12 +143,12 @@ def test_uniform_progress_fills_to_max_below_the_line_and_uses_spot_only_above(
 
 
 @pytest.mark.parametrize(
-    ("progress", "idle_spot", "removed"), [(0.42, 2, 0), (0.45, 0, 0), (0.45, 2, 2)]
+    ("progress", "idle_spot", "removed"), [(0.41, 2, 0), (0.45, 0, 0), (0.45, 2, 2)]
 )
 def test_uniform_progress_leaves_on_demand_only_for_spot_and_only_ahead_of_two_changeovers(
     progress: float, idle_spot: int, removed: int
 ) -> None:
-    # the line is at 40%, and two changeovers (2 x 10 min) later at 43.3%: at 42% the
+    # the line is at 40%, and two changeovers (2 x 5 min) later at 41.7%: at 41% the
     # on-demand workers stay whatever; at 45% they leave as spot takes their place, never idle
     nodes = [*_full_spot(2), node("od", gpus=3, used=3, capacity=OD)]
     nodes += [node(f"idle{i}", gpus=1) for i in range(idle_spot)]
@@ -159,8 +159,8 @@ def test_uniform_progress_leaves_on_demand_only_for_spot_and_only_ahead_of_two_c
 
 @pytest.mark.parametrize("rule", ["uniform_progress", "paced"])
 def test_the_safety_net_fills_to_max_once_on_demand_alone_would_barely_finish(rule: str) -> None:
-    # ahead of the line (45% at 40%), but 55% at 9.5%/h is 5.8 h, + 2 x 10 min > the 6 h left
-    slow = Pace(rates=((8, 0.095),))
+    # ahead of the line (45% at 40%), but 55% at 9.2%/h is 6.0 h, + 2 x 5 min > the 6 h left
+    slow = Pace(rates=((8, 0.092),))
     snap = snapshot(_full_spot(2), [_job(_spot_on(2), progress=0.45, pace=slow)])
     (out,) = only(run(snap, policies(**_deadline(rule=rule))), Action.SCALE_OUT)
     assert (out.reason, out.count) == (Reason.BEHIND_DEADLINE, 6)
@@ -177,20 +177,20 @@ def test_paced_acts_as_uniform_progress_until_a_speed_is_measured() -> None:
 
 
 def test_paced_buys_only_the_workers_that_catch_up_with_the_line() -> None:
-    # paced's line reaches 1 two changeovers early (9 h 40 min): 41.4% now, 10.3%/h; 2.4%
-    # behind, closed over 6 changeovers (1 h): 12.7%/h; a ring of n does between 2n% and 16% an
-    # hour, 6 are estimated at 13.9%: 2 on spot, 4 on-demand (UP buys 6)
+    # the line's 10%/h, and 1% behind closed over 6 changeovers (30 min): 12%/h; a ring of n
+    # does between 2n% and 16% an hour, 5 are estimated at 12.6%: 2 on spot, 3 on-demand (UP
+    # buys 6)
     snap = snapshot(_full_spot(2), [_job(_spot_on(2), progress=0.39, pace=MEASURED)])
     (out,) = only(run(snap, policies(**_deadline())), Action.SCALE_OUT)
     (up,) = only(run(snap, policies(**_deadline(rule="uniform_progress"))), Action.SCALE_OUT)
-    assert (out.reason, out.count, up.count) == (Reason.BEHIND_DEADLINE, 4, 6)
+    assert (out.reason, out.count, up.count) == (Reason.BEHIND_DEADLINE, 3, 6)
 
 
-@pytest.mark.parametrize(("spot", "progress", "removed"), [(2, 0.42, 0), (3, 0.5, 3), (5, 0.42, 3)])
+@pytest.mark.parametrize(("spot", "progress", "removed"), [(2, 0.41, 0), (3, 0.5, 3), (5, 0.41, 3)])
 def test_paced_keeps_what_it_bought_in_the_band_and_lets_it_go_above(
     spot: int, progress: float, removed: int
 ) -> None:
-    # in the band (41.4% to 44.8%): 2 spot + 3 on-demand hold the line, all stay (5 spot alone
+    # in the band (40% to 41.7%): 2 spot + 3 on-demand hold the line, all stay (5 spot alone
     # would: then none); well above it, on-demand is cut to what paces 80% of the line (3 spot)
     nodes = [*_full_spot(spot), node("od", gpus=3, used=3, capacity=OD)]
     j = _job([*_spot_on(spot), "od", "od", "od"], progress=progress, pace=MEASURED)
@@ -277,6 +277,23 @@ def test_an_on_demand_cap_below_the_need_is_infeasible_and_stays_within_the_cap(
     (out,) = only(run(snap, policies(**_deadline(max_on_demand=2))), Action.SCALE_OUT)
     assert out.count == 2 and out.tags == (Reason.DEADLINE_INFEASIBLE,)
     assert "(max_on_demand 2), 6.0 h left: short by 6.0 h" in out.message
+
+
+@pytest.mark.parametrize(
+    ("budget", "od_price", "count"), [(None, 3.0, 6), (10, 3.0, 2), (10, None, 0)]
+)
+def test_on_demand_spend_stays_within_the_policys_budget(
+    budget: float | None, od_price: float | None, count: int
+) -> None:
+    # behind the line, UP would fill to max (6 on-demand); $10/h, 2 spot at $1: 2 at $3 fit;
+    # with no on-demand price known none does (unknown prices count as above the budget)
+    nodes = [node(f"s{i}", gpus=1, used=1, price=1.0) for i in range(2)]
+    nodes.append(node("od-other", gpus=1, used=1, price=od_price, capacity=OD))
+    rules = policies(**_deadline(rule="uniform_progress"), cost={"budget_per_hour": budget})
+    (out,) = run(snapshot(nodes, [_job(_spot_on(2), progress=0.3)]), rules)
+    assert out.count == count
+    if count == 0:
+        assert out.reason is Reason.BUDGET and "on-demand price unknown" in out.message
 
 
 def test_the_deadline_keys_are_validated() -> None:

@@ -29,6 +29,7 @@ restart: otherwise the restart it saves costs less than the anchor.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -37,6 +38,7 @@ from autoscaler.core.model import Action, CapacityType, Decision, GpuNode, Job, 
 from autoscaler.core.pace import Pace
 from autoscaler.core.policy import DeadlineRules, OnDemandRules, Policy
 
+_OD = CapacityType.ON_DEMAND
 # paced: behind the line, the gap is closed over this many changeovers d̂; above ep(t + 2 d̂),
 # on-demand is cut to what paces this share of the line's slope (the job drifts back down)
 _SLOWER = 0.8
@@ -275,7 +277,7 @@ def _fewer(p: _Pacing, anchor: OnDemandNeed) -> tuple[int, int]:
     up to ep(t + 2 d̂), what holds the line with a changeover's catch-up to spare (a worker just
     bought is not let go at once); above it, what paces a little below the line."""
     d = p.changeover
-    early = 2 * d  # done before the Safety Net's last two changeovers: it need not fire
+    early = 0.0 * d  # done before the Safety Net's last two changeovers: it need not fire
     line, top, slope = p.line(0, early), p.line(2 * d, early), p.slope(early)
     catch_up = max(0.0, line - p.progress) / (_CATCH_UP * d)
     on_line = p.workers_for(slope + catch_up, anchor.want)
@@ -286,16 +288,18 @@ def _fewer(p: _Pacing, anchor: OnDemandNeed) -> tuple[int, int]:
 
 
 def _anchor_at_risk(p: _Pacing, anchor: OnDemandNeed) -> OnDemandNeed:
-    """With `anchor: at_risk`, the anchor only while the deadline's slack (the time left less
-    what on-demand alone needs, at its lower-bound speed) is below a whole-job restart (which
-    includes starting again on on-demand), or nothing is measured yet; the message says which."""
+    """With `anchor: at_risk`, the anchor only while the deadline's slack (the time left until
+    the deadline itself less what on-demand alone needs, at its lower-bound speed) is below a
+    whole-job restart (which includes starting again on on-demand), or nothing is measured yet;
+    the message says which."""
     if not anchor.want or p.rules.anchor == "always":
         return anchor
     restart = p.deadline.restart.total_seconds() / 3600
     speed = p.lower(p.size)
     if p.pace.restart_loss and speed > 0:
         restart = max(restart, p.pace.restart_loss / speed + p.changeover)
-    slack = None if speed <= 0 else p.hours - p.left / speed
+    to_due = p.hours + p.deadline.margin.total_seconds() / 3600  # the deadline itself
+    slack = None if speed <= 0 else to_due - p.left / speed
     if slack is None or slack < restart:
         why = "no speed measured yet" if slack is None else f"slack {slack:.1f} h"
         message = f"{anchor.message}: {why} < a whole-job restart ({restart:.1f} h)"
@@ -349,8 +353,12 @@ def on_demand(
     have = len(fleet.on_demand)
     tags = (need.alert,) if need.alert else ()
     room = min(ceiling - len(staying), policy.scale_out.max_step or ceiling)
+    afford, budget = _affordable(job, policy, staying, nodes)
+    if have < need.want and room > 0 and afford <= 0:
+        message = f"{need.message}; on-demand held back: {budget}"
+        return Decision.noop(job, Reason.BUDGET, policy.name, tags=tags, message=message)
     if have < need.want and room > 0:
-        count = min(need.want - have, room)
+        count = min(need.want - have, room, afford)
         return Decision.about(
             job,
             Action.SCALE_OUT,
@@ -380,6 +388,30 @@ def on_demand(
             job, need.alert, policy.name, tags=(growth.reason,), message=need.message
         )
     return replace(growth, message=f"{growth.message}; {need.message}")
+
+
+def _affordable(
+    job: Job, policy: Policy, staying: list[Worker], nodes: Mapping[str, GpuNode]
+) -> tuple[int, str]:
+    """How many on-demand workers the policy's `cost.budget_per_hour` still allows next to the
+    staying ones (placed ones at their node's price, pending ones at on-demand's: the highest
+    known price of an on-demand GPU), and why not more. Unknown prices count as above the
+    budget, as for idle capacity."""
+    budget = policy.cost.budget_per_hour
+    if budget is None:
+        return len(staying) + job.max_workers, ""
+    prices = [n.price_per_gpu_hour for n in nodes.values() if n.capacity_type is _OD]
+    known = [p for p in prices if p is not None]
+    if not known:
+        return 0, f"budget_per_hour ${budget:g}, on-demand price unknown"
+    worker = max(known) * job.gpus_per_worker
+    spend = 0.0
+    for w in staying:
+        node = nodes.get(w.node or "")
+        price = node.price_per_gpu_hour if node is not None else max(known)
+        spend += (price or 0.0) * job.gpus_per_worker
+    afford = math.floor((budget - spend) / worker + 1e-9) if worker > 0 else len(staying)
+    return afford, f"budget_per_hour ${budget:g}, spend ${spend:.2f}/h, ${worker:.2f}/h a worker"
 
 
 def _newest(job: Job, among: tuple[Worker, ...], count: int) -> tuple[str, ...]:

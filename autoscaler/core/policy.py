@@ -236,18 +236,18 @@ class DeadlineRules(StrictModel):
     # finish this much before the deadline: covers node provisioning, pod start-up, Horovod's
     # reset and the error of the progress estimate
     margin: Duration = timedelta(minutes=30)
-    # paced: on the straight line from the job's start to `deadline - margin` in committed work,
-    # as uniform_progress, but behind it only the on-demand workers that catch up, and a safety
-    # net: on-demand up to the cap once the time left is below what the cap's workers need (at a
-    # lower bound of their speed) plus two changeovers; uniform_progress: Can't Be Late's rule
-    # (behind the line: fill to max with on-demand until ahead by two changeovers; the same
-    # net), the baseline
+    # both pace the job's committed progress on the straight line from its start to `deadline -
+    # margin`, with a safety net: every allowed worker once the time left is below what the
+    # on-demand cap needs (at a lower bound of its speed) plus two changeovers d̂.
+    # uniform_progress (Can't Be Late's rule, the baseline): behind the line, fill to max with
+    # on-demand; once ahead of the line 2 d̂ on, on-demand leaves only for spot. paced: behind
+    # the line, only the on-demand workers that catch up with it; let go once ahead
     rule: Literal["paced", "uniform_progress"] = "paced"
-    # the least a changeover is taken to cost (node provisioning, pod start-up, Horovod's reset,
-    # the training since the last commit): the job's own history raises it, never lowers it
-    changeover: Duration = timedelta(minutes=10)
+    # the least a changeover d̂ is taken to cost (node provisioning, pod start-up, Horovod's
+    # reset, the training since the last commit): the job's own history raises it
+    changeover: Duration = timedelta(minutes=5)
     # what a whole-job restart costs (back to the last checkpoint, and start again); the job's
-    # own restarts raise it. The anchor (`at_risk`) is held while the slack is below it
+    # own restarts raise it. The anchor (`at_risk`) is held while the deadline's slack is below
     restart: Duration = timedelta(minutes=30)
     # until a ring size has run, a ring of n is taken to do (n/m) ** scaling of what m measured
     # workers did (0.5: 41% more per doubling, below what data-parallel jobs reach)
