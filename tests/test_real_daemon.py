@@ -32,6 +32,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -457,7 +458,13 @@ class World:
 
     def __post_init__(self) -> None:
         self.api = Quiet(self.plane, self.namespace)
-        self.operator = EtOperator(self.api, namespace=self.namespace, pods_run=False)
+        # RealApi has what the stand-in uses of the emulator (api_client, now, wait_for_change,
+        # resource_version, get)
+        self.operator = EtOperator(
+            self.api,  # type: ignore[arg-type]
+            namespace=self.namespace,
+            pods_run=False,
+        )
 
     def start(self, workers: int, maximum: int) -> World:
         self.plane.add_gpu_nodes(self.nodes, gpus=1, labels={POOL: self.pool})
@@ -701,12 +708,18 @@ class TestTheShippedDaemon:
         assert "trainingjobs" in condition.message and "scale" in condition.message
         status = policy.read_namespaced_pod_disruption_budget(name, world.namespace).status
         assert status.disruptions_allowed == 0 and not status.observed_generation
-        warnings = [
-            e
-            for e in world.api.objects("Event", world.namespace)
-            if e["involvedObject"]["name"] == name
-        ]
-        assert "CalculateExpectedPodCountFailed" in {e["reason"] for e in warnings}
+        wait_for(  # the controller-manager's Events are sent by a broadcaster of its own
+            lambda: (
+                "CalculateExpectedPodCountFailed"
+                in {
+                    e["reason"]
+                    for e in world.api.objects("Event", world.namespace)
+                    if e["involvedObject"]["name"] == name
+                }
+            ),
+            10,
+            "the disruption controller's Warning on the budget",
+        )
 
         victim = sorted(world.running_workers())[0]
         eviction = client.V1Eviction(
@@ -842,7 +855,7 @@ class TestTheShippedDaemon:
         unused = allowed - used
         assert sorted(unused - NOT_EXERCISED_HERE) == [], "granted, and used nowhere in this run"
         answers = Counter(
-            (s.method, s.rights()[1] if s.rights() else s.path, s.status)
+            (s.method, rights[1] if (rights := s.rights()) else s.path, s.status)
             for s in sent
             if s.status not in (200, 201)
         )
@@ -982,8 +995,8 @@ class Pair:
         live = [r for r in self.replicas if r.alive()]
         while len(live) < 2:
             live.append(self.start(f"ha-{len(self.replicas)}"))
-        for r in live:
-            wait_for(lambda r=r: ready(r), 60, f"{r.identity} ready")
+        for replica in live:
+            wait_for(partial(ready, replica), 60, f"{replica.identity} ready")
         names = {r.identity: r for r in live}
         holder = wait_for(lambda: self.holder() if self.holder() in names else None, 30, "a leader")
         leader = names[holder]
@@ -1066,10 +1079,15 @@ class TestTwoReplicas:
 
         # the new leader answers the next notice, from its own warm caches
         answered(pair.world, *taint_worker_node(pair.world, "rh-gpu-0", "itn-ha-1"))
-        events = [
-            e for e in pair.world.events() if e["reason"] in ("HostsDrained", "ScaleInCreated")
-        ]
-        assert events and {e["reportingInstance"] for e in events} == {standby.identity}
+        reasons = {"HostsDrained", "ScaleInCreated"}
+
+        def new_leaders_events() -> list[dict[str, Any]] | None:
+            found = [e for e in pair.world.events() if e["reason"] in reasons]
+            return found if {e["reason"] for e in found} == reasons else None
+
+        # Events leave by the daemon's sender thread, after the action
+        events = wait_for(new_leaders_events, 10, "the new leader's Events")
+        assert {e["reportingInstance"] for e in events} == {standby.identity}
         print(f"takeover {took:.2f}s after SIGKILL (lease {LEASE_S}s, retry {RETRY_S}s)")
 
     def test_a_paused_leader_is_replaced_and_writes_nothing_when_resumed(self, pair: Pair) -> None:
