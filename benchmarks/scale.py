@@ -19,7 +19,12 @@ by 8: the tick drains, scales in and shares idle GPUs between all jobs (the expe
   `decide` reuses the last pass's plans where nothing changed (core/memo.py; `jobs_replanned` in
   the JSON); the `decide` row, without a memo, is what a pass pays when everything changed.
 - `--api`: the cache against the test API emulator (tests/support/kube_api.py): API requests per
-  minute once synced, with reconcile ticks running, for two cluster sizes.
+  minute once synced, with reconcile ticks running, for two cluster sizes. `--cluster real`:
+  against a real control plane instead (etcd, kube-apiserver, controller-manager, scheduler,
+  kwok; `make control-plane` builds them): the nodes are kwok nodes, the pods real ones made
+  Running by kwok, all created through the API in parallel (measure_api_real); requests are
+  then counted on the cache's client, and the report adds the setup times, CPU seconds and
+  peak RSS of this process and of each control-plane process, and the versions.
 
 Each size runs in its own process, so its peak RSS (ru_maxrss) is its own. Times are CPU time of
 the process (median of --repeat), robust to other load on a shared machine; wall time beside it.
@@ -35,8 +40,10 @@ import resource
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import tracemalloc
+import types
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -560,53 +567,227 @@ def churn(cache: Any, every: int = 100, restart: bool = False) -> Callable[[], N
 
 
 # --- API requests in steady state -----------------------------------------------------------
-def measure_api(nodes: int, jobs: int, window: float, watch_timeout: float) -> dict[str, Any]:
+def measure_api(
+    nodes: int, jobs: int, window: float, watch_timeout: float, cluster: str = "emulator"
+) -> dict[str, Any]:
+    from autoscaler.config import Config
+
+    config = Config.model_validate({"kubernetes": {"watch_timeout": watch_timeout}})
+    if cluster == "real":
+        return measure_api_real(nodes, jobs, window, config)
+    from tests.support.kube_api import KubeApiServer
+
+    with KubeApiServer(history_limit=100) as api:
+        api.seed(*raw_objects(nodes, jobs))
+        out = _steady_state(
+            api.api_client(), config, window, api.count, api.clear_requests, api.requests
+        )
+    return {"cluster": "emulator", "nodes": nodes, "pods": pods(nodes), **out}
+
+
+def _steady_state(
+    api_client: Any,
+    config: Any,
+    window: float,
+    count: Callable[[], int],
+    clear: Callable[[], None],
+    requests: Callable[[], list[Any]],
+    phase: Callable[[str], None] = lambda _: None,
+) -> dict[str, Any]:
+    """The cache synced from the API, then reconcile ticks once a second for `window` s: the
+    requests of each part (`count`/`requests`: records with `.watch`) and the ticks' CPU."""
     from autoscaler.adapters.kube import DryRunActuator, KubeCache, KubeObserver
     from autoscaler.adapters.kube.kinds import WATCHLIST
     from autoscaler.boards import NoticeBoard, PriceBook
-    from autoscaler.config import Config
     from autoscaler.reconcile import Reconciler
-    from tests.support.kube_api import KubeApiServer
 
-    config = Config.model_validate({"kubernetes": {"watch_timeout": watch_timeout}})
-    with KubeApiServer(history_limit=100) as api:
-        api.seed(*raw_objects(nodes, jobs))
-        cache = KubeCache(api.api_client(), config.kubernetes, WATCHLIST)
-        started = time.perf_counter()
-        cache.start()
-        try:
-            if not cache.wait_synced(600):
-                raise RuntimeError("cache did not sync")
-            synced = time.perf_counter() - started
-            initial = api.count()
-            api.clear_requests()
-            observer = KubeObserver(
-                cache, config.kubernetes, config.prices, NoticeBoard(), PriceBook()
-            )
-            reconciler = Reconciler(
-                observer, DryRunActuator(), config.policy_set, structlog.get_logger()
-            )
-            begin, ticks = time.perf_counter(), 0
-            while time.perf_counter() - begin < window:
-                reconciler.tick(datetime.now(UTC))
-                ticks += 1
-                time.sleep(max(0.0, 1.0 - (time.perf_counter() - begin) % 1.0))
-            elapsed = time.perf_counter() - begin
-            steady = api.requests()
-        finally:
-            cache.stop()
+    cache = KubeCache(api_client, config.kubernetes, WATCHLIST)
+    started = time.perf_counter()
+    cache.start()
+    try:
+        if not cache.wait_synced(600):
+            raise RuntimeError("cache did not sync")
+        synced = time.perf_counter() - started
+        phase("synced")
+        initial = count()
+        clear()
+        observer = KubeObserver(cache, config.kubernetes, config.prices, NoticeBoard(), PriceBook())
+        reconciler = Reconciler(
+            observer, DryRunActuator(), config.policy_set, structlog.get_logger()
+        )
+        begin, ticks, tick_cpu = time.perf_counter(), 0, []
+        while time.perf_counter() - begin < window:
+            c = time.process_time()
+            reconciler.tick(datetime.now(UTC))
+            tick_cpu.append(time.process_time() - c)
+            ticks += 1
+            time.sleep(max(0.0, 1.0 - (time.perf_counter() - begin) % 1.0))
+        elapsed = time.perf_counter() - begin
+        steady = requests()
+        phase("window")
+    finally:
+        cache.stop()
     return {
-        "nodes": nodes,
-        "pods": pods(nodes),
         "initial_sync_s": round(synced, 1),
         "initial_requests": initial,
         "window_s": round(elapsed, 1),
         "ticks": ticks,
-        "watch_timeout_s": watch_timeout,
+        # CPU of one tick (observer snapshot + decide + dry-run acting), median of the window's
+        "tick_cpu_ms": round(statistics.median(tick_cpu) * 1000, 1) if tick_cpu else None,
+        "watch_timeout_s": config.kubernetes.watch_timeout.total_seconds(),
         "requests": len(steady),
         "watch_requests": sum(1 for r in steady if r.watch),
         "requests_per_min": round(len(steady) * 60 / elapsed, 1),
     }
+
+
+class _Counted:
+    """Requests an ApiClient sends, counted on the client (the real server counts everyone's)."""
+
+    def __init__(self, api_client: Any) -> None:
+        self.log: list[Any] = []
+        self.lock = threading.Lock()
+        rest = api_client.rest_client
+        send = rest.request
+
+        def request(method: str, url: str, query_params: Any = None, **kw: Any) -> Any:
+            query = dict(query_params or ())
+            watching = str(query.get("watch", "")).lower() in ("true", "1")
+            with self.lock:
+                self.log.append(types.SimpleNamespace(method=method, url=url, watch=watching))
+            return send(method, url, query_params=query_params, **kw)
+
+        rest.request = request
+
+    def count(self) -> int:
+        with self.lock:
+            return len(self.log)
+
+    def clear(self) -> None:
+        with self.lock:
+            self.log.clear()
+
+    def requests(self) -> list[Any]:
+        with self.lock:
+            return list(self.log)
+
+
+def measure_api_real(nodes: int, jobs: int, window: float, config: Any) -> dict[str, Any]:
+    """The same against a real control plane (benchmarks/real_plane.py): the nodes are kwok
+    nodes, the pods real ones created with spec.nodeName (no scheduler: setup speed) and made
+    Running by kwok, the TrainingJobs created through the API with their status through
+    /status; the workers' owner references carry their job's uid, the system pods have none
+    (no DaemonSet). Requests are counted on the cache's client. Besides: setup times, CPU
+    seconds and peak RSS of this process (the cache, the observer and the ticks; in the setup
+    the bulk client) and of each control-plane process, and the versions."""
+    from benchmarks.real_plane import Meter, Rest, health, start_plane, versions
+
+    meter = Meter()
+    meter.mark("begin")
+    setup: dict[str, float] = {}
+    t0 = time.monotonic()
+    plane = start_plane()
+    setup["control_plane"] = round(time.monotonic() - t0, 1)
+    try:
+        meter.watch_plane(plane)
+        rest = Rest(plane)
+        try:
+            setup |= seed_real(rest, nodes, jobs)
+            setup["total"] = round(time.monotonic() - t0, 1)
+            meter.mark("setup")
+            api_client = plane.api_client()
+            counted = _Counted(api_client)
+            out = _steady_state(
+                api_client,
+                config,
+                window,
+                counted.count,
+                counted.clear,
+                counted.requests,
+                meter.mark,
+            )
+            meter.peaks()
+            ran = versions(plane, rest)
+            healthy = health(rest, "ml")
+        finally:
+            rest.close()
+    finally:
+        plane.stop()
+    return {
+        "cluster": "real",
+        "nodes": nodes,
+        "pods": pods(nodes),
+        **out,
+        "setup_s": setup,
+        # this process: in the setup the bulk client; then the cache, the observer, the ticks
+        "cpu_s": {
+            "setup": meter.cpu("begin", "setup"),
+            "sync": meter.cpu("setup", "synced"),
+            "window": meter.cpu("synced", "window"),
+        },
+        "peak_rss_mb": meter.rss,
+        "cluster_health": healthy,  # after the window
+        "versions": ran,
+    }
+
+
+def seed_real(rest: Any, nodes: int, jobs: int) -> dict[str, float]:
+    """The synthetic cluster of raw_objects through the API, in parallel; each step's seconds."""
+    from benchmarks.real_plane import KWOK_ANNOTATION, wait_cluster_ready
+
+    steps: dict[str, float] = {}
+    t = time.monotonic()
+    rest.apply_crds(
+        [f"kai.alibabacloud.com_{p}" for p in ("trainingjobs", "scaleins", "scaleouts")]
+    )
+    rest.namespace("ml")
+    rest.namespace("kube-system")
+    steps["crds_namespaces"] = round(time.monotonic() - t, 1)
+    uids: dict[str, str] = {}
+
+    def create_job(job: Obj) -> None:
+        status = job.pop("status")  # dropped by a create: through /status
+        status |= {"conditions": [], "replicaStatuses": {}, "restartCount": 0}  # the CRD's
+        base = f"/apis/{ET_API}/namespaces/ml/trainingjobs"
+        made = rest.call("POST", base, job)
+        uids[made["metadata"]["name"]] = made["metadata"]["uid"]
+        path = f"{base}/{made['metadata']['name']}/status"
+        rest.call("PATCH", path, {"status": status}, merge=True)
+
+    def create(obj: Obj) -> None:
+        meta = {
+            k: v
+            for k, v in obj["metadata"].items()
+            if k not in ("uid", "resourceVersion", "creationTimestamp", "managedFields")
+        }
+        obj = {**obj, "metadata": meta}
+        if obj["kind"] == "Node":  # kwok's: it fills conditions, addresses and nodeInfo
+            meta["annotations"] = {**meta.get("annotations", {}), KWOK_ANNOTATION: "fake"}
+            status = obj["status"]
+            obj["status"] = {k: status[k] for k in ("capacity", "allocatable")}
+            rest.call("POST", "/api/v1/nodes", obj)
+            return
+        del obj["status"]  # kwok makes it Running
+        refs = meta["ownerReferences"]
+        owners = [{**o, "uid": uids[o["name"]]} for o in refs if o["kind"] == "TrainingJob"]
+        if owners:
+            meta["ownerReferences"] = owners
+        else:
+            del meta["ownerReferences"]
+        rest.call("POST", f"/api/v1/namespaces/{meta['namespace']}/pods", obj)
+
+    _, placed = layout(nodes, jobs)
+    t = time.monotonic()
+    made = [raw_job(f"job-{j:04d}", len(ws), stored=False) for j, ws in enumerate(placed)]
+    rest.parallel(create_job, made)
+    steps["jobs"] = round(time.monotonic() - t, 1)
+    t = time.monotonic()
+    rest.parallel(create, (o for o in raw_objects(nodes, jobs) if o["kind"] != "TrainingJob"))
+    steps["nodes_pods"] = round(time.monotonic() - t, 1)
+    t = time.monotonic()
+    wait_cluster_ready(rest)
+    steps["nodes_ready_pods_running"] = round(time.monotonic() - t, 1)
+    return steps
 
 
 # --- driver ---------------------------------------------------------------------------------
@@ -665,6 +846,29 @@ def growth(results: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def api_report(a: dict[str, Any]) -> str:
+    text = (
+        f"\nAPI ({a['cluster']}), {a['nodes']:,} nodes / {a['pods']:,} pods: initial sync "
+        f"{a['initial_sync_s']} s in {a['initial_requests']} requests; steady state "
+        f"{a['requests_per_min']} requests/min over {a['window_s']} s with "
+        f"{a['ticks']} ticks of {a['tick_cpu_ms']} ms CPU (watch timeout "
+        f"{a['watch_timeout_s']} s: {a['watch_requests']} re-watches)"
+    )
+    if a["cluster"] == "real":
+        from benchmarks.real_plane import control_plane_total
+
+        setup = ", ".join(f"{k} {v}" for k, v in a["setup_s"].items())
+        text += f"\n  setup (s): {setup}"
+        for phase, cpu in a["cpu_s"].items():
+            each = ", ".join(f"{k} {v}" for k, v in cpu.items() if k != "harness")
+            text += (
+                f"\n  CPU s, {phase}: this process {cpu['harness']}; control plane "
+                f"{control_plane_total(cpu)} ({each})"
+            )
+        text += "\n  peak RSS MB: " + ", ".join(f"{k} {v}" for k, v in a["peak_rss_mb"].items())
+    return text
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -672,7 +876,13 @@ def main() -> int:
     )
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--no-kube", action="store_true", help="measure decide only")
-    parser.add_argument("--api", action="store_true", help="also count API requests (emulator)")
+    parser.add_argument("--api", action="store_true", help="also count API requests")
+    parser.add_argument(
+        "--cluster",
+        choices=["emulator", "real"],
+        default="emulator",
+        help="--api against the API emulator, or a real control plane with kwok nodes",
+    )
     parser.add_argument("--api-sizes", default="500:50,5000:500")
     parser.add_argument("--api-window", type=float, default=45.0, help="seconds per size")
     parser.add_argument("--json", type=Path, help="write all figures here")
@@ -689,7 +899,7 @@ def main() -> int:
         return 0
     if args.one_api:
         n, j = map(int, args.one_api.split(":"))
-        print(json.dumps(measure_api(n, j, args.api_window, watch_timeout=15.0)))
+        print(json.dumps(measure_api(n, j, args.api_window, 15.0, args.cluster)))
         return 0
     flags = ["--repeat", str(args.repeat), *(["--no-kube"] if args.no_kube else [])]
     results = []
@@ -701,18 +911,10 @@ def main() -> int:
     print()
     print(growth(results))
     if args.api:
-        report["api"] = [
-            run_child(["--one-api", s, "--api-window", str(args.api_window)])
-            for s in args.api_sizes.split(",")
-        ]
+        window = ["--api-window", str(args.api_window), "--cluster", args.cluster]
+        report["api"] = [run_child(["--one-api", s, *window]) for s in args.api_sizes.split(",")]
         for a in report["api"]:
-            print(
-                f"\nAPI, {a['nodes']:,} nodes / {a['pods']:,} pods: initial sync "
-                f"{a['initial_sync_s']} s in {a['initial_requests']} requests; steady state "
-                f"{a['requests_per_min']} requests/min over {a['window_s']} s with "
-                f"{a['ticks']} ticks (watch timeout {a['watch_timeout_s']} s: "
-                f"{a['watch_requests']} re-watches)"
-            )
+            print(api_report(a))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0
