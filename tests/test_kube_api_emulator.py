@@ -135,7 +135,7 @@ def test_errors_are_status_objects(v1: client.CoreV1Api, crd: client.CustomObjec
         "message": 'pods "nope" not found',
         "reason": "NotFound",
         "code": 404,
-        "details": {"name": "nope", "group": "", "kind": "pods"},
+        "details": {"name": "nope", "kind": "pods"},  # group is omitempty: none for core
     }
     crd.create_namespaced_custom_object(*KAI, NS, "scaleouts", scaleout("dup"))
     with pytest.raises(ApiException) as dup:
@@ -510,23 +510,37 @@ def test_bounded_history_expires_old_versions(
 
 
 def test_bookmarks_and_server_timeout(kube_api: KubeApiServer, v1: client.CoreV1Api) -> None:
+    """Bookmarks come every bookmark_interval until 2 s before timeoutSeconds, and only with a
+    resourceVersion past both the watch's start and what it replayed (the watch cache's rules:
+    a bookmark at the resourceVersion a watch already has is not sent)."""
     kube_api.bookmark_interval = 0.1
-    v1.create_namespaced_pod(NS, pod("a"))
     rv = str(kube_api.resource_version)
-    started = time.monotonic()
-    events = list(
-        watch.Watch().stream(
-            v1.list_namespaced_pod,
-            NS,
-            resource_version=rv,
-            timeout_seconds=1,
-            allow_watch_bookmarks=True,
-            _request_timeout=5,
+    v1.create_namespaced_pod(NS, pod("a"))
+
+    def stream(since: str) -> list[dict[str, Any]]:
+        return list(
+            watch.Watch().stream(
+                v1.list_namespaced_pod,
+                NS,
+                resource_version=since,
+                timeout_seconds=3,
+                allow_watch_bookmarks=True,
+                _request_timeout=8,
+            )
         )
-    )
-    assert 0.9 < time.monotonic() - started < 3  # the server ends the stream at timeoutSeconds
-    assert events and {e["type"] for e in events} == {"BOOKMARK"}
-    assert events[-1]["object"]["metadata"]["resourceVersion"] == rv
+
+    started = time.monotonic()
+    replayed = stream(rv)  # pod a, then nothing newer: no bookmark
+    assert 2.9 < time.monotonic() - started < 5  # the server ends the stream at timeoutSeconds
+    assert [e["type"] for e in replayed] == ["ADDED"]
+    later = threading.Timer(0.3, lambda: v1.create_namespaced_pod(NS, pod("b")))
+    later.start()
+    events = stream(str(kube_api.resource_version))
+    later.join()
+    assert events[0]["type"] == "ADDED" and events[0]["object"].metadata.name == "b"
+    assert events[1:] and {e["type"] for e in events[1:]} == {"BOOKMARK"}
+    b = events[0]["object"].metadata.resource_version
+    assert all(e["object"]["metadata"]["resourceVersion"] == b for e in events[1:])
 
 
 # ---------------------------------------------------------------- faults & controls

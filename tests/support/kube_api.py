@@ -66,8 +66,8 @@ from .kube_core import (
     parse_label_selector,
     truthy,
 )
-from .kube_pods import PodWorkloads, default_pod, validate_pdb
-from .kube_schema import load_crd
+from .kube_pods import PodWorkloads, default_pod, validate_pdb, validate_pod
+from .kube_schema import FieldError, load_crd
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient  # type: ignore[import-untyped]
@@ -127,12 +127,18 @@ def custom_resource(crd: str) -> Resource:
         status_subresource=v.status_subresource,
         initial_status={} if v.status_subresource else None,
         crd=crd,
+        generation=True,  # customresource strategy: spec changes move it (status, metadata not)
+        unconditional_update=False,
     )
 
 
 def _default_resources() -> list[Resource]:
     no_status: Obj = {"namespaced": True, "status_subresource": False}
-    workload: Obj = {"namespaced": True, "initial_status": {}, "scale": True}
+    workload: Obj = {"namespaced": True, "initial_status": {}, "scale": True, "generation": True}
+    # PodDisruptionBudgetStatus's counts are not omitempty: a new budget shows them as 0
+    # (pkg/registry/policy/poddisruptionbudget/strategy.go PrepareForCreate resets status)
+    unprocessed = {"disruptionsAllowed": 0, "currentHealthy": 0, "desiredHealthy": 0}
+    unprocessed["expectedPods"] = 0
     return [
         Resource("", "v1", "nodes", "Node", False, field_labels=("spec.unschedulable",)),
         Resource(
@@ -144,6 +150,7 @@ def _default_resources() -> list[Resource]:
             initial_status={"phase": "Pending"},
             returns_deleted_object=True,
             field_labels=POD_FIELDS,
+            generation=True,  # PodObservedGenerationTracking (pod/strategy.go PrepareForCreate)
         ),
         Resource(
             "",
@@ -160,11 +167,22 @@ def _default_resources() -> list[Resource]:
         Resource("apps", "v1", "deployments", "Deployment", **workload),
         Resource("apps", "v1", "replicasets", "ReplicaSet", **workload),
         Resource("apps", "v1", "statefulsets", "StatefulSet", **workload),
-        Resource("coordination.k8s.io", "v1", "leases", "Lease", **no_status),
         Resource(
-            "policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True, initial_status={}
+            "coordination.k8s.io", "v1", "leases", "Lease", unconditional_update=False, **no_status
+        ),
+        Resource(
+            "policy",
+            "v1",
+            "poddisruptionbudgets",
+            "PodDisruptionBudget",
+            True,
+            initial_status=unprocessed,
+            generation=True,
+            unconditional_update=False,
         ),
         Resource("events.k8s.io", "v1", "events", "Event", **no_status),
+        # pods name one for their overhead (the RuntimeClass admission plugin)
+        Resource("node.k8s.io", "v1", "runtimeclasses", "RuntimeClass", False, False),
         custom_resource("kai.alibabacloud.com_trainingjobs.yaml"),
         custom_resource("kai.alibabacloud.com_scaleins.yaml"),
         custom_resource("kai.alibabacloud.com_scaleouts.yaml"),
@@ -303,10 +321,14 @@ class KubeApiServer(PodWorkloads):
             self._lock.notify_all()
 
     def install_crd(self, path: str) -> Resource:
-        """Register and serve the kind a CRD file defines (a CRD applied later)."""
+        """Register and serve the kind a CRD file defines (a CRD applied later). The CRD is an
+        object too: writing it (and its Established status) moves the store's resourceVersion,
+        so the new kind's watch window starts after every version handed out before."""
         res = custom_resource(path)
-        self.register(res)
-        self.serve(res.key)
+        with self._lock:
+            self._rv += 1
+            self.register(res)
+            self.serve(res.key)
         return res
 
     def served(self, ref: str) -> bool:
@@ -487,7 +509,7 @@ class KubeApiServer(PodWorkloads):
                 "uid": str(uuid.uuid4()),
                 "creationTimestamp": self._timestamp(),
                 "resourceVersion": str(self._rv),
-                "generation": 1,
+                **({"generation": 1} if res.generation else {}),
                 **given,
             }
         )
@@ -523,7 +545,7 @@ class KubeApiServer(PodWorkloads):
         if new == old:
             return copy.deepcopy(old)
         spec_of = lambda o: {k: v for k, v in o.items() if k not in ("metadata", "status")}  # noqa: E731
-        if spec_of(new) != spec_of(old):
+        if res.generation and spec_of(new) != spec_of(old):
             meta["generation"] = old_meta.get("generation", 1) + 1
         self._rv += 1
         meta["resourceVersion"] = str(self._rv)
@@ -562,7 +584,8 @@ class KubeApiServer(PodWorkloads):
         headers: dict[str, str] = {}
         try:
             self._take_fault(h.command, h.path)
-            code, payload = self._route(h, url.path, query, json.loads(raw) if raw else None)
+            body = json.loads(raw, parse_float=_go_number) if raw else None
+            code, payload = self._route(h, url.path, query, body)
         except json.JSONDecodeError as e:
             code, payload = 400, ApiError(400, f"invalid JSON body: {e}").status()
         except PlainNotFound:
@@ -875,6 +898,14 @@ class KubeApiServer(PodWorkloads):
             problems = validate_pdb(obj)
             if problems:
                 raise invalid(res, name, problems)
+        elif res.key == "pods" and old is None:
+            problems = validate_pod(obj)
+            if problems:
+                raise invalid(res, name, problems)
+        elif res.key == "events":
+            problems = validate_event(obj)
+            if problems:
+                raise invalid(res, name, problems)
 
     def _get(self, res: Resource, namespace: str | None, name: str) -> Obj:
         with self._lock:
@@ -883,7 +914,8 @@ class KubeApiServer(PodWorkloads):
     def _list(self, res: Resource, namespace: str | None, query: dict[str, str]) -> Obj:
         match = self._matcher(res, namespace, query)
         token = query.get("continue")
-        start = json.loads(base64.b64decode(token))["start"] if token else None
+        cont = json.loads(base64.b64decode(token)) if token else {}
+        start = cont.get("start")
         limit = int(query.get("limit") or 0)
         with self._lock:
             items = [
@@ -891,11 +923,15 @@ class KubeApiServer(PodWorkloads):
                 for k in self._keys(res, namespace)
                 if match(self._objects[k]) and (not start or [k[1], k[2]] > start)
             ]
-            meta: Obj = {"resourceVersion": str(self._rv)}
+            # every page of a paged list is read at the first page's resourceVersion (its
+            # continue token carries it: k8s.io/apiserver pkg/storage/continue.go), so the list
+            # says that one, not a later (the items here are current: no snapshot is kept)
+            meta: Obj = {"resourceVersion": str(cont.get("rv") or self._rv)}
         if limit and len(items) > limit:
             items, last = items[:limit], items[limit - 1]["metadata"]
             start = [last.get("namespace", ""), last["name"]]
-            meta["continue"] = base64.b64encode(json.dumps({"start": start}).encode()).decode()
+            token = json.dumps({"rv": int(meta["resourceVersion"]), "start": start})
+            meta["continue"] = base64.b64encode(token.encode()).decode()
         # Built-in (typed) lists omit kind/apiVersion on items; custom-resource lists keep them.
         strip = ("kind", "apiVersion") if res.builtin else ()
         return {
@@ -931,6 +967,8 @@ class KubeApiServer(PodWorkloads):
                     f'{res.kind} "{name}" is invalid: metadata.name: Invalid '
                     "value: a lowercase RFC 1123 name is required",
                 )
+            if res.key == "pods":
+                self._admit_pod(obj)
             self._validate(res, obj, None)
             key = (res.key, namespace or "", name)
             if key in self._objects:
@@ -967,6 +1005,11 @@ class KubeApiServer(PodWorkloads):
             rv = body["metadata"].get("resourceVersion")
             if rv and rv != old["metadata"]["resourceVersion"]:
                 raise conflict(res, name)
+            if not rv and not res.unconditional_update:  # generic/registry/store.go Update
+                error = FieldError(
+                    "Invalid", "metadata.resourceVersion", 0, "must be specified for an update"
+                )
+                raise invalid(res, name, [error], by_resource=True)
             new = self._with_subresource(res, old, body, sub)
             self._validate(res, new, old)
             return self._commit(res, key, old, new)
@@ -1015,7 +1058,7 @@ class KubeApiServer(PodWorkloads):
     def _delete(self, res: Resource, namespace: str | None, name: str, options: Obj) -> Obj:
         with self._lock:
             key, old = self._existing(res, namespace, name)
-            self._check_preconditions(old, options)
+            self._check_preconditions(res, old, options)
             if res.key == "pods":  # graceful: Terminating until the kubelet is done
                 return self._delete_pod(res, key, options)
             if old["metadata"].get("finalizers"):  # deletion waits for them; returns the object
@@ -1035,13 +1078,24 @@ class KubeApiServer(PodWorkloads):
         }
 
     @staticmethod
-    def _check_preconditions(old: Obj, options: Obj) -> None:
-        for k, want in (options.get("preconditions") or {}).items():  # resourceVersion, uid
-            if want and want != old["metadata"].get(k):
+    def _check_preconditions(res: Resource, old: Obj, options: Obj) -> None:
+        """registry/rest/delete.go BeforeDelete: the uid, then the resourceVersion; a Conflict
+        on the object's Kind (``ScaleIn.kai.alibabacloud.com``, ``Pod``)."""
+        preconditions, meta = options.get("preconditions") or {}, old["metadata"]
+        for key, name, why in (
+            ("uid", "UID", "deleted and then recreated"),
+            ("resourceVersion", "ResourceVersion", "modified"),
+        ):
+            want = preconditions.get(key)
+            if want is not None and want != meta.get(key):
+                on = f"{res.kind}.{res.group}" if res.group else res.kind
                 raise ApiError(
                     409,
-                    f"Precondition failed: {k} in precondition: {want}, "
-                    f"{k} in object meta: {old['metadata'].get(k)}",
+                    f'Operation cannot be fulfilled on {on} "{meta["name"]}": the {name} in the '
+                    f"precondition ({want}) does not match the {name} in record "
+                    f"({meta.get(key)}). The object might have been {why}",
+                    "Conflict",
+                    details_of(res, meta["name"], res.kind),
                 )
 
     def _delete_collection(
@@ -1093,7 +1147,16 @@ class KubeApiServer(PodWorkloads):
         h.send_header("Transfer-Encoding", "chunked")
         h.end_headers()
         abrupt = finished = False
-        next_bookmark = time.monotonic() + self.bookmark_interval if bookmarks else float("inf")
+        start_rv = cursor
+
+        def bookmark_time(now: float) -> float:
+            """cacher/cache_watcher.go nextBookmarkTime: every bookmark_interval (a minute)
+            and 2 s before the watch's deadline, none after that."""
+            at = min(now + self.bookmark_interval, deadline - 2.0)
+            return at if bookmarks and at >= now else float("inf")
+
+        next_bookmark = bookmark_time(time.monotonic())
+        replaying = True  # the first read of the history: the events owed since `start_rv`
         try:
             while True:
                 for event in out:
@@ -1120,22 +1183,25 @@ class KubeApiServer(PodWorkloads):
                                 }
                             ]
                             break
-                        out = [
-                            e
-                            for ev in _newer(self._history_of.get(res.key, ()), cursor)
-                            for e in self._translate(ev, match)
-                        ]
+                        newer = _newer(self._history_of.get(res.key, ()), cursor)
+                        out = [e for ev in newer for e in self._translate(ev, match)]
+                        if replaying and newer:  # cache_watcher.go processInterval: bookmarks
+                            start_rv = newer[-1].rv  # must pass the last event replayed
+                        replaying = False
                         cursor = max(cursor, self._rv)
                         now = time.monotonic()
                         if out:
                             break
                         if now >= deadline or now >= next_bookmark:
-                            finished, bookmark_due = now >= deadline, bookmarks
+                            finished, bookmark_due = now >= deadline, now < deadline
                             break
                         if h.client_gone():  # notice hang-ups while idle: watch_count stays true
                             raise ConnectionResetError
                         self._lock.wait(min(deadline, next_bookmark, now + 0.2) - now)
-                if bookmark_due:  # lets the client resume from here (periodically, at timeout)
+                # lets the client resume from here; only past where the watch started or its
+                # replay ended (cache_watcher.go processInterval, process: nothing at or below
+                # that resourceVersion is sent), so a watch that saw nothing new gets none
+                if bookmark_due and cursor > start_rv:
                     h.write_chunk(
                         json.dumps(
                             {
@@ -1149,7 +1215,8 @@ class KubeApiServer(PodWorkloads):
                         ).encode()
                         + b"\n"
                     )
-                    next_bookmark = time.monotonic() + self.bookmark_interval
+                if bookmark_due:
+                    next_bookmark = bookmark_time(time.monotonic())
                 if finished:
                     break
             if abrupt:  # no terminating chunk: the client sees a broken stream
@@ -1179,6 +1246,30 @@ class KubeApiServer(PodWorkloads):
             gone["metadata"]["resourceVersion"] = str(ev.rv)
             return [{"type": "DELETED", "object": gone}]
         return []
+
+
+def _go_number(text: str) -> float | int:
+    """A JSON number with a fraction or exponent as the server holds it: Go decodes it to a
+    float64 and encodes an integral one back without them (2.0 is returned as 2)."""
+    value = float(text)
+    return int(value) if value.is_integer() and abs(value) < 1e21 else value
+
+
+def validate_event(event: Obj) -> list[FieldError]:
+    """What pkg/apis/core/validation/events.go legacyValidateEvent checks of a core/v1 Event
+    that matters here: its object's namespace agrees with its own (an object in no namespace,
+    e.g. a Node: the Event in "default"; with eventTime set also "kube-system")."""
+    namespace = (event.get("metadata") or {}).get("namespace") or ""
+    about = str((event.get("involvedObject") or {}).get("namespace") or "")
+    if about:
+        ok = namespace == about
+    else:
+        ok = namespace in ("", "default", *(("kube-system",) if event.get("eventTime") else ()))
+    if ok:
+        return []
+    return [
+        FieldError("Invalid", "involvedObject.namespace", about, "does not match event.namespace")
+    ]
 
 
 def _newer(events: Sequence[_Event] | deque[_Event], cursor: int) -> list[_Event]:

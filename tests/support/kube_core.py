@@ -28,7 +28,7 @@ _REASONS = {
     503: "ServiceUnavailable",
     504: "Timeout",
 }
-BUILTIN_GROUPS = {"", "apps", "coordination.k8s.io", "events.k8s.io", "policy"}
+BUILTIN_GROUPS = {"", "apps", "coordination.k8s.io", "events.k8s.io", "node.k8s.io", "policy"}
 # Strategic merge patch: these lists merge by key instead of being replaced.
 _SMP_MERGE_KEYS = {
     "conditions": "type",
@@ -83,6 +83,12 @@ class Resource:
     field_labels: tuple[str, ...] = ()  # beyond metadata.name / metadata.namespace
     crd: str | None = None  # tests/support/crds/<file>: the structural schema of a custom kind
     scale: bool = False  # has a scale subresource (spec.replicas), as the PDB controller needs
+    # metadata.generation: set to 1 on create and moved by spec changes only for kinds whose
+    # strategy does it (custom resources, pods, PDBs, workloads); others never have one
+    generation: bool = False
+    # rest.RESTUpdateStrategy AllowUnconditionalUpdate: a PUT without metadata.resourceVersion
+    # is applied as is; False (custom resources, Leases, PDBs): 422, it must be specified
+    unconditional_update: bool = True
 
     @property
     def api_version(self) -> str:
@@ -149,8 +155,14 @@ class PlainNotFound(ApiError):
         super().__init__(404, self.TEXT.strip())
 
 
-def details_of(res: Resource, name: str) -> Obj:
-    return {"name": name, "group": res.group, "kind": res.plural}
+def details_of(res: Resource, name: str, kind: str | None = None) -> Obj:
+    """metav1.StatusDetails: `group` is omitempty (none for the core group); `kind` is the
+    resource's plural unless the error was made from a GroupKind."""
+    details: Obj = {"name": name}
+    if res.group:
+        details["group"] = res.group
+    details["kind"] = kind or res.plural
+    return details
 
 
 def not_found(res: Resource, name: str) -> ApiError:
@@ -167,14 +179,18 @@ def conflict(res: Resource, name: str) -> ApiError:
     )
 
 
-def invalid(res: Resource, name: str, errors: list[Any]) -> ApiError:
-    """errors.NewInvalid: 422 with one cause per field.Error (see kube_schema.FieldError)."""
+def invalid(res: Resource, name: str, errors: list[Any], by_resource: bool = False) -> ApiError:
+    """errors.NewInvalid: 422 with one cause per field.Error (see kube_schema.FieldError).
+    ``by_resource``: made from the resource in the kind's place, as the generic registry store
+    does for its own checks (``leases.coordination.k8s.io "x" is invalid``, kind "leases")."""
     listed = str(errors[0]) if len(errors) == 1 else "[" + ", ".join(map(str, errors)) + "]"
+    kind = res.plural if by_resource else res.kind
+    qualified = res.key if by_resource else res.qualified_kind
     return ApiError(
         422,
-        f'{res.qualified_kind} "{name}" is invalid: {listed}',
+        f'{qualified} "{name}" is invalid: {listed}',
         "Invalid",
-        {"name": name, "group": res.group, "kind": res.kind, "causes": [e.cause() for e in errors]},
+        {**details_of(res, name, kind), "causes": [e.cause() for e in errors]},
     )
 
 

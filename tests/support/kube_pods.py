@@ -86,6 +86,21 @@ def default_pod(pod: Obj) -> None:
         c.setdefault("terminationMessagePolicy", "File")
 
 
+def validate_pod(pod: Obj) -> list[FieldError]:
+    """The part of pkg/apis/core/validation ValidatePodCreate the tests meet: every container
+    has a name and an image (a regular one; an init container's image too)."""
+    spec = pod.get("spec") or {}
+    problems = []
+    if not spec.get("containers"):
+        problems.append(FieldError("Required", "spec.containers"))
+    for field in ("initContainers", "containers"):
+        for i, c in enumerate(spec.get(field) or ()):
+            for key in ("name", "image"):
+                if not c.get(key):
+                    problems.append(FieldError("Required", f"spec.{field}[{i}].{key}"))
+    return problems
+
+
 # ---------------------------------------------------------------- graceful deletion
 def grace_period(pod: Obj, options: Obj) -> int:
     """strategy.go CheckGracefulDelete: the request's gracePeriodSeconds, else the pod's
@@ -496,13 +511,12 @@ def pdb_status(
             and parse_stamp(at) + DELETION_TIMEOUT >= now
         ):
             disrupted[pod["metadata"]["name"]] = at
-    healthy = sum(
+    healthy = sum(  # countHealthyPods: Ready is healthy, whatever the phase says
         1
         for p in pods
         if not p["metadata"].get("deletionTimestamp")
         and p["metadata"]["name"] not in disrupted
         and is_ready(p)
-        and (p.get("status") or {}).get("phase") == "Running"
     )
     allowed = healthy - desired if expected > 0 and healthy > desired else 0
     status = {
@@ -532,15 +546,21 @@ def _pdb_condition(status: Obj, allowed: bool, reason: str, message: str, now: d
         conditions.append(current)
     elif current.get("status") != text:
         current["lastTransitionTime"] = stamp(now)
-    current.update(
-        {
-            "status": text,
-            "reason": reason,
-            "message": message,
-            "observedGeneration": status.get("observedGeneration", 0),
-        }
-    )
+    current.update({"status": text, "reason": reason, "message": message})
+    current.pop("observedGeneration", None)
+    if status.get("observedGeneration"):  # metav1.Condition's is omitempty: never 0
+        current["observedGeneration"] = status["observedGeneration"]
     status["conditions"] = conditions
+
+
+def pod_rejected(name: str, why: str) -> ApiError:
+    """admission.NewForbidden on a pod."""
+    return ApiError(
+        403,
+        f'pods "{name}" is forbidden: pod rejected: {why}',
+        "Forbidden",
+        {"name": name, "kind": "pods"},
+    )
 
 
 def too_many_requests(message: str, retry_after: int = 0) -> ApiError:
@@ -567,7 +587,7 @@ class PodWorkloads:
     _remove: Callable[..., Obj]
     _keys: Callable[..., list[Key]]
     _timestamp: Callable[[], str]
-    _check_preconditions: Callable[[Obj, Obj], None]
+    _check_preconditions: Callable[[Resource, Obj, Obj], None]
 
     def _init_pods(self) -> None:
         # Seconds the simulated kubelet takes to stop a Terminating pod's containers (at most
@@ -604,6 +624,29 @@ class PodWorkloads:
                     self._kubelet_finish(res, key, exit_code)
                     done.append(meta["name"])
         return done
+
+    def _admit_pod(self, pod: Obj) -> None:
+        """The RuntimeClass admission plugin (plugin/pkg/admission/runtimeclass/admission.go):
+        a pod's overhead comes from its RuntimeClass; one set by the client must equal it, and
+        without a RuntimeClass that defines one the pod is refused (403)."""
+        spec, name = pod.setdefault("spec", {}), pod["metadata"].get("name", "")
+        runtime_class = spec.get("runtimeClassName")
+        fixed = None
+        if runtime_class:
+            found = self._objects.get(("runtimeclasses.node.k8s.io", "", runtime_class))
+            if found is None:
+                raise pod_rejected(name, f'RuntimeClass "{runtime_class}" not found')
+            fixed = (found.get("overhead") or {}).get("podFixed")
+        if fixed is not None:
+            if spec.get("overhead") and spec["overhead"] != fixed:
+                raise pod_rejected(
+                    name, "Pod's Overhead doesn't match RuntimeClass's defined Overhead"
+                )
+            spec["overhead"] = copy.deepcopy(fixed)
+        elif spec.get("overhead") is not None:
+            raise pod_rejected(
+                name, "Pod Overhead set without corresponding RuntimeClass defined Overhead"
+            )
 
     def set_container_states(self, name: str, namespace: str | None, states: dict[str, Any]) -> Obj:
         """Report container states as the kubelet would (see ``container_statuses``): values
@@ -718,7 +761,7 @@ class PodWorkloads:
         res = self.resource("pods")
         with self._lock:
             key, pod = self._existing(res, namespace, name)
-            self._check_preconditions(pod, options)
+            self._check_preconditions(res, pod, options)
             phase = (pod.get("status") or {}).get("phase")
             if phase not in (*TERMINAL, "Pending") and not pod["metadata"].get(
                 "deletionTimestamp"

@@ -132,14 +132,32 @@ def invalid_message(qualified_kind: str, name: str, errors: list[FieldError]) ->
     return f'{qualified_kind} "{name}" is invalid: {listed}'
 
 
-def _is_type(value: Any, schema: Obj) -> bool:
+# the format kube-openapi infers for a decoded JSON value (validate/type.go schemaInfoForType):
+# encoding/json gives int64 and float64; booleans, objects, arrays and strings have none
+_DATA_FORMATS = {"integer": "int64", "number": "float64"}
+
+
+def type_problem(value: Any, schema: Obj) -> tuple[str, str] | None:
+    """None if `value` has the schema's type, else (expected, found) as the 422 names them.
+
+    kube-openapi pkg/validation/validate/type.go typeValidator.Validate: an integral number is
+    an integer and an integer a number; and a value that is neither a string nor an array,
+    checked against a schema with a `format`, is named by formats: a boolean where an
+    `integer, format: int32` belongs is "must be of type int32" found "" (not "integer" and
+    "boolean")."""
     if schema.get("x-kubernetes-int-or-string"):
-        return isinstance(value, int | str) and not isinstance(value, bool)
-    kind = schema.get("type")
-    if not kind:
-        return True
+        ok = isinstance(value, int | str) and not isinstance(value, bool)
+        return None if ok else ("integer or string", json_type(value))
+    kind, fmt = schema.get("type"), schema.get("format")
     actual = json_type(value)
-    return actual == kind or (kind == "number" and actual == "integer")
+    found_format = _DATA_FORMATS.get(actual, "")
+    float_int = actual == "number" and float(value).is_integer() and kind == "integer"
+    int_float = actual == "integer" and kind == "number"
+    matches = not kind or actual == kind or float_int or int_float
+    lower = (fmt, found_format) in (("int64", "int32"), ("float64", "float32"))
+    if actual not in ("string", "array") and fmt and not (matches or found_format == fmt or lower):
+        return str(fmt), found_format
+    return None if matches else (str(kind), actual)
 
 
 def _join(path: str, key: str) -> str:
@@ -244,14 +262,12 @@ class StructuralSchema:
                     )
                 )
             return
-        if not _is_type(x, s):
-            want = "integer or string" if s.get("x-kubernetes-int-or-string") else s["type"]
+        problem = type_problem(x, s)
+        if problem is not None:
+            want, found = problem
             errors.append(
                 FieldError(
-                    "TypeInvalid",
-                    path,
-                    json_type(x),
-                    f'{path} in body must be of type {want}: "{json_type(x)}"',
+                    "TypeInvalid", path, found, f'{path} in body must be of type {want}: "{found}"'
                 )
             )
             return
