@@ -1,8 +1,10 @@
 """The watch cache survives what API servers do: dropped watches, 410 Gone, 5xx, restarts; and it
-wakes the daemon for changes that matter, not for heartbeats."""
+wakes the daemon for changes that matter, not for heartbeats. The tests marked BOTH run on the
+real kube-apiserver too; the rest inject faults only the emulator can."""
 
 from __future__ import annotations
 
+import pytest
 from kube_fixtures import (
     NS,
     Kube,
@@ -18,11 +20,14 @@ from autoscaler.adapters.kube.guard import desired_guard
 from autoscaler.adapters.kube.kinds.et_operator import SCALE_OUTS, TRAINING_JOBS
 from autoscaler.adapters.kube.resources import NODES, PDBS, PODS
 
+BOTH = pytest.mark.servers("emulator", "real")  # Kubernetes-facing: pinned on both
+
 
 def names(k: Kube, cache, resource) -> set[str]:  # noqa: ANN001
     return {o["metadata"]["name"] for o in cache.items(resource)}
 
 
+@BOTH
 def test_lists_then_follows_changes(kube: Kube) -> None:
     kube.server.seed(node("a"), training_job("bert"))
     cache = kube.cache()
@@ -31,9 +36,9 @@ def test_lists_then_follows_changes(kube: Kube) -> None:
     kube.server.delete("Node", "a")
     wait_for(lambda: names(kube, cache, NODES) == {"b"}, what="node changes")
     wait_for(lambda: cache.get(SCALE_OUTS, f"{NS}/bert-out-1"), what="the scaler")
-    assert kube.server.count("GET", "nodes", watch=False) == 1  # one list, then watch only
 
 
+@BOTH
 def test_terminated_pods_leave_the_cache(kube: Kube) -> None:
     kube.server.seed(node("a"), pod("p", "a"))
     cache = kube.cache()
@@ -47,7 +52,7 @@ def test_dropped_watches_resume_where_they_stopped(kube: Kube) -> None:
         kube.server.drop_watches(abrupt=abrupt)
         kube.server.seed(node(f"after-{abrupt}"))
         wait_for(lambda a=abrupt: f"after-{a}" in names(kube, cache, NODES), what="the later node")
-    assert kube.server.count("GET", "nodes", watch=False) == 1  # resumed, never re-listed
+    assert kube.server.count("GET", "nodes", watch=False) == 1  # one list, resumed, no re-list
 
 
 def test_410_gone_relists_and_reports_what_changed_meanwhile(kube: Kube) -> None:
@@ -80,6 +85,7 @@ def test_a_failing_initial_list_is_retried(kube: Kube) -> None:
     assert names(kube, cache, NODES) == {"a"} and cache.errors() == 2
 
 
+@BOTH
 def test_wakes_for_notices_and_capacity_but_not_heartbeats(kube: Kube) -> None:
     kube.server.seed(node("a"), pod("p", "a", 2), pod("cpu", "a", 0))
     cache = kube.cache()
@@ -91,8 +97,10 @@ def test_wakes_for_notices_and_capacity_but_not_heartbeats(kube: Kube) -> None:
     taint = {"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}
     kube.server.patch("Node", "a", {"spec": {"taints": [taint]}})
     kube.server.delete("Pod", "p", NS)
-    kube.server.seed(training_job("bert"))
-    kube.server.patch("TrainingJob", "bert", {"status": {"phase": "Scaling"}}, NS)
+    job = training_job("bert")
+    status = job.pop("status")  # created as a client does it: the operator writes status after
+    kube.server.seed(job)
+    kube.server.patch("TrainingJob", "bert", {"status": {**status, "phase": "Scaling"}}, NS)
     # our budgets are standing objects no decision reads: thousands are written at start-up
     kube.server.seed(desired_guard(kube.server.objects("TrainingJob", NS)[0], {"x": "y"}))
     wait_for(lambda: cache.get(PDBS, f"{NS}/bert-spot-guard"), what="the budget in the cache")

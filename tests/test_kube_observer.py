@@ -1,7 +1,10 @@
-"""KubeObserver over the API emulator: nodes, idle GPUs, notices, capacity types, jobs, scalers."""
+"""KubeObserver over the API emulator: nodes, idle GPUs, notices, capacity types, jobs, scalers.
+The tests marked BOTH run on the real kube-apiserver too; the rest need the emulator's controls
+(dropped watches, compaction, request counts)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
 
@@ -22,6 +25,7 @@ from kube_fixtures import (
     training_job,
     worker,
 )
+from kubernetes import client
 from structlog.testing import capture_logs
 from support.waiting import wait_for
 from test_deploy_manifests import embedded_config_text
@@ -47,6 +51,8 @@ from autoscaler.core import (
 )
 from autoscaler.core import Job as CoreJob
 
+BOTH = pytest.mark.servers("emulator", "real")  # Kubernetes-facing: pinned on both
+
 
 def snap(k: Kube) -> Snapshot:
     return k.observer(k.cache()).snapshot(now())
@@ -56,7 +62,35 @@ def by_name(items, attr: str = "name") -> dict:  # noqa: ANN001
     return {getattr(i, attr): i for i in items}
 
 
-def test_idle_gpus_follow_the_scheduler_rules(kube: Kube) -> None:
+def unschedulable(made: dict) -> dict:
+    """A pod no node will take: it stays unbound on a real cluster's scheduler too."""
+    made["spec"]["nodeSelector"] = {"spot-autoscaler.test/no-such-node": "true"}
+    return made
+
+
+@pytest.fixture
+def gpu_overhead(kube: Kube) -> Iterator[str]:
+    """A RuntimeClass whose pods carry one GPU of overhead: a real server sets a pod's overhead
+    from its RuntimeClass (and refuses one set without it). Cluster-wide: removed after."""
+    api = kube.server.api_client()
+    kube.clients.append(api)
+    node_api = client.NodeV1Api(api)
+    body = {
+        "apiVersion": "node.k8s.io/v1",
+        "kind": "RuntimeClass",
+        "metadata": {"name": "gpu-overhead"},
+        "handler": "runc",
+        "overhead": {"podFixed": {GPU: "1"}},
+    }
+    node_api.create_runtime_class(body)
+    yield "gpu-overhead"
+    node_api.delete_runtime_class("gpu-overhead")
+
+
+@BOTH
+def test_idle_gpus_follow_the_scheduler_rules(kube: Kube, gpu_overhead: str) -> None:
+    with_overhead = pod("h", "overhead", 1, overhead={GPU: "1"})
+    with_overhead["spec"]["runtimeClassName"] = gpu_overhead
     kube.server.seed(
         node("limits"),
         node("init"),
@@ -69,10 +103,10 @@ def test_idle_gpus_follow_the_scheduler_rules(kube: Kube) -> None:
         # init containers: max(init) vs sum(app)
         pod("c", "init", containers=[container(1)], init_containers=[container(3, name="i")]),
         pod("d", "pending", 4, phase="Pending"),  # bound but not running: holds its GPUs
-        pod("e", None, 4, phase="Pending"),  # unbound: holds nothing
+        unschedulable(pod("e", None, 4, phase="Pending")),  # unbound: holds nothing
         pod("f", "done", 4, phase="Succeeded"),
         pod("g", "done", 2, phase="Failed"),
-        pod("h", "overhead", 1, overhead={GPU: "1"}),
+        with_overhead,
         # a sidecar (restartable init container) runs next to the app: it adds up
         pod(
             "i",
@@ -87,7 +121,7 @@ def test_idle_gpus_follow_the_scheduler_rules(kube: Kube) -> None:
             "cpu-only",
             "limits",
             0,
-            containers=[{"name": "c", "resources": {"requests": {"cpu": "2"}}}],
+            containers=[container(name="c", resources={"requests": {"cpu": "2"}})],
         ),
     )
     nodes = by_name(snap(kube).nodes)
@@ -102,6 +136,7 @@ def test_idle_gpus_follow_the_scheduler_rules(kube: Kube) -> None:
     assert nodes["limits"].idle_gpus == 4 and nodes["limits"].gpus_allocatable == 8
 
 
+@BOTH
 def test_node_schedulability_and_kubernetes_side_notices(kube: Kube) -> None:
     nth = {
         "key": "aws-node-termination-handler/spot-itn",
@@ -152,6 +187,7 @@ def test_node_schedulability_and_kubernetes_side_notices(kube: Kube) -> None:
     assert taint_notice.id.endswith("evt-1") and taint_notice.received_at is not None
 
 
+@BOTH
 @pytest.mark.parametrize(
     "kube", [{"cordon_is_notice": True, "guard_evictions": False}], indirect=True
 )
@@ -160,12 +196,14 @@ def test_cordon_counts_as_a_notice_when_configured(kube: Kube) -> None:
     assert [(n.node, n.kind) for n in snap(kube).notices] == [("cordoned", NoticeKind.MAINTENANCE)]
 
 
+@BOTH
 @pytest.mark.parametrize("kube", [{"guard_evictions": False}], indirect=True)
 def test_without_eviction_guards_a_cordon_alone_is_no_notice(kube: Kube) -> None:
     kube.server.seed(node("cordoned", unschedulable=True))
     assert snap(kube).notices == ()
 
 
+@BOTH
 @pytest.mark.parametrize(
     "kube", [{"capacity_type_override": {"reserved-*": "on-demand"}}], indirect=True
 )
@@ -196,6 +234,7 @@ def test_capacity_types_and_prices_from_labels(kube: Kube) -> None:
     assert nodes["karpenter-spot"].instance_type == "p3.16xlarge"
 
 
+@BOTH
 def test_shared_gpu_nodes_count_memory_as_gpu_equivalents(kube: Kube) -> None:
     shared = node(
         "share",
@@ -204,7 +243,7 @@ def test_shared_gpu_nodes_count_memory_as_gpu_equivalents(kube: Kube) -> None:
         allocatable={"aliyun.com/gpu-mem": "64", "aliyun.com/gpu-count": "4"},
     )
     limits = {"limits": {"aliyun.com/gpu-mem": "24"}}
-    mem_pod = pod("p", "share", 0, containers=[{"name": "m", "resources": limits}])
+    mem_pod = pod("p", "share", 0, containers=[container(name="m", resources=limits)])
     job = training_job("small", gpus=0)
     template = job["spec"]["etReplicaSpecs"]["worker"]["template"]
     template["spec"]["containers"][0]["resources"] = limits
@@ -227,6 +266,7 @@ def test_only_shared_gpu_nodes_are_marked_shared(kube: Kube) -> None:
     assert not node_facts(node("whole"), kube.settings).shared_gpu
 
 
+@BOTH
 def test_shared_gpu_nodes_reach_the_core_marked(kube: Kube) -> None:
     # every ACK sharing mode of ack.node.gpu.schedule (cgpu, core_mem, share, mps) is shared
     modes = ("cgpu", "core_mem", "share", "mps")
@@ -263,6 +303,7 @@ def unknown_type_nodes(tag: str) -> list[dict]:
     ]
 
 
+@BOTH
 def test_unknown_types_with_the_shipped_prices_the_spot_node_gets_the_worker_first(
     kube: Kube,
 ) -> None:
@@ -280,16 +321,19 @@ def test_unknown_types_with_the_shipped_prices_the_spot_node_gets_the_worker_fir
     assert out.nodes == ("spot-1",)
 
 
+@BOTH
 def test_an_unknown_type_is_logged_once_not_every_snapshot(kube: Kube) -> None:
-    kube.server.seed(*unknown_type_nodes("once"))
+    tag = f"once-{type(kube.server).__name__.lower()}"  # a type each server run logs anew
+    kube.server.seed(*unknown_type_nodes(tag))
     observer = kube.observer(kube.cache())
     with capture_logs() as logs:
         for _ in range(3):
             observer.snapshot(now())
     warned = sorted(e["instance_type"] for e in logs if e["event"] == "instance_type_unpriced")
-    assert warned == ["x-od-once.8gpu", "x-spot-once.1gpu"]
+    assert warned == [f"x-od-{tag}.8gpu", f"x-spot-{tag}.1gpu"]
 
 
+@BOTH
 def test_unknown_types_are_priced_per_gpu_hour_times_their_gpus(kube: Kube) -> None:
     kube.config = kube.config.model_copy(
         update={
@@ -302,6 +346,7 @@ def test_unknown_types_are_priced_per_gpu_hour_times_their_gpus(kube: Kube) -> N
     assert nodes["spot-1"].price_per_gpu_hour == pytest.approx(0.91)
 
 
+@BOTH
 def test_training_jobs_become_core_jobs(kube: Kube) -> None:
     kube.server.seed(
         node("a"),
@@ -319,7 +364,7 @@ def test_training_jobs_become_core_jobs(kube: Kube) -> None:
         worker("bert", 0, "a", gpus=2),
         worker("bert", 10, "b", gpus=2),
         worker("bert", 1, "b", phase="Pending", gpus=2),  # bound, still starting
-        worker("bert", 2, None, phase="Pending", gpus=2),  # not scheduled yet
+        unschedulable(worker("bert", 2, None, phase="Pending", gpus=2)),  # not scheduled yet
         worker("bert", 3, "a", phase="Failed", gpus=2),  # gone from the job
         pod(
             "bert-launcher",
@@ -360,6 +405,7 @@ def test_training_jobs_become_core_jobs(kube: Kube) -> None:
     assert (gpt.min_workers, gpt.max_workers, gpt.gpus_per_worker) == (3, 3, 4)  # replicas, slots
 
 
+@BOTH
 def test_scalers_in_flight_finished_and_failed(kube: Kube) -> None:
     t0 = now() - timedelta(minutes=30)
     kube.server.seed(
@@ -391,6 +437,7 @@ def test_scalers_in_flight_finished_and_failed(kube: Kube) -> None:
     assert jobs["d"].scaler is None and not jobs["d"].running
 
 
+@BOTH
 def test_cce_jobs_only_when_fault_tolerant(kube: Kube) -> None:
     kube.server.seed(
         node("a"),
@@ -423,6 +470,7 @@ def test_namespaces_and_label_selector_scope_jobs_but_not_pods(kube: Kube) -> No
     assert s.nodes[0].gpus_requested == 3
 
 
+@BOTH
 def test_node_for_instance_reads_provider_ids(kube: Kube) -> None:
     kube.server.seed(
         node("ip-10-0-0-1.ec2.internal", provider_id="aws:///us-east-1a/i-0abc"),
@@ -434,6 +482,7 @@ def test_node_for_instance_reads_provider_ids(kube: Kube) -> None:
     assert cache.node_for_instance("i-missing") is None
 
 
+@BOTH
 def test_workers_lost_with_their_node_while_in_discovery_are_remembered(kube: Kube) -> None:
     kube.server.seed(
         node("a"),
@@ -463,6 +512,7 @@ def test_workers_lost_with_their_node_while_in_discovery_are_remembered(kube: Ku
     assert job.failed_hosts == {"bert-worker-1"}
 
 
+@BOTH
 # --- one observer over many snapshots: what it memoises follows every change -------------------
 def test_pod_node_and_job_changes_reach_the_next_snapshot(kube: Kube) -> None:
     kube.server.seed(
@@ -500,6 +550,7 @@ def test_pod_node_and_job_changes_reach_the_next_snapshot(kube: Kube) -> None:
     assert [(n.node, n.source) for n in after.notices] == [("a", "k8s-taint")]
 
 
+@BOTH
 def test_prices_and_board_notices_are_read_afresh_and_unchanged_jobs_reused(kube: Kube) -> None:
     kube.server.seed(node("a"), training_job("bert"), worker("bert", 0, "a"))
     observer = kube.observer(kube.cache())
@@ -513,6 +564,7 @@ def test_prices_and_board_notices_are_read_afresh_and_unchanged_jobs_reused(kube
     assert second.jobs[0] is first.jobs[0]  # nothing of the job changed: built once
 
 
+@BOTH
 def test_workers_on_a_deleted_node_while_in_discovery_are_remembered(kube: Kube) -> None:
     kube.server.seed(
         node("a"), node("b"), training_job("bert"), worker("bert", 0, "a"), worker("bert", 1, "b")
@@ -546,6 +598,7 @@ def test_a_relist_reaches_the_next_snapshot(kube: Kube) -> None:
     assert kube.server.count("GET", "pods", watch=False) >= 2
 
 
+@BOTH
 def test_a_refill_to_min_does_not_start_the_cooldown(kube: Kube) -> None:
     t0 = now() - timedelta(minutes=1)
     refill = scaler("ScaleOut", "a-out-1", "a", outcome="ScaleSucceeded", at=t0)
@@ -558,6 +611,7 @@ def test_a_refill_to_min_does_not_start_the_cooldown(kube: Kube) -> None:
     assert jobs["b"].last_scale_out_at is not None
 
 
+@BOTH
 def test_karpenter_v1_and_pre_v1_disruption_taints_are_notices(kube: Kube) -> None:
     v1 = {"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}
     pre_v1 = {"key": "karpenter.sh/disruption", "value": "disrupting", "effect": "NoSchedule"}
@@ -566,6 +620,7 @@ def test_karpenter_v1_and_pre_v1_disruption_taints_are_notices(kube: Kube) -> No
     assert notices == {("v1", NoticeKind.INTERRUPTION), ("v1beta1", NoticeKind.INTERRUPTION)}
 
 
+@BOTH
 def test_a_jobs_progress_annotation_and_start_reach_the_core_with_a_measured_pace(
     kube: Kube,
 ) -> None:
@@ -579,14 +634,17 @@ def test_a_jobs_progress_annotation_and_start_reach_the_core_with_a_measured_pac
     first = observer.snapshot(now()).jobs[0]
     assert first.progress == pytest.approx(0.10) and first.progress_rate is None
     assert first.started_at is not None and first.started_at <= now()
-    kube.server.seed(bert("1200/10000"))  # 2% more by two workers in 10 minutes
+    progress = {"metadata": {"annotations": {PROGRESS_ANNOTATION: "1200/10000"}}}
+    kube.server.patch("TrainingJob", "bert", progress, NS)  # 2% more by two workers in 10 min
     later = now() + timedelta(minutes=10)
     wait_for(lambda: observer.snapshot(later).jobs[0].progress == pytest.approx(0.12))
     assert observer.snapshot(later).jobs[0].progress_rate == pytest.approx(0.06, rel=1e-3)
-    kube.server.seed(bert("garbage"))
+    garbage = {"metadata": {"annotations": {PROGRESS_ANNOTATION: "garbage"}}}
+    kube.server.patch("TrainingJob", "bert", garbage, NS)
     wait_for(lambda: observer.snapshot(later).jobs[0].progress is None)
 
 
+@BOTH
 def test_unchanged_nodes_keep_their_objects_and_a_change_replaces_only_its_node(
     kube: Kube,
 ) -> None:
