@@ -132,16 +132,16 @@ class _Pacing:
         """d̂, hours."""
         return self.pace.changeover_hours(self.deadline.changeover.total_seconds() / 3600)
 
-    def line(self, later: float = 0.0, early: float = 0.0) -> float:
-        """Uniform Progress's expected progress `later` hours from now, ep(t + later), on the
-        line that reaches 1 `early` hours before the end."""
-        span = (self.end - self.start).total_seconds() - early * 3600
+    def line(self, later: float = 0.0) -> float:
+        """Uniform Progress's expected progress `later` hours from now, ep(t + later)."""
+        span = (self.end - self.start).total_seconds()
         at = (self.now + timedelta(hours=later) - self.start).total_seconds()
         return min(1.0, at / span) if span > 0 else 1.0
 
-    def slope(self, early: float = 0.0) -> float:
+    @property
+    def slope(self) -> float:
         """The line's slope: fraction of the job per hour."""
-        return 1.0 / max(1e-9, (self.end - self.start).total_seconds() / 3600 - early)
+        return 1.0 / max(1e-9, (self.end - self.start).total_seconds() / 3600)
 
     @property
     def size(self) -> int:
@@ -277,8 +277,7 @@ def _fewer(p: _Pacing, anchor: OnDemandNeed) -> tuple[int, int]:
     up to ep(t + 2 d̂), what holds the line with a changeover's catch-up to spare (a worker just
     bought is not let go at once); above it, what paces a little below the line."""
     d = p.changeover
-    early = 0.0 * d  # done before the Safety Net's last two changeovers: it need not fire
-    line, top, slope = p.line(0, early), p.line(2 * d, early), p.slope(early)
+    line, top, slope = p.line(), p.line(2 * d), p.slope
     catch_up = max(0.0, line - p.progress) / (_CATCH_UP * d)
     on_line = p.workers_for(slope + catch_up, anchor.want)
     want = on_line if p.progress < line else anchor.want
