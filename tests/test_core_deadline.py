@@ -296,6 +296,15 @@ def test_on_demand_spend_stays_within_the_policys_budget(
         assert out.reason is Reason.BUDGET and "on-demand price unknown" in out.message
 
 
+def test_once_the_cap_is_reached_the_shortfall_is_a_noop_alert_a_warning_event_tells() -> None:
+    two = Pace(rates=((2, 0.05),))
+    nodes = [node("od", gpus=2, used=2, capacity=OD)]
+    snap = snapshot(nodes, [_job(["od", "od"], progress=0.4, pace=two)])
+    (out,) = run(snap, policies(**_deadline(max_on_demand=2)))
+    assert out.action is Action.NOOP and out.reason is Reason.DEADLINE_INFEASIBLE
+    assert out.reason.info.alert and "short by 6.0 h" in out.message
+
+
 def test_the_deadline_keys_are_validated() -> None:
     from pydantic import ValidationError
 
