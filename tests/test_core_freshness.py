@@ -86,11 +86,26 @@ def test_an_undrain_waits_for_the_view() -> None:
     assert d.reason is Reason.STALE_VIEW
 
 
-@pytest.mark.parametrize("kinds", [{"Node"}, {"TrainingJob"}, {"ScaleIn", "Pod"}])
-def test_any_kind_behind_holds_growth(kinds: set[str]) -> None:
+@pytest.mark.parametrize("views", [{"Node"}, {"et-operator"}, {"cce", "Pod"}])
+def test_a_view_the_job_reads_behind_holds_its_growth(views: set[str]) -> None:
     snap = snapshot([node("a"), node("b")], [job(hi=8, placement=["a"])])
-    [d] = run(replace(snap, stale=frozenset(kinds)))
+    [d] = run(replace(snap, stale=frozenset(views)))
     assert d.reason is Reason.STALE_VIEW
+
+
+def test_another_backends_view_behind_holds_nothing_of_this_job() -> None:
+    snap = snapshot([node("a"), node("b")], [job(hi=8, placement=["a"])])  # an et-operator job
+    assert run(replace(snap, stale=frozenset({"cce", "mpi-operator"}))) == run(snap)
+
+
+def test_a_replacement_for_noticed_workers_still_goes_out() -> None:
+    """The last settled host waits in discovery for its replacement: that ScaleOut answers the
+    notice (a stale view holds ghosts, so it can only add fewer than needed)."""
+    j = job(hi=4, placement=["a"])
+    snap = snapshot([node("a"), node("b")], [j], [notice("a")])
+    fresh = run(snap)
+    assert only(fresh, Action.SCALE_OUT)
+    assert only(run(stale(snap)), Action.SCALE_OUT) == only(fresh, Action.SCALE_OUT)
 
 
 def test_cancelling_our_scaler_still_goes_out() -> None:

@@ -22,23 +22,33 @@ _PASS = frozenset({Action.NOOP, Action.CANCEL})
 _NOTICE_DEPARTURES = frozenset({Action.DRAIN, Action.SCALE_IN})
 
 
+# what every job's decisions read; besides them, its own backend's kinds (Snapshot.stale)
+_EVERY_JOB = frozenset({"Node", "Pod"})
+
+
 def hold_for_view(decisions: Iterable[Decision], snapshot: Snapshot) -> list[Decision]:
     """`decisions` as the view supports them (all of them while nothing is stale)."""
     if not snapshot.stale:
         return list(decisions)
     jobs = {j.key: j for j in snapshot.jobs}
     noticed = frozenset(n.node for n in snapshot.notices)
-    behind = ", ".join(sorted(snapshot.stale))
-    return [_supported(d, jobs.get(d.job), noticed, behind) for d in decisions]
+    return [_supported(d, jobs.get(d.job), noticed, snapshot.stale) for d in decisions]
 
 
 def _supported(
-    decision: Decision, job: Job | None, noticed: frozenset[str], behind: str
+    decision: Decision, job: Job | None, noticed: frozenset[str], stale: frozenset[str]
 ) -> Decision:
     if decision.action in _PASS or job is None:
         return decision
+    behind = stale & (_EVERY_JOB | {job.backend})
+    if not behind:
+        return decision
+    on_noticed = {w.pod for w in job.workers if w.node in noticed}
+    if decision.action is Action.SCALE_OUT and on_noticed:
+        # a replacement for workers a notice dooms (the last settled host waits for it): part
+        # of answering the notice; a view behind the server holds ghosts, so it adds fewer
+        return decision
     if decision.action in _NOTICE_DEPARTURES:
-        on_noticed = {w.pod for w in job.workers if w.node in noticed}
         pods = tuple(p for p in decision.pods if p in on_noticed)
         if pods == decision.pods:
             return decision
@@ -49,7 +59,8 @@ def _supported(
         Reason.STALE_VIEW,
         decision.policy,
         tags=(decision.reason, *decision.tags),
-        message=f"{decision.action.value} held: the view of {behind} is behind the server",
+        message=f"{decision.action.value} held: the view of {', '.join(sorted(behind))} is "
+        "behind the server",
     )
 
 

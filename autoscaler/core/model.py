@@ -269,8 +269,9 @@ class Snapshot:
     jobs: tuple[Job, ...] = ()
     # When each node's current idle GPUs were first seen idle (see core.idle.track_idle).
     idle_since: Mapping[str, datetime] = field(default_factory=dict)
-    # the kinds whose view is behind the server (a watch broke, a re-list is under way): what
-    # was deleted meanwhile may still be here, so only notice departures go out (core.freshness)
+    # the views behind the server (a watch broke, a re-list is under way): "Node", "Pod" (read by
+    # every job) or a backend (its kinds); what was deleted meanwhile may still be here, so only
+    # what answers notices goes out for the jobs that read them (core.freshness)
     stale: frozenset[str] = frozenset()
 
 

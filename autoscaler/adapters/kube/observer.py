@@ -91,8 +91,11 @@ class KubeObserver:
             for r in kind.helpers
         }
         self._built: _Built = {}  # the last snapshot's jobs
-        # the kinds a snapshot is made of: one of them behind the server makes the snapshot stale
-        self._read = frozenset({NODES, PODS, *(r for kind in KINDS for r in kind.resources)})
+        # the kinds a snapshot is made of, and whose decisions one behind the server holds: every
+        # job's (nodes, pods), or its backend's jobs' (Snapshot.stale)
+        self._read = {NODES: "Node", PODS: "Pod"} | {
+            r: kind.backend for kind in KINDS for r in kind.resources
+        }
         self._warned: set[tuple[str, ...]] = set()
         # job -> hosts Horovod saw fail: a worker whose node died or went NotReady while it was
         # still in discovery. Horovod blacklists those names; et-operator may reuse them. Kept in
@@ -117,7 +120,7 @@ class KubeObserver:
         jobs = [self._with_failures(j, alive, j.key in lost) for j in jobs]
         self._rates.forget_except({j.key for j in jobs})
         jobs = [self._rates.with_rate(j, now) for j in jobs]
-        stale = frozenset(r.kind for r in self._cache.behind() & self._read)
+        stale = frozenset(self._read[r] for r in self._cache.behind() if r in self._read)
         return Snapshot(nodes=view.gpu_nodes, notices=tuple(notices), jobs=tuple(jobs), stale=stale)
 
     def _with_failures(self, job: Job, alive: frozenset[str], lost: bool) -> Job:
