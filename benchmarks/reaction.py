@@ -238,6 +238,7 @@ class RealCluster(Layout):
         self.uids: dict[str, str] = {}  # job -> its uid (owner references must carry it)
         self.assigned: dict[str, list[str]] = {}  # job -> its first workers
         self.steps: dict[str, float] = {}
+        self.unready_at_start = 0  # nodes not Ready when the run started (--max-unready-nodes)
 
     def _step(self, name: str, fn: Any, items: Any) -> None:
         t0 = time.monotonic()
@@ -245,8 +246,9 @@ class RealCluster(Layout):
         self.steps[name] = round(time.monotonic() - t0, 1)
         print(f"setup: {len(done)} {name} in {self.steps[name]} s", file=sys.stderr, flush=True)
 
-    def seed(self, guards: bool) -> None:
-        self._step("nodes", self._create_node, range(self.n))
+    def seed(self, guards: bool, max_unready_nodes: int = 0) -> None:
+        """Jobs and their guards first: the nodes' Lease renewals (kwok, every 10 s each) load
+        the apiserver from the moment the nodes exist."""
         pods = [pod for slot in range(self.n) for pod in self.workers_for(slot)]
         for slot in range(self.n):
             for job, pod in self.pods_on[slot]:
@@ -254,15 +256,13 @@ class RealCluster(Layout):
         self._step("jobs", self._create_job, range(self.n))
         if guards:
             self._step("guards", self._create_guard, range(self.n))
+        self._step("nodes", self._create_node, range(self.n))
         self._step("pods", self._create_pod, pods)
-        t0 = time.monotonic()
-        self.wait_ready()
-        self.steps["nodes_ready_pods_running"] = round(time.monotonic() - t0, 1)
-
-    def wait_ready(self) -> None:
         from benchmarks.real_plane import wait_cluster_ready
 
-        wait_cluster_ready(self.rest)
+        t0 = time.monotonic()
+        self.unready_at_start = wait_cluster_ready(self.rest, max_unready_nodes)
+        self.steps["nodes_ready_pods_running"] = round(time.monotonic() - t0, 1)
 
     def _create_node(self, slot: int) -> None:
         from benchmarks.real_plane import kwok_node
@@ -532,8 +532,9 @@ class RealBench:
 
     name = "real"
 
-    def __init__(self, nodes: int, guards: str, threads: int) -> None:
+    def __init__(self, nodes: int, guards: str, threads: int, max_unready_nodes: int = 0) -> None:
         self.nodes, self.guards, self.threads = nodes, guards, threads
+        self.max_unready_nodes = max_unready_nodes
         self.setup: dict[str, float] = {}
         self._guard_writes_before = 0
 
@@ -552,7 +553,7 @@ class RealBench:
             self.rest.namespace(NS)
             self.setup["namespace"] = round(time.monotonic() - t1, 1)
             self.cluster = RealCluster(self.rest, self.nodes)
-            self.cluster.seed(self.guards == "seeded")
+            self.cluster.seed(self.guards == "seeded", self.max_unready_nodes)
             self.setup |= self.cluster.steps
         except BaseException:
             self.plane.stop()
@@ -630,7 +631,10 @@ class RealBench:
     def health(self) -> dict[str, int] | None:
         from benchmarks.real_plane import health
 
-        return health(self.rest, NS) | {"pods_expected": self.nodes * 2 * PER_JOB_ON_NODE}
+        return health(self.rest, NS) | {
+            "pods_expected": self.nodes * 2 * PER_JOB_ON_NODE,
+            "nodes_not_ready_at_start": self.cluster.unready_at_start,
+        }
 
 
 Bench = EmulatedBench | RealBench
@@ -645,6 +649,7 @@ def run_size(
     cluster: str = "emulator",
     threads: int = 24,
     py_spy: tuple[Path, float] | None = None,
+    max_unready_nodes: int = 0,
 ) -> dict[str, Any]:
     from benchmarks.real_plane import Meter
 
@@ -669,7 +674,9 @@ def run_size(
     stop = threading.Event()
     seen = Observed()
     bench: Bench = (
-        EmulatedBench(nodes, guards) if cluster == "emulator" else RealBench(nodes, guards, threads)
+        EmulatedBench(nodes, guards)
+        if cluster == "emulator"
+        else RealBench(nodes, guards, threads, max_unready_nodes)
     )
     with bench, tempfile.TemporaryDirectory() as tmp:
         bench.watch_processes(meter)
@@ -755,7 +762,7 @@ def run_size(
         },
         "peak_rss_mb": meter.rss,
         # after the rounds: nodes not Ready (kwok late with their Leases: an overloaded
-        # machine), worker pods Running of those expected
+        # machine; also how many were at the start), worker pods Running of those expected
         "cluster_health": healthy,
         "versions": versions | _ours(),
     }
@@ -968,6 +975,13 @@ def main() -> int:
     parser.add_argument(
         "--setup-threads", type=int, default=24, help="parallel requests making a real cluster"
     )
+    parser.add_argument(
+        "--max-unready-nodes",
+        type=int,
+        default=0,
+        help="--cluster real: start although this many nodes are not Ready (a loaded machine); "
+        "the report says how many were",
+    )
     parser.add_argument("--py-spy", type=Path, help="sample the daemon in the rounds: raw stacks")
     parser.add_argument("--py-spy-seconds", type=float, default=20.0)
     parser.add_argument("--json", type=Path)
@@ -992,6 +1006,7 @@ def main() -> int:
             args.cluster,
             args.setup_threads,
             py_spy,
+            args.max_unready_nodes,
         )
         results.append(r)
         print(report(r), flush=True)

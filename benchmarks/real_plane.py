@@ -60,18 +60,19 @@ class ApiError(RuntimeError):
 
 
 # kwok stands in for one kubelet per node, each renewing its own Lease every 10 s; by default it
-# renews 4 Leases at a time (and plays 4 pod and 4 node stages at a time), which keeps up with
-# 2,000 nodes (200 renewals/s) only while the apiserver answers in under 20 ms: on a loaded
-# machine ~9% of 2,000 nodes went Unknown (Leases 5 min old), the node lifecycle controller
-# tainted them unreachable and evicted their pods. More workers make the simulation closer to
-# real kubelets; nothing else of the control plane changes.
+# renews 4 Leases at a time, which keeps up with 2,000 nodes (200 renewals/s) only while the
+# apiserver answers in under 20 ms: on a loaded machine ~9% of 2,000 nodes went Unknown (Leases
+# 5 min old), the node lifecycle controller tainted them unreachable and evicted their pods.
+# More Lease workers make the simulation closer to real kubelets. Pod and node stages keep
+# kwok's 4 workers (more made its podIPs race worse: two IPs patched into one pod, refused);
+# they must be given here (a KwokConfiguration file leaves them 0, and kwok refuses to start).
 KWOK_OPTIONS = """\
 apiVersion: config.kwok.x-k8s.io/v1alpha1
 kind: KwokConfiguration
 options:
   nodeLeaseParallelism: 64
-  nodePlayStageParallelism: 16
-  podPlayStageParallelism: 16
+  nodePlayStageParallelism: 4
+  podPlayStageParallelism: 4
 """
 
 
@@ -236,25 +237,28 @@ def kwok_node(
     }
 
 
-def wait_cluster_ready(rest: Rest, timeout: float = 900) -> None:
-    """Every node Ready without the not-ready/unreachable taints (kwok, the node lifecycle
-    controller), every pod Running (kwok); TimeoutError saying how many are not."""
+def wait_cluster_ready(rest: Rest, max_unready_nodes: int = 0, timeout: float = 900) -> int:
+    """Until every pod is Running (kwok) and at most `max_unready_nodes` nodes are not Ready or
+    still carry the not-ready/unreachable taints (kwok, the node lifecycle controller); how
+    many nodes are not. TimeoutError saying how many are not; progress on stderr."""
     deadline = time.monotonic() + timeout
+    said = time.monotonic()
     while True:
         nodes = [n for n in rest.list_all("/api/v1/nodes") if not node_ready(n)]
-        pods = (
-            rest.list_all("/api/v1/pods", "fieldSelector=status.phase!=Running")
-            if not nodes
-            else []
-        )
-        if not nodes and not pods:
-            return
+        pods = rest.list_all("/api/v1/pods", "fieldSelector=status.phase!=Running")
+        if len(nodes) <= max_unready_nodes and not pods:
+            return len(nodes)
+        example = nodes[0]["metadata"]["name"] if nodes else "-"
+        state = f"{len(nodes)} nodes not Ready or tainted (e.g. {example}), "
+        state += f"{len(pods)} pods not Running"
         if time.monotonic() > deadline:
             raise TimeoutError(
-                f"after {timeout:.0f} s, {len(nodes)} nodes not Ready or still tainted "
-                f"(e.g. {nodes[0]['metadata']['name'] if nodes else '-'}), {len(pods)} pods not "
-                "Running: is the machine overloaded (kwok renewing Leases late)?"
+                f"after {timeout:.0f} s, {state}: is the machine overloaded (kwok renewing "
+                "Leases late)?"
             )
+        if time.monotonic() - said > 30:
+            print(f"setup: waiting: {state}", file=sys.stderr, flush=True)
+            said = time.monotonic()
         time.sleep(2.0)
 
 
