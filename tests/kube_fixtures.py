@@ -407,6 +407,7 @@ def kube_fixture(request: pytest.FixtureRequest, server: str) -> Iterator[Kube]:
     settings = getattr(request, "param", {})
     if server == "real":
         real: RealApi = request.getfixturevalue("real_api")
+        real.reset()  # what other modules of the session left
         k = Kube(real, make_config(**settings))  # type: ignore[arg-type]
         try:
             yield k

@@ -69,7 +69,8 @@ _PLURALS = {k.plural: name for name, k in KINDS.items()}
 # what reset() clears in the test namespace, dependents first
 _RESET = ("ScaleIn", "ScaleOut", "TrainingJob", "AITrainingJob", "MPIJob", "Job", "Pod",
           "PodDisruptionBudget", "Lease", "Event", "ConfigMap", "Service")  # fmt: skip
-SEEDED_LABEL = "spot-autoscaler.test/seeded"  # nodes a test made (reset() deletes them)
+SEEDED_LABEL = "spot-autoscaler.test/seeded"  # nodes a test seeded (not kwok's)
+_SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease", "mpi-operator"})
 
 
 def kind_of(ref: str) -> str:
@@ -155,19 +156,42 @@ class RealApi:
         return rv
 
     def reset(self) -> None:
-        """Delete what tests made: the test namespace's objects and the seeded nodes."""
+        """An empty cluster again, as a test on the emulator starts with: no node, and in every
+        namespace but the system ones none of the kinds tests make (other modules of the session
+        leave theirs; a kube test's cache watches every namespace)."""
         for kind in _RESET:
-            path = KINDS[kind].path(self.namespace)
+            if kind in ("Event", "Lease", "ConfigMap", "Service"):  # in the test namespace only
+                self._delete_all(kind, [self.namespace])
+                continue
             try:
-                self._call("DELETE", path, {"gracePeriodSeconds": 0})
+                items = self.objects(kind)
+            except ApiException as exc:
+                if exc.status == 404:  # a CRD not installed
+                    continue
+                raise
+            spaces = {o["metadata"]["namespace"] for o in items} - _SYSTEM_NAMESPACES
+            self._delete_all(kind, sorted(spaces))
+        for node in self.objects("Node"):
+            self.delete("Node", node["metadata"]["name"])
+        self.wait_until(
+            lambda: (
+                not [
+                    p
+                    for p in self.objects("Pod")
+                    if p["metadata"]["namespace"] not in _SYSTEM_NAMESPACES
+                ]
+                and not self.objects("Node")
+            ),
+            30,
+        )
+
+    def _delete_all(self, kind: str, namespaces: list[str]) -> None:
+        for namespace in namespaces:
+            try:
+                self._call("DELETE", KINDS[kind].path(namespace), {"gracePeriodSeconds": 0})
             except ApiException as exc:
                 if exc.status not in (404, 405):
                     raise
-        for node in self.objects("Node"):
-            labels = node["metadata"].get("labels") or {}
-            if SEEDED_LABEL in labels:
-                self.delete("Node", node["metadata"]["name"])
-        self.wait_until(lambda: not self.objects("Pod", self.namespace), 30)
 
     def close(self) -> None:
         self._api.close()
