@@ -6,7 +6,6 @@ the next pass, seeing the cluster again, decides afresh.
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime
 from functools import partial
 
@@ -30,8 +29,8 @@ from autoscaler.core.model import Action, Decision, Job, Notice
 from autoscaler.fencing import Fence
 
 log = structlog.get_logger()
-# seconds a server check holds for the write that rests on it, counted from before the check:
-# the fault suite tolerates no write landing later than 1 s after its notice was withdrawn
+# seconds a server check holds for the write that rests on it, counted from before the reads it
+# rests on: the fault suite tolerates no write landing later than 1 s after its notice went
 CONFIRMED_FOR = 1.0
 
 
@@ -112,8 +111,7 @@ class KubeActuator:
         self, kind: JobKind, backend: KindActuator, job: Obj, decision: Decision, now: datetime
     ) -> None:
         """Irreversible: only what the server still supports (confirm.py) goes out."""
-        checked = time.monotonic()
-        confirmed = self._check.scale_in(job, kind, decision, now)
+        confirmed, checked = self._check.scale_in(job, kind, decision, now)
         if not confirmed.pods:
             refuse(decision, "not_confirmed_by_server", pods=list(decision.pods))
             return

@@ -14,6 +14,7 @@ behind (`KubeCache.behind`), one GET per noticed node.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
@@ -49,13 +50,19 @@ class ServerCheck:
         self._settings = settings
         self._board = board
 
-    def scale_in(self, job: Obj, kind: JobKind, decision: Decision, now: datetime) -> Decision:
+    def scale_in(
+        self, job: Obj, kind: JobKind, decision: Decision, now: datetime
+    ) -> tuple[Decision, float]:
         """The ScaleIn the server supports: `decision` with the victims that hold up (maybe
-        none, then the caller writes nothing)."""
+        none, then the caller writes nothing), and since when (time.monotonic() before the reads
+        it rests on: the nodes' when a notice is among them, else the workers')."""
+        since = time.monotonic()
         pods, live = self._workers(job, kind, decision.pods)
         alive = {p: _node_of(pods[p]) for p in decision.pods if p in pods and _alive(pods[p])}
         # the victims the decision named for a notice (the view's), and those it still has
         meant = {p for p, n in alive.items() if n and self._noticed_in_view(n, now)}
+        if meant:  # what can change under a notice victim is its notice
+            since = time.monotonic()
         noticed = self._noticed({alive[p] for p in meant}, now)
         by_notice = [p for p in meant if alive[p] in noticed]
         plain = [p for p in alive if p not in meant]
@@ -74,7 +81,7 @@ class ServerCheck:
                 kept=list(kept),
                 gone=sorted(set(decision.pods) - set(alive)),
             )
-        return narrowed(decision, kept)
+        return narrowed(decision, kept), since
 
     def drain(
         self, decision: Decision, node_of: Callable[[str], str | None], now: datetime
