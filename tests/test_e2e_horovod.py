@@ -17,93 +17,57 @@ under the test's tmp dir.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import signal
-import socket
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.horovod_job import (
+    BIN,
+    HOSTS,
+    TrainLog,
+    horovodrun,
+    missing,
+    operator_writes,
+    standalone_config,
+    started,
+    train_env,
+    worker_processes,
+)
 
 from autoscaler.adapters.discovery.scripts import OVERLAY_SCRIPT, OWNED_SCRIPT, script_path
 
-BIN = Path(sys.executable).parent
-HOROVODRUN = BIN / "horovodrun"
-TRAIN = Path(__file__).parent / "e2e" / "elastic_train.py"
-HOSTS = ["localhost", "127.0.0.1", socket.gethostname()]
-
-
-def _missing() -> str | None:
-    for module in ("torch", "horovod"):
-        if importlib.util.find_spec(module) is None:
-            return f"{module} is not installed (scripts/build-horovod.sh installs horovod + torch)"
-    if not HOROVODRUN.exists():
-        return f"horovodrun not found next to {sys.executable}"
-    if len(set(HOSTS)) < 3:
-        return f"the machine's hostname {HOSTS[2]!r} is not a third distinct local host name"
-    return None
-
-
 pytestmark = [
     pytest.mark.e2e,
-    pytest.mark.skipif(_missing() is not None, reason=_missing() or ""),
+    pytest.mark.skipif(missing() is not None, reason=missing() or ""),
     pytest.mark.timeout(180),
 ]
 
 
-class Run:
+class Run(TrainLog):
     """The files of one run and what happened in them."""
 
     def __init__(self, tmp: Path) -> None:
+        super().__init__(tmp / "train.log")
         self.tmp = tmp
         self.hosts = tmp / "hosts"
         self.notices = tmp / "notices"
-        self.train_log = tmp / "train.log"
         self.stop = tmp / "stop"
         names = ("daemon.log", "decisions.jsonl", "horovodrun.log")
         self.logs = {name: tmp / name for name in names}
 
     def env(self) -> dict[str, str]:
-        """The processes' environment: this venv's tools first on PATH, and where the training
-        loop logs and looks for its stop file."""
-        return {
-            **os.environ,
-            "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
-            "E2E_LOG": str(self.train_log),
-            "E2E_STOP": str(self.stop),
-            "PYTHONUNBUFFERED": "1",
-        }
+        return train_env(self.train_log, self.stop)
 
     def listed(self) -> set[str]:
         try:
             return {line.split(":")[0] for line in self.hosts.read_text().split()}
         except FileNotFoundError:
             return set()
-
-    def events(self, kind: str | None = None, after: float = 0.0) -> list[dict[str, Any]]:
-        try:
-            text = self.train_log.read_text()
-        except FileNotFoundError:
-            return []
-        # the ranks append as we read: a last line without its newline is still being written
-        complete = text[: text.rfind("\n") + 1]
-        events = [json.loads(line) for line in complete.splitlines() if line.strip()]
-        return [e for e in events if (kind is None or e["event"] == kind) and e["t"] > after]
-
-    def world(self, size: int, after: float) -> list[dict[str, Any]]:
-        """`resume` events of a world of `size` after `after`: one per rank once it is complete."""
-        return [e for e in self.events("resume", after) if e["size"] == size]
-
-    def first_reset(self, after: float) -> float:
-        """When the first rank saw the world change (its reset callback or its resume)."""
-        return min(e["t"] for e in self.events(after=after) if e["event"] in ("reset", "resume"))
 
     def decisions(self) -> list[dict[str, Any]]:
         text = self.logs["decisions.jsonl"].read_text()
@@ -127,95 +91,7 @@ class Run:
 
 
 def write_config(run: Run) -> Path:
-    hosts = ", ".join(f"{{name: '{h}', price_per_hour: 1.0}}" for h in HOSTS)
-    config = run.tmp / "config.yaml"
-    config.write_text(f"""
-policies: [{{name: e2e, scale_out: {{min_idle: 0s, cooldown: 0s}}, preemption: {{join_grace: 5s}}}}]
-default_policy: e2e
-daemon: {{mode: standalone, tick_interval: 2s, wake_coalesce: 0.01s, metrics_port: 0,
-          metrics_bind_address: 127.0.0.1, config_reload_interval: 0s, log_format: json}}
-standalone:
-  hosts: [{hosts}]
-  job: {{name: toy, min_workers: 1, max_workers: 3, gpus_per_worker: 1}}
-  discovery_file: {run.hosts}
-  notice_dir: {run.notices}
-  notice_poll: 0.1s
-  join_grace: 5s
-""")
-    return config
-
-
-def horovodrun(np: int, discovery: str) -> list[str]:
-    """Elastic horovodrun of the training loop over loopback: NP ranks to start with, then 1 to 3
-    as the host discovery script DISCOVERY (a command line) lists hosts."""
-    return [
-        str(HOROVODRUN),
-        "-np",
-        str(np),
-        "--min-np",
-        "1",
-        "--max-np",
-        "3",
-        "--network-interface",
-        "lo",
-        "--host-discovery-script",
-        discovery,
-        sys.executable,
-        str(TRAIN),
-    ]
-
-
-@contextmanager
-def started(
-    cmd: list[str], log: Path, env: dict[str, str] | None = None, stdout: Path | None = None
-) -> Iterator[subprocess.Popen[bytes]]:
-    """A process in its own session; on exit it and every descendant we saw are ended by pid."""
-    with log.open("wb") as err, (stdout or log).open("ab") as out:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=out,
-            stderr=err if stdout else subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-    try:
-        yield proc
-    finally:
-        _end(proc)
-
-
-def _end(proc: subprocess.Popen[bytes]) -> None:
-    import psutil  # installed with horovod
-
-    try:
-        family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        family = []
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)  # horovodrun then stops its workers itself
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
-    # Horovod starts each worker in a session of its own (setsid): end stragglers by pid.
-    for p in family:
-        with suppress(psutil.NoSuchProcess):
-            p.kill()
-
-
-def steps_around(run: Run, reset_at: float) -> dict[str, Any]:
-    steps = run.events("step")
-    before = [e for e in steps if e["t"] < reset_at]
-    after = [e for e in steps if e["t"] > reset_at]
-    resumed = [e for e in run.events("resume", reset_at - 0.001)]
-    return {
-        "last_step_before": before[-1]["step"] if before else None,
-        "resumed_at_step": min(e["step"] for e in resumed) if resumed else None,
-        "first_step_after": after[0]["step"] if after else None,
-        "world_before": before[-1]["size"] if before else None,
-        "world_after": after[0]["size"] if after else None,
-    }
+    return standalone_config(run.tmp / "config.yaml", HOSTS, run.tmp, max_workers=3)
 
 
 def test_a_notice_shrinks_horovod_gracefully_and_the_host_rejoins(tmp_path: Path) -> None:
@@ -249,7 +125,7 @@ def test_a_notice_shrinks_horovod_gracefully_and_the_host_rejoins(tmp_path: Path
                 "victim": victim,
                 "notice_to_discovery_file_changed_s": round(file_changed - noticed, 3),
                 "notice_to_world_size_changed_s": round(shrunk - noticed, 3),
-                **steps_around(run, shrunk),
+                **run.steps_around(shrunk),
             }
 
             # --- the notice is withdrawn: the host is idle capacity again and rejoins
@@ -266,7 +142,7 @@ def test_a_notice_shrinks_horovod_gracefully_and_the_host_rejoins(tmp_path: Path
                 "withdrawal_to_discovery_file_changed_s": round(file_back - withdrawn, 3),
                 "withdrawal_to_reset_s": round(grown - withdrawn, 3),
                 "withdrawal_to_world_size_changed_s": round(rejoined - withdrawn, 3),
-                **steps_around(run, grown),
+                **run.steps_around(grown),
             }
 
             run.stop.touch()
@@ -360,14 +236,7 @@ class OverlayRun(Run):
         }
 
     def operator_writes(self, *hosts: str) -> float:
-        """et-operator's `echo '<lines>' > hostfile`: truncate, then write (here line by line)."""
-        fd = os.open(self.hostfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            for line in [f"{h}:1\n" for h in hosts] + ["\n"]:
-                os.write(fd, line.encode())
-        finally:
-            os.close(fd)
-        return time.time()
+        return operator_writes(self.hostfile, hosts)
 
     def sidecar_drains(self, *hosts: str) -> float:
         tmp = self.drain_file.with_suffix(".tmp")
@@ -415,15 +284,7 @@ class OverlayRun(Run):
 
 def workers(horovod: subprocess.Popen[bytes]) -> set[str]:
     """Hosts running a worker of this horovodrun, from the processes' environment."""
-    import psutil  # installed with horovod
-
-    hosts = set()
-    with suppress(psutil.NoSuchProcess):
-        for p in psutil.Process(horovod.pid).children(recursive=True):
-            with suppress(psutil.Error):
-                if host := p.environ().get("HOROVOD_HOSTNAME"):
-                    hosts.add(host)
-    return hosts
+    return set(worker_processes(horovod))
 
 
 @pytest.mark.parametrize(
@@ -467,7 +328,7 @@ def test_every_host_drained_moves_the_job_to_its_replacement_without_rollback(
         report["drain"] = {
             "anchor": anchor,
             "drain_to_world_changed_s": round(shrunk - drained, 3),
-            **steps_around(run, shrunk),
+            **run.steps_around(shrunk),
         }
 
         # --- a replacement joins; the anchor may leave only after the replacement ran a worker
@@ -495,8 +356,8 @@ def test_every_host_drained_moves_the_job_to_its_replacement_without_rollback(
             "added_to_anchor_dropped_s": round(at["dropped"] - added, 3),
             "worker_started_to_anchor_dropped_s": round(at["dropped"] - at["worker"], 3),
             "added_to_world_is_replacement_s": round(moved - added, 3),
-            "join": steps_around(run, joined),
-            "move": steps_around(run, moved),
+            "join": run.steps_around(joined),
+            "move": run.steps_around(moved),
         }
         # what the sidecar publishes: the script's next call sees the anchor's worker gone
         run.wait(

@@ -1,10 +1,14 @@
-"""A tiny elastic Horovod training loop for the end-to-end test (run by horovodrun, not pytest).
+"""A tiny elastic Horovod training loop for the end-to-end test and the preemption benchmark
+(run by horovodrun, not pytest).
 
-Commits every step and appends JSON lines to $E2E_LOG (one O_APPEND write each, so ranks do not
+Commits every $E2E_COMMIT_EVERY steps (default 1), sleeps $E2E_STEP_SECONDS (default 0.05) after
+each step, and appends JSON lines to $E2E_LOG (one O_APPEND write each, so ranks do not
 interleave): `resume` when a rank (re)starts training after a reset or its first sync, with the
 step it resumes from and the world size; `reset` from the reset callback; `step` from rank 0
-after each committed step; `rollback` if Horovod restores the last commit (only after a failure,
-never after a graceful removal). Stops when $E2E_STOP exists (all ranks agree via an allreduce).
+after each step (once its commit, if any, returned: a host update interrupts the commit after
+saving, so that step is resumed from, not logged); `rollback` if Horovod restores the last commit
+(only after a failure, never after a graceful removal). Stops when $E2E_STOP exists (all ranks
+agree via an allreduce).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import torch
 LOG = os.environ["E2E_LOG"]
 STOP = os.environ["E2E_STOP"]
 STEP_SECONDS = float(os.environ.get("E2E_STEP_SECONDS", "0.05"))
+COMMIT_EVERY = int(os.environ.get("E2E_COMMIT_EVERY", "1"))
 # `host=seconds`: a worker on that host starts this much later (a slow import or CUDA start-up)
 SLOW_HOST, _, SLOW_SECONDS = os.environ.get("E2E_SLOW_START", "").partition("=")
 
@@ -74,7 +79,8 @@ def main() -> None:
             loss.backward()
             optimizer.step()
             state.step += 1
-            state.commit()
+            if state.step % COMMIT_EVERY == 0:
+                state.commit()  # a host update raises HostsUpdatedInterrupt here, after saving
             if hvd.rank() == 0:
                 record("step", step=state.step, size=hvd.size())
             time.sleep(STEP_SECONDS)
