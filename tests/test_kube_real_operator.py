@@ -227,3 +227,26 @@ def test_pods_a_finished_scale_out_added_count_until_the_pod_watch_has_caught_up
     lagging = with_unseen(seen, [done], pods_seen=100)
     assert [(w.pod, w.pending) for w in lagging[2:]] == [("bert-worker-3", True)]
     assert with_unseen(seen, [done], pods_seen=120) == seen  # caught up: trust the pods
+
+
+def _done(kind: ScalerKind, name: str, pods: tuple[str, ...], rv: int, minute: int) -> ScalerFacts:
+    at = now() + timedelta(minutes=minute)
+    return ScalerFacts(kind, name, "ml/bert", at, pods, "ScaleSucceeded", at, resource_version=rv)
+
+
+def test_a_finished_scale_in_ahead_of_the_pod_view_takes_its_pods_out_until_a_name_is_reused() -> (
+    None
+):
+    """Expectations read from the scalers' own records, in the order they finished: a ScaleIn's
+    victims leave the view; a later ScaleOut that got a freed index back adds that name again
+    (et-operator reuses indices), whatever the lagging pod view still holds."""
+    seen = tuple(Worker(f"bert-worker-{i}", "a", f"bert-worker-{i}", i) for i in range(3))
+    scale_in = _done(ScalerKind.SCALE_IN, "bert-in-1", ("bert-worker-1", "bert-worker-2"), 110, 0)
+    assert [w.pod for w in with_unseen(seen, [scale_in], pods_seen=100)] == ["bert-worker-0"]
+    refill = _done(ScalerKind.SCALE_OUT, "bert-out-2", ("bert-worker-1",), 120, 1)
+    lagging = with_unseen(seen, [refill, scale_in], pods_seen=100)
+    assert [(w.pod, w.pending) for w in lagging] == [
+        ("bert-worker-0", False),
+        ("bert-worker-1", False),
+    ]
+    assert with_unseen(seen, [refill, scale_in], pods_seen=120) == seen  # caught up

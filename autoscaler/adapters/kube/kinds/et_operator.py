@@ -309,13 +309,23 @@ def with_unseen(
     ahead = [f for f in scalers if f.outcome == SUCCEEDED and f.resource_version > pods_seen]
     if not ahead:  # nearly always: no pod set is built for every job on every pass
         return workers
-    deleted = {p for f in ahead if f.kind is ScalerKind.SCALE_IN for p in f.pods}
+    # replayed in the order they finished: et-operator gives a ScaleOut the indices a ScaleIn
+    # freed, so a name a ScaleIn deleted may be a new worker's again
     known = {w.pod for w in workers}
-    unseen = [p for f in ahead if f.kind is ScalerKind.SCALE_OUT for p in f.pods if p not in known]
-    if not unseen and not deleted & known:
+    deleted: set[str] = set()
+    added: dict[str, None] = {}
+    for f in sorted(ahead, key=lambda f: f.finish_order):
+        if f.kind is ScalerKind.SCALE_IN:
+            deleted.update(f.pods)
+            for pod in f.pods:
+                added.pop(pod, None)
+        else:
+            deleted.difference_update(f.pods)
+            added.update((p, None) for p in f.pods if p not in known)
+    if not added and not deleted & known:
         return workers
     extra = (
-        Worker(pod=p, node=None, host=p, index=name_index(p) or 0, pending=True) for p in unseen
+        Worker(pod=p, node=None, host=p, index=name_index(p) or 0, pending=True) for p in added
     )
     return (*(w for w in workers if w.pod not in deleted), *extra)
 
