@@ -10,19 +10,20 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.horovod_job import missing
 from support.real_cluster import find_bin_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 
 
-def run(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+def run(script: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / script), *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=timeout,
     )
 
 
@@ -78,3 +79,25 @@ def test_deadline_seeds_runs_the_gate_and_reports_its_keys(tmp_path: Path) -> No
     assert set(row["ours"]) == {"completion_hours", "met", "cost_to_target", "restarts", "resets"}
     aggregate = report["aggregate"]
     assert aggregate["runs"] == 1 and (result.returncode == 1) == bool(aggregate["gate_broken_by"])
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(missing(4) is not None, reason=missing(4) or "")
+@pytest.mark.timeout(900)
+def test_preemption_quick_writes_one_row_per_mode(tmp_path: Path) -> None:
+    """A tiny quick mode (two modes, a 2 s notice, a 5 s baseline): real horovodruns, the daemon
+    in one of them; the rows have the issue's fields."""
+    out = tmp_path / "preemption.json"
+    args = ("--quick", "--modes", "spot-autoscaler,et-operator", "--leads", "2")
+    result = run("preemption.py", *args, "--baseline-s", "5", "--json", str(out), timeout=840)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert [(r["mode"], r["lead_s"], r["schedule"]) for r in rows] == [
+        ("spot-autoscaler", 2.0, "one-host"),
+        ("et-operator", 2.0, "one-host"),
+    ]
+    fields = {"mode", "lead_s", "schedule", "preemptions", "rolled_back_steps", "stall_s"}
+    for row in rows:
+        assert set(row) == fields | {"resets", "survived"}, row
+        assert row["preemptions"] == 1 and isinstance(row["survived"], bool)
+        assert row["rolled_back_steps"] >= 0 and row["resets"] >= 0
