@@ -44,9 +44,10 @@ def _supported(
     if not behind:
         return decision
     on_noticed = {w.pod for w in job.workers if w.node in noticed}
-    if decision.action is Action.SCALE_OUT and on_noticed:
-        # a replacement for workers a notice dooms (the last settled host waits for it): part
-        # of answering the notice; a view behind the server holds ghosts, so it adds fewer
+    if decision.action is Action.SCALE_OUT and on_noticed and behind == {"Node"}:
+        # a replacement for workers a notice dooms (the last settled host waits for it): part of
+        # answering the notice, counted on pods and scalers that are current; with those behind
+        # a ScaleOut could miss workers already added and go past max: it waits
         return decision
     if decision.action in _NOTICE_DEPARTURES:
         pods = tuple(p for p in decision.pods if p in on_noticed)
