@@ -11,7 +11,9 @@ schedule and seed run three ways:
   (horovodrun runs the shipped owned_hosts.sh over it). A notice is a file in its notice
   directory (with the deadline); a host that is not there (a replacement not yet up, a dead
   node) has one too, so the daemon places no worker on it; a replacement comes up by removing
-  its file. The daemon drains the victims and adds the replacements itself.
+  its file. The daemon drains the victims and adds the replacements itself. Its config is
+  tests/support/horovod_job.py standalone_config: the e2e test's (a 2 s tick, notices read every
+  0.1 s, no scale-out cooldown or min_idle) but join_grace at its default, 30 s.
 - et-operator: nothing reacts to the notice. When the victims die, their pods leave Running and
   et-operator rewrites the hostfile in place (worker.go handleWorkersFailed; `echo '<lines>' >
   hostfile`, scaleout_controller.go hostfileUpdateScript) without them and, its restartPolicy
@@ -123,6 +125,7 @@ class Settings:
     recover: float = 120.0
     baseline_s: float = 60.0
     ready_timeout: float = 300.0
+    join_grace: str = "30s"  # the daemon's (policy and standalone): its default
 
 
 def schedule(
@@ -202,7 +205,9 @@ class Job:
         self.notices.mkdir()
         for host in self.pool[size:]:
             self.notice(host, "unavailable")
-        config = standalone_config(self.tmp / "config.yaml", self.pool, self.tmp, size)
+        config = standalone_config(
+            self.tmp / "config.yaml", self.pool, self.tmp, size, self.settings.join_grace
+        )
         daemon = [str(BIN / "spot-autoscaler"), "run", "--config", str(config)]
         out = self.tmp / "decisions.jsonl"
         stack.enter_context(started(daemon, self.tmp / "daemon.log", env, stdout=out))
@@ -376,7 +381,8 @@ def resets(log: TrainLog, after: float) -> list[dict[str, Any]]:
     """Every reset after `after`: the world re-formed (one rank-0 `resume` each), with the last
     step logged before it, the step it resumed from, the first step after it, and its kind:
     `failure` (a rank restored the last commit), `join` (a new worker process took part: the
-    others waited for it to start), both, or `graceful` (hosts left, nothing lost)."""
+    others waited for it to start), both, or `graceful` (hosts left, nothing lost); for a
+    failure, how long after the last step the last surviving rank saw it (`detected_s`)."""
     events = log.events()
     steps = [e for e in events if e["event"] == "step"]
     out = []
@@ -388,7 +394,8 @@ def resets(log: TrainLog, after: float) -> list[dict[str, Any]]:
         last, first = before[-1], (later[0] if later else None)
         seen = {e["pid"] for e in events if e["t"] <= last["t"]}
         burst = [e for e in events if last["t"] < e["t"] <= (first or r)["t"]]
-        failed = any(e["event"] == "rollback" for e in burst)
+        rollbacks = [e["t"] for e in burst if e["event"] == "rollback"]
+        failed = bool(rollbacks)
         joined = any(e["event"] == "resume" and e["pid"] not in seen for e in burst)
         kind = "+".join(k for k, v in (("failure", failed), ("join", joined)) if v) or "graceful"
         out.append(
@@ -400,6 +407,9 @@ def resets(log: TrainLog, after: float) -> list[dict[str, Any]]:
                 "rolled_back_steps": max(0, last["step"] - r["step"]),
                 "stall_s": round(first["t"] - last["t"], 3) if first else None,
                 "world": [last["size"], r["size"]],
+                # a failure: when the last surviving rank saw it (the others' collective errors
+                # at once or after the Gloo timeout)
+                "detected_s": round(max(rollbacks) - last["t"], 3) if rollbacks else None,
             }
         )
     return out
@@ -514,12 +524,15 @@ def row(mode: str, lead: float, kind: str, n: int, summary: dict[str, Any]) -> d
 
 
 def reset_costs(runs: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
-    """What one Horovod reset stalls the job, by kind, over every reset of every run."""
+    """What one Horovod reset stalls the job, by kind, over every reset of every run, and how
+    long after its last step a failure was seen by every survivor (`failure seen`)."""
     by_kind: dict[str, list[float]] = {}
     for r in runs:
         for reset in r["reset_log"]:
             if reset["stall_s"] is not None:
                 by_kind.setdefault(reset["kind"], []).append(reset["stall_s"])
+            if reset.get("detected_s") is not None:
+                by_kind.setdefault("failure seen", []).append(reset["detected_s"])
     return {k: {**spread(v), "count": len(v)} for k, v in sorted(by_kind.items())}
 
 
@@ -561,6 +574,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--recover", type=float, default=120.0, help="s to wait for a recovery")
     ap.add_argument("--baseline-s", type=float, help="the run without preemptions (s)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--join-grace", default="30s", help="the daemon's join_grace (its default)")
     ap.add_argument(
         "--early-replacements",
         action="store_true",
@@ -658,6 +672,7 @@ def main(argv: list[str] | None = None) -> int:
         step_seconds=args.step_seconds,
         recover=args.recover,
         baseline_s=args.baseline_s or (30.0 if args.quick else 60.0),
+        join_grace=args.join_grace,
     )
     pool = local_hosts()
     needed = settings.hosts + max(REPLACEMENTS[k] for k in args.schedules)
