@@ -247,15 +247,14 @@ class RealCluster(Layout):
         print(f"setup: {len(done)} {name} in {self.steps[name]} s", file=sys.stderr, flush=True)
 
     def seed(self, guards: bool, max_unready_nodes: int = 0) -> None:
-        """Jobs and their guards first: the nodes' Lease renewals (kwok, every 10 s each) load
-        the apiserver from the moment the nodes exist."""
+        """Jobs first: the nodes' Lease renewals (kwok, every 10 s each) load the apiserver
+        from the moment the nodes exist. The guards last, once the pods run: with them the
+        disruption controller matches every pod change against every budget."""
         pods = [pod for slot in range(self.n) for pod in self.workers_for(slot)]
         for slot in range(self.n):
             for job, pod in self.pods_on[slot]:
                 self.assigned.setdefault(job, []).append(pod)
         self._step("jobs", self._create_job, range(self.n))
-        if guards:
-            self._step("guards", self._create_guard, range(self.n))
         self._step("nodes", self._create_node, range(self.n))
         self._step("pods", self._create_pod, pods)
         from benchmarks.real_plane import wait_cluster_ready
@@ -263,6 +262,8 @@ class RealCluster(Layout):
         t0 = time.monotonic()
         self.unready_at_start = wait_cluster_ready(self.rest, max_unready_nodes)
         self.steps["nodes_ready_pods_running"] = round(time.monotonic() - t0, 1)
+        if guards:
+            self._step("guards", self._create_guard, range(self.n))
 
     def _create_node(self, slot: int) -> None:
         from benchmarks.real_plane import kwok_node

@@ -273,13 +273,13 @@ def health(rest: Rest, namespace: str) -> dict[str, int]:
     """Nodes not Ready (or tainted by the node lifecycle controller) and pods Running (not being
     deleted) in the namespace: a run on an overloaded machine shows here."""
     nodes = rest.list_all("/api/v1/nodes")
-    running = rest.list_all(
-        f"/api/v1/namespaces/{namespace}/pods", "fieldSelector=status.phase=Running"
-    )
+    pods = rest.list_all(f"/api/v1/namespaces/{namespace}/pods")
+    live = [p for p in pods if "deletionTimestamp" not in p["metadata"]]
     return {
         "nodes": len(nodes),
         "nodes_not_ready": sum(not node_ready(n) for n in nodes),
-        "pods_running": sum("deletionTimestamp" not in p["metadata"] for p in running),
+        "pods_running": sum((p.get("status") or {}).get("phase") == "Running" for p in live),
+        "pods_pending": sum((p.get("status") or {}).get("phase") == "Pending" for p in live),
     }
 
 
