@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: simulate test horovod control-plane lint chaos docs clean
+.PHONY: simulate test test-real horovod control-plane lint chaos docs clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,11 @@ test: $(VENV)/.installed
 		echo "make test: no Go here: the real-cluster tests are skipped (install Go 1.26, then make control-plane)"; \
 	fi
 	$(BIN)/python -m pytest
+
+# Only the tests against the real control plane (built first if not cached; also part of `make test`).
+test-real: $(VENV)/.installed
+	scripts/build-control-plane.sh
+	REQUIRE_REAL_CLUSTER=1 $(BIN)/python -m pytest -m real_cluster
 
 # Optional: horovod 0.28.1 + torch (CPU) for the end-to-end test; needs a compiler, ~4 min cold.
 horovod: $(VENV)/.installed
