@@ -19,7 +19,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from support.kube_api import KubeApiServer
 from support.kustomize import build, find, needs_kubectl
-from support.rbac import role_grants
+from support.rbac import request_rights, role_grants
 from support.waiting import wait_for
 from test_daemon_support import JOB, KUBE_CONFIG, node, wired_daemon, worker
 
@@ -133,29 +133,6 @@ def test_rbac_is_least_privilege() -> None:
         ]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert one("ClusterRoleBinding")["roleRef"]["name"] == one("ClusterRole")["metadata"]["name"]
-
-
-def request_rights(method: str, path: str, watch: bool) -> tuple[str, str, str] | None:
-    """(apiGroup, resource, verb) RBAC checks for one request; None for non-resource URLs."""
-    parts = [p for p in path.split("/") if p]
-    if parts[:1] == ["api"] and len(parts) > 2:
-        group, rest = "", parts[2:]
-    elif parts[:1] == ["apis"] and len(parts) > 3:
-        group, rest = parts[1], parts[3:]
-    else:
-        return None
-    if rest[0] == "namespaces" and len(rest) > 2:
-        rest = rest[2:]
-    resource = rest[0] + (f"/{rest[2]}" if len(rest) > 2 else "")
-    named = len(rest) > 1
-    verb = {
-        "GET": "get" if named else "watch" if watch else "list",
-        "POST": "create",
-        "PUT": "update",
-        "PATCH": "patch",
-        "DELETE": "delete" if named else "deletecollection",
-    }[method]
-    return group, resource, verb
 
 
 def test_every_request_of_a_working_daemon_is_allowed_by_rbac(tmp_path: Path) -> None:

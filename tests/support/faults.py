@@ -19,32 +19,15 @@ still depends on thread timing, so a run is reproducible in its rates, not reque
 
 from __future__ import annotations
 
-import contextlib
-import http.client
 import json
 import random
-import socket
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 from .kube_api import KubeApiServer
-
-_HOP = {
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "transfer-encoding",
-    "te",
-    "trailer",
-    "upgrade",
-    "host",
-    "content-length",
-}
+from .proxy import ForwardingHandler, ForwardingProxy
 
 
 @dataclass(frozen=True)
@@ -70,56 +53,23 @@ class FaultRates:
         )
 
 
-class FaultProxy:
+class FaultProxy(ForwardingProxy):
     """A threaded HTTP/1.1 proxy on 127.0.0.1:<ephemeral> forwarding to ``upstream``."""
 
     def __init__(
         self, upstream: str, rates: FaultRates, seed: int = 0, budget: int = 100_000
     ) -> None:
-        parts = urlsplit(upstream)
-        if parts.hostname not in ("127.0.0.1", "localhost"):
-            raise ValueError("the fault proxy forwards to loopback only")
-        self.upstream = (parts.hostname, parts.port or 80)
+        super().__init__(upstream, _FaultHandler)
         self.rates = rates
         self.budget = budget
         self.active = threading.Event()
         self.counts: Counter[str] = Counter()  # fault kind -> times injected
         self.requests = 0
         self._rng = random.Random(seed)
-        self._lock = threading.Lock()
-        self._open: set[socket.socket] = set()
-        self._httpd: ThreadingHTTPServer | None = None
-
-    # ------------------------------------------------------------ lifecycle
-    def start(self) -> FaultProxy:
-        handler = type("Handler", (_ProxyHandler,), {"proxy": self})
-        self._httpd = _QuietServer(("127.0.0.1", 0), handler)
-        self._httpd.daemon_threads = True
-        threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        ).start()
-        return self
 
     def stop(self) -> None:
         self.active.clear()
-        if self._httpd:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-        with self._lock:
-            socks, self._open = list(self._open), set()
-        for s in socks:
-            _shut(s)
-
-    def __enter__(self) -> FaultProxy:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    @property
-    def url(self) -> str:
-        assert self._httpd, "proxy not started"
-        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        super().stop()
 
     def kubeconfig(self, path: str) -> str:
         """A kubeconfig pointing at the proxy (the emulator's format, another server)."""
@@ -140,7 +90,6 @@ class FaultProxy:
         with self._lock:
             return sum(self.counts.values())
 
-    # ------------------------------------------------------------ per request
     def draw(self, watch: bool) -> tuple[str | None, float]:
         """(fault kind or None, its parameter: a status, a delay or a cut time)."""
         with self._lock:
@@ -170,77 +119,26 @@ class FaultProxy:
                 self.counts[kind] += 1
             return kind, param
 
-    def track(self, sock: socket.socket, on: bool) -> None:
-        with self._lock:
-            (self._open.add if on else self._open.discard)(sock)
 
-
-class _QuietServer(ThreadingHTTPServer):
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        pass  # a cut connection is the point, not news
-
-
-def _shut(sock: socket.socket | None) -> None:
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
-
-
-class _ProxyHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True
+class _FaultHandler(ForwardingHandler):
     proxy: FaultProxy
+    _fault: tuple[str | None, float] = (None, 0.0)  # this request's draw
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server naming
-        self.proxy.track(self.connection, True)
-        try:
-            self._forward()
-        finally:
-            self.proxy.track(self.connection, False)
-
-    do_POST = do_PUT = do_PATCH = do_DELETE = do_GET
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-    def _forward(self) -> None:
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        query = parse_qs(urlsplit(self.path).query)
-        watch = (query.get("watch") or [""])[-1].lower() in ("1", "t", "true")
-        kind, param = self.proxy.draw(watch)
+    def before(self, watch: bool) -> bool:
+        self._fault = kind, param = self.proxy.draw(watch)
         if kind == "error":
             self._error(int(param))
-            return
+            return True
         if kind == "latency":
             time.sleep(param)
-        host, port = self.proxy.upstream
-        conn = http.client.HTTPConnection(host, port, timeout=None if watch else 60)
-        headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
-        try:
-            conn.request(self.command, self.path, body=body or None, headers=headers)
-            resp = conn.getresponse()
-            if watch and resp.status == 200:
-                self._stream(conn, resp, param if kind == "cut_watch" else None)
-                return
-            data = resp.read()
-        except OSError:
-            self.close_connection = True
-            _shut(self.connection)  # the server went away: so does the reply
-            return
-        finally:
-            if not watch:
-                conn.close()
-        if kind == "lost_reply":  # the write happened; the client never hears of it
-            self.close_connection = True
-            _shut(self.connection)
-            return
-        self.send_response(resp.status)
-        for k, v in resp.getheaders():
-            if k.lower() not in _HOP:
-                self.send_header(k, v)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        return False
+
+    def after(self, at: float, watch: bool, status: int, data: bytes) -> bool:
+        return self._fault[0] == "lost_reply"  # the write happened; the client never hears of it
+
+    def cut_after(self) -> float | None:
+        kind, param = self._fault
+        return param if kind == "cut_watch" else None
 
     def _error(self, status: int) -> None:
         reason = {500: "InternalError", 503: "ServiceUnavailable", 429: "TooManyRequests"}[status]
@@ -262,44 +160,6 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
-
-    def _stream(
-        self,
-        conn: http.client.HTTPConnection,
-        resp: http.client.HTTPResponse,
-        cut_after: float | None,
-    ) -> None:
-        """Relay a watch line by line (events are newline-delimited JSON), re-chunked."""
-        self.close_connection = True
-        upstream = conn.sock
-        self.proxy.track(upstream, True)
-        timer = None
-        if cut_after is not None:  # cut both ends: the client sees a broken stream
-            timer = threading.Timer(cut_after, lambda: (_shut(self.connection), _shut(upstream)))
-            timer.daemon = True
-            timer.start()
-        try:
-            self.send_response(resp.status)
-            self.send_header("Content-Type", resp.getheader("Content-Type") or "application/json")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            self.wfile.flush()
-            while True:
-                line = resp.readline()
-                if not line:
-                    break
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
-                self.wfile.flush()
-            self.wfile.write(b"0\r\n\r\n")
-            self.wfile.flush()
-        except (OSError, http.client.HTTPException, ValueError):
-            _shut(self.connection)
-        finally:
-            if timer is not None:
-                timer.cancel()
-            self.proxy.track(upstream, False)
-            _shut(upstream)
-            conn.close()
 
 
 class ServerFaults:
