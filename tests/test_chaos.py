@@ -27,7 +27,6 @@ import random
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -40,6 +39,7 @@ from typing import Any
 import pytest
 from kube_fixtures import NS, node, training_job
 from kubernetes.client import CoreV1Api
+from support.cli import CLI, ROOT, stop_cli
 from support.et_operator import EtOperator
 from support.faults import FaultProxy, FaultRates, ServerFaults
 from support.invariants import (
@@ -53,8 +53,6 @@ from support.invariants import (
     percentile,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
-CLI = Path(sys.executable).with_name("spot-autoscaler")
 LONG = os.environ.get("CHAOS_LONG") == "1"
 GPUS_PER_NODE = 4
 
@@ -342,18 +340,10 @@ class Replicas:
         }
 
     def stop(self) -> dict[str, int | None]:
-        """SIGTERM every live replica (SIGCONT first: a paused one cannot handle it); exit codes."""
+        """Stop every live replica (`stop_cli`); exit codes."""
         codes = {}
         for identity, proc in self.procs.items():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGCONT)
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-            codes[identity] = proc.returncode
+            codes[identity] = stop_cli(proc, timeout=20)
         for f in self._files:
             f.close()
         return codes

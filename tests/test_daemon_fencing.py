@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from kubernetes.client.exceptions import ApiException
-from support.cli import run_cli
+from support.cli import run_cli, stop_cli
 from support.kube_api import KubeApiServer
 from support.waiting import wait_for
 from test_daemon_support import JOB, KUBE_CONFIG, node, worker
@@ -117,14 +117,7 @@ class Replica:
         ]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)  # a paused process cannot handle SIGTERM
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_cli(self.proc)
         self._out.close()
 
 

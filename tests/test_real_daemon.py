@@ -41,6 +41,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from support.audit_proxy import RecordingProxy, Sent, write_token_kubeconfig
+from support.cli import CLI, ROOT, stop_cli
 from support.control_plane import ControlPlane, free_port
 from support.et_operator import EtOperator
 from support.kustomize import build, find
@@ -51,10 +52,8 @@ from test_daemon_support import http_get, metric
 
 pytestmark = pytest.mark.real_cluster
 
-ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 CRDS = Path(__file__).resolve().parent / "support" / "crds"
-CLI = Path(sys.executable).with_name("spot-autoscaler")
 KUBECTL = "/usr/bin/kubectl"
 
 SYSTEM_NS = "spot-autoscaler"  # the daemon's own namespace (deploy/kustomization.yaml)
@@ -182,14 +181,7 @@ class Replica:
         self.proc.send_signal(signum)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)  # a stopped process cannot take SIGTERM
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.proc.wait()
+        stop_cli(self.proc)
         self._out.close()
 
 

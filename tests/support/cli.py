@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -37,3 +38,16 @@ def run_cli(
         stdout=stdout,
         stderr=stderr,
     )
+
+
+def stop_cli(proc: subprocess.Popen[str], timeout: float = 15.0) -> int:
+    """SIGTERM a daemon (SIGCONT first: a paused one cannot handle it), SIGKILL it if it is not
+    gone within `timeout` seconds; its exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGCONT)
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return proc.wait()
