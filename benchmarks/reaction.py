@@ -579,7 +579,7 @@ class RealBench:
     def wait_for_daemon(self, daemon: subprocess.Popen[bytes], port: int) -> float:
         """Until the daemon holds the Lease, has synced (/readyz), every job has its eviction
         guard and a pass has run: the steady state, not the start-up."""
-        from benchmarks.real_plane import wait_for
+        from tests.support.control_plane import wait_until
 
         started = time.monotonic()
 
@@ -590,14 +590,14 @@ class RealBench:
 
         lease = "/apis/coordination.k8s.io/v1/namespaces/default/leases/spot-autoscaler"
         guards = f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets"
-        wait_for(
+        wait_until(
             lambda: alive(((self.rest.get(lease) or {}).get("spec") or {}).get("holderIdentity")),
             600,
             "the daemon's Lease",
         )
-        wait_for(lambda: alive(_get_ok(f"http://127.0.0.1:{port}/readyz")), 600, "/readyz")
-        wait_for(lambda: alive(len(self.rest.list_all(guards)) >= self.nodes), 600, "guards", 1.0)
-        wait_for(lambda: alive(_scrape(port).get(f"{RECONCILE}_count", 0) >= 1), 600, "a pass")
+        wait_until(lambda: alive(_get_ok(f"http://127.0.0.1:{port}/readyz")), 600, "/readyz")
+        wait_until(lambda: alive(len(self.rest.list_all(guards)) >= self.nodes), 600, "guards", 1.0)
+        wait_until(lambda: alive(_scrape(port).get(f"{RECONCILE}_count", 0) >= 1), 600, "a pass")
         time.sleep(2.0)  # the pass after the last guard
         return time.monotonic() - started
 
@@ -770,13 +770,14 @@ def run_size(
 
 
 def _start_py_spy(pid: int, py_spy: tuple[Path, float] | None) -> subprocess.Popen[bytes] | None:
-    """py-spy (pip install py-spy) sampling the daemon for a while: collapsed stacks."""
+    """py-spy (pip install py-spy) sampling the daemon for a while: collapsed stacks per thread,
+    idle ones too (the notice path mostly waits on the API server: where it waits is the point)."""
     if py_spy is None:
         return None
     out, seconds = py_spy
     binary = Path(sys.executable).with_name("py-spy")
     argv = [str(binary), "record", "--pid", str(pid), "--duration", f"{seconds:g}"]
-    argv += ["--format", "raw", "--output", str(out), "--nonblocking"]
+    argv += ["--format", "raw", "--output", str(out), "--nonblocking", "--idle", "--threads"]
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 

@@ -41,7 +41,13 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.support.control_plane import KWOK_ANNOTATION, ControlPlane  # noqa: E402
+from tests.support.control_plane import (  # noqa: E402
+    KWOK_ANNOTATION,
+    ControlPlane,
+    KwokParallelism,
+    proc_stat,
+    wait_until,
+)
 from tests.support.real_cluster import find_bin_dir  # noqa: E402
 
 Obj = dict[str, Any]
@@ -67,26 +73,7 @@ class ApiError(RuntimeError):
 # Running there (8/s). More workers make the simulation closer to real kubelets. (kwok logs
 # "failed to apply stage ... status.podIPs ... no more than one IP" now and then, with 4
 # workers too: a second pod-ready patch from a stale copy of a pod already Running, refused.)
-# A KwokConfiguration file leaves the options it does not name 0: each is named here.
-KWOK_OPTIONS = """\
-apiVersion: config.kwok.x-k8s.io/v1alpha1
-kind: KwokConfiguration
-options:
-  nodeLeaseParallelism: 64
-  nodePlayStageParallelism: 16
-  podPlayStageParallelism: 16
-"""
-
-
-class BenchPlane(ControlPlane):
-    """ControlPlane with KWOK_OPTIONS as a second kwok --config (its stages file has none)."""
-
-    def _spawn(self, name: str, argv: Sequence[str], env: Any = None) -> None:
-        if name == "kwok":
-            options = self.dir / "kwok-options.yaml"
-            options.write_text(KWOK_OPTIONS)
-            argv = [*argv, f"--config={options}"]
-        super()._spawn(name, argv, env)
+KWOK_PARALLELISM = KwokParallelism(node_leases=64, node_stages=16, pod_stages=16)
 
 
 def start_plane() -> ControlPlane:
@@ -95,7 +82,7 @@ def start_plane() -> ControlPlane:
     bin_dir, why = find_bin_dir()
     if bin_dir is None:
         raise SystemExit(f"--cluster real needs the control-plane binaries: {why}")
-    return BenchPlane(bin_dir, timeout=120).start()
+    return ControlPlane(bin_dir, timeout=120, kwok_parallelism=KWOK_PARALLELISM).start()
 
 
 class Rest:
@@ -189,12 +176,12 @@ class Rest:
                 conds = ((got or {}).get("status") or {}).get("conditions") or []
                 return any(c["type"] == "Established" and c["status"] == "True" for c in conds)
 
-            wait_for(established, timeout, f"CRD {crd} Established")
+            wait_until(established, timeout, f"CRD {crd} Established")
 
     def namespace(self, name: str, timeout: float = 60) -> None:
         """Create it and wait for its `default` ServiceAccount (pods are refused without)."""
         self.call("POST", "/api/v1/namespaces", {"metadata": {"name": name}}, exists_ok=True)
-        wait_for(
+        wait_until(
             lambda: self.get(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
             timeout,
             f"ServiceAccount {name}/default",
@@ -203,17 +190,6 @@ class Rest:
     def close(self) -> None:
         self.pool.shutdown(wait=True)
         self.http.clear()
-
-
-def wait_for(condition: Callable[[], Any], timeout: float, what: str, every: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(every)
 
 
 def kwok_node(
@@ -303,12 +279,8 @@ def pod_running(pod: Obj) -> bool:
 # --- processes ------------------------------------------------------------------------------
 def cpu_seconds(pid: int) -> float | None:
     """utime + stime + cutime + cstime of a process (its reaped children included)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return sum(int(f) for f in fields[11:15]) / _TICKS
+    fields = proc_stat(pid)
+    return None if fields is None else sum(int(f) for f in fields[11:15]) / _TICKS
 
 
 def peak_rss_mb(pid: int) -> float | None:

@@ -4,14 +4,13 @@ docs/benchmarks.md; here only that they work and keep their output keys)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from support.horovod_job import missing
-from support.real_cluster import find_bin_dir
+from support.real_cluster import require_bin_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
@@ -44,12 +43,7 @@ def test_notice_delay_runs() -> None:
 @pytest.mark.real_cluster
 def test_reaction_runs_on_a_real_control_plane(tmp_path: Path) -> None:
     """reaction.py --cluster real at a tiny size: kwok nodes, real pods, the report's fields."""
-    bin_dir, why = find_bin_dir()
-    if bin_dir is None:
-        message = f"no real control plane: {why}"
-        if os.environ.get("REQUIRE_REAL_CLUSTER") == "1":
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
+    require_bin_dir()
     out = tmp_path / "reaction.json"
     args = ("--cluster", "real", "--sizes", "20", "--notices", "5", "--round", "5")
     result = run("reaction.py", *args, "--json", str(out))

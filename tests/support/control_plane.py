@@ -82,6 +82,30 @@ MPIJOB_CRD = HERE / "crds" / "kubeflow.org_mpijobs.yaml"  # equals mpi-operator 
 T = TypeVar("T")
 
 
+@dataclass(frozen=True)
+class KwokParallelism:
+    """How many node Leases kwok renews, node stages and pod stages it plays, at a time (the
+    options of a KwokConfiguration; kwok's defaults are small, 4 Leases and 4 pod stages)."""
+
+    node_leases: int
+    node_stages: int
+    pod_stages: int
+
+    def configuration(self) -> str:
+        """A KwokConfiguration naming all three: one that leaves an option out leaves it 0."""
+        options = {
+            "nodeLeaseParallelism": self.node_leases,
+            "nodePlayStageParallelism": self.node_stages,
+            "podPlayStageParallelism": self.pod_stages,
+        }
+        conf = {
+            "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+            "kind": "KwokConfiguration",
+            "options": options,
+        }
+        return yaml.safe_dump(conf, sort_keys=False)
+
+
 class ControlPlaneError(RuntimeError):
     """A component failed to start or become healthy (the message names it, with its log)."""
 
@@ -139,22 +163,30 @@ def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
     path.chmod(0o600)
 
 
+def _builder(
+    subject: x509.Name, issuer: x509.Name, key: ec.EllipticCurvePrivateKey, *, ca: bool
+) -> x509.CertificateBuilder:
+    """A certificate of `key`'s public half, valid from 5 minutes ago (clock skew) for 2 days."""
+    now = datetime.datetime.now(datetime.UTC)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=2))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+
+
 class _CertAuthority:
     def __init__(self, directory: Path, stem: str = "ca", common_name: str = "test-ca") -> None:
         self.dir = directory
         self.key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.UTC)
-        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-        self.name = name
+        self.name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
         self.cert = (
-            x509.CertificateBuilder()
-            .subject_name(name)
-            .issuer_name(name)
-            .public_key(self.key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=2))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            _builder(self.name, self.name, self.key, ca=True)
             .add_extension(
                 x509.KeyUsage(
                     digital_signature=True,
@@ -189,22 +221,9 @@ class _CertAuthority:
         attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations]
         attrs.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
         server = bool(server_names or server_ips)
-        now = datetime.datetime.now(datetime.UTC)
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name(attrs))
-            .issuer_name(self.name)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=2))
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.ExtendedKeyUsage(
-                    [ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]
-                ),
-                critical=False,
-            )
+        usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+        builder = _builder(x509.Name(attrs), self.name, key, ca=False).add_extension(
+            x509.ExtendedKeyUsage([usage]), critical=False
         )
         if server:
             sans: list[x509.GeneralName] = [x509.DNSName(n) for n in server_names]
@@ -227,14 +246,20 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
-def _pgid_of(pid: int) -> int | None:
-    """The process group of a live (non-zombie) process, from /proc."""
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command (the state first: proc(5)'s third
+    field); None for a process that is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return None if fields[0] in ("Z", "X") else int(fields[2])
+    return stat[stat.rindex(")") + 2 :].split()  # the command may hold spaces and parentheses
+
+
+def _pgid_of(pid: int) -> int | None:
+    """The process group of a live (non-zombie) process, from /proc."""
+    fields = proc_stat(pid)
+    return None if fields is None or fields[0] in ("Z", "X") else int(fields[2])
 
 
 @dataclass
@@ -302,6 +327,8 @@ class ControlPlane:
     Lease duration kwok gives its nodes (renewed every quarter of it). With
     `service_account_credentials=False` the controller-manager runs as the admin instead of one
     ServiceAccount per controller: ~5 s faster to start, less like a real cluster.
+    `kwok_parallelism`: kwok's workers (a second kwok --config), for many nodes and pods; None:
+    kwok's defaults.
     """
 
     def __init__(
@@ -313,6 +340,7 @@ class ControlPlane:
         keep_dir: bool | None = None,
         node_lease_seconds: int = 40,
         service_account_credentials: bool = True,
+        kwok_parallelism: KwokParallelism | None = None,
     ) -> None:
         self.bin_dir = Path(bin_dir)
         self.timeout = timeout
@@ -322,6 +350,7 @@ class ControlPlane:
         self.keep_dir = keep_dir
         self.node_lease_seconds = node_lease_seconds
         self.service_account_credentials = service_account_credentials
+        self.kwok_parallelism = kwok_parallelism
         self.dir = Path()
         self.processes: dict[str, _Process] = {}
         self._pgids: set[int] = set()
@@ -742,18 +771,20 @@ class ControlPlane:
                 "--leader-elect=false",
             ],
         )
-        self._spawn(
-            "kwok",
-            [
-                self._binary("kwok"),
-                f"--kubeconfig={self.kubeconfig_path}",
-                f"--config={HERE / 'kwok_stages.yaml'}",
-                f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
-                f"--server-address=127.0.0.1:{self.ports['kwok']}",
-                f"--cidr={POD_CIDR}",
-                f"--node-lease-duration-seconds={self.node_lease_seconds}",
-            ],
-        )
+        kwok = [
+            self._binary("kwok"),
+            f"--kubeconfig={self.kubeconfig_path}",
+            f"--config={HERE / 'kwok_stages.yaml'}",
+            f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
+            f"--server-address=127.0.0.1:{self.ports['kwok']}",
+            f"--cidr={POD_CIDR}",
+            f"--node-lease-duration-seconds={self.node_lease_seconds}",
+        ]
+        if self.kwok_parallelism is not None:
+            options = self.dir / "kwok-options.yaml"
+            options.write_text(self.kwok_parallelism.configuration())
+            kwok.append(f"--config={options}")
+        self._spawn("kwok", kwok)
         health = self.health()  # warm: the three start in parallel
         for name in ("kube-controller-manager", "kube-scheduler", "kwok"):
             if not health.get(name):

@@ -77,16 +77,22 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.write_line(line, yellow=True)
 
 
-@pytest.fixture(scope="session")
-def control_plane() -> Iterator[ControlPlane]:
-    """A started ControlPlane shared by the session; stopped at its end, with no process left."""
+def require_bin_dir() -> Path:
+    """The binaries' directory (`find_bin_dir`); without them the calling test is skipped, or
+    fails with REQUIRE_REAL_CLUSTER=1."""
     bin_dir, why = find_bin_dir()
     if bin_dir is None:
         message = f"no real control plane: {why}"
         if os.environ.get("REQUIRE_REAL_CLUSTER") == "1":
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
-    plane = ControlPlane(bin_dir)
+    return bin_dir
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[ControlPlane]:
+    """A started ControlPlane shared by the session; stopped at its end, with no process left."""
+    plane = ControlPlane(require_bin_dir())
     with plane:
         yield plane
     leftover = plane.leftover_processes()
