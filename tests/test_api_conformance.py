@@ -27,6 +27,7 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 from support.kube_api import KubeApiServer
+from support.raw_api import send
 from support.waiting import wait_for
 
 from autoscaler.adapters.discovery.watch import ObjectWatch
@@ -71,18 +72,9 @@ class Api:
         patch: bool = False,
         query: dict[str, Any] | None = None,
     ) -> tuple[int, Any]:
-        content = "application/merge-patch+json" if patch else "application/json"
         try:
-            response = self.client.call_api(
-                path,
-                method,
-                query_params=list((query or {}).items()),
-                body=body,
-                auth_settings=[],
-                header_params={"Content-Type": content, "Accept": "application/json"},
-                _preload_content=False,
-                _return_http_data_only=True,
-                _request_timeout=30,
+            response = send(
+                self.client, method, path, body, merge=patch, query=(query or {}).items()
             )
             return response.status, json.loads(response.data)
         except ApiException as exc:
@@ -111,16 +103,7 @@ class Api:
         """A watch from `since` ending after `count` events or when the server ends it (its
         timeoutSeconds): the events with the second each arrived at, and when the stream ended."""
         params = {"watch": "true", "resourceVersion": since, "timeoutSeconds": seconds, **query}
-        response = self.client.call_api(
-            path,
-            "GET",
-            query_params=list(params.items()),
-            auth_settings=[],
-            header_params={"Accept": "application/json"},
-            _preload_content=False,
-            _return_http_data_only=True,
-            _request_timeout=seconds + 10,
-        )
+        response = send(self.client, "GET", path, query=params.items(), timeout=seconds + 10)
         started, events = time.monotonic(), []
         try:
             for line in iter_resp_lines(response):

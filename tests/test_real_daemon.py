@@ -45,6 +45,7 @@ from support.cli import CLI, ROOT, stop_cli
 from support.control_plane import ControlPlane, free_port
 from support.et_operator import EtOperator
 from support.kustomize import build, find
+from support.raw_api import send
 from support.rbac import role_grants
 from support.real_api import RealApi
 from support.waiting import wait_for
@@ -528,20 +529,17 @@ class World:
         """The drained hosts of every version of the job the server stored after `since`: a
         watch from that resourceVersion replays them all (a drain can be undone, its pod gone,
         between two reads). The server ends the watch after a second."""
-        response = self.api._api.call_api(
-            f"/apis/{ET[0]}/{ET[1]}/namespaces/{self.namespace}/trainingjobs",
+        response = send(
+            self.api._api,
             "GET",
-            query_params=[
+            f"/apis/{ET[0]}/{ET[1]}/namespaces/{self.namespace}/trainingjobs",
+            query=[
                 ("watch", "true"),
                 ("resourceVersion", since),
                 ("fieldSelector", f"metadata.name={self.job}"),
                 ("timeoutSeconds", 1),
             ],
-            auth_settings=[],
-            header_params={"Accept": "application/json"},
-            _preload_content=False,
-            _return_http_data_only=True,
-            _request_timeout=15,
+            timeout=15,
         )
         versions = []
         for line in response.read().decode().splitlines():

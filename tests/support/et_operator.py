@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -61,6 +60,7 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 
+from . import raw_api
 from .kube_api import KubeApiServer
 
 Obj = dict[str, Any]
@@ -312,20 +312,9 @@ class EtOperator:
     def _call(
         self, method: str, path: str, body: Any = None, query: list[tuple[str, Any]] | None = None
     ) -> Obj:
-        response = self._client.call_api(
-            path,
-            method,
-            query_params=query or [],
-            body=body,
-            auth_settings=[],
-            header_params={"Content-Type": "application/json", "Accept": "application/json"},
-            _preload_content=False,
-            _return_http_data_only=True,
-            _request_timeout=10,
-        )
+        data: Obj = raw_api.call(self._client, method, path, body, query=query or (), timeout=10)
         if method != "GET":
             self._writes += 1
-        data: Obj = json.loads(response.data)
         return data
 
     def _get(self, kind: str, ns: str, name: str) -> Obj | None:

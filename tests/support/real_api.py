@@ -26,6 +26,7 @@ from typing import Any
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
+from . import raw_api
 from .control_plane import KWOK_ANNOTATION, ControlPlane
 
 Obj = dict[str, Any]
@@ -249,17 +250,5 @@ class RealApi:
         merge: bool = False,
         query: list[tuple[str, Any]] | None = None,
     ) -> Obj:
-        content = "application/merge-patch+json" if merge else "application/json"
-        response = self._api.call_api(
-            path,
-            method,
-            query_params=query or [],
-            body=body,
-            auth_settings=[],
-            header_params={"Content-Type": content, "Accept": "application/json"},
-            _preload_content=False,
-            _return_http_data_only=True,
-            _request_timeout=30,
-        )
-        data: Obj = json.loads(response.data)
+        data: Obj = raw_api.call(self._api, method, path, body, merge=merge, query=query or ())
         return data
