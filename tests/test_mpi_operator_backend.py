@@ -5,8 +5,6 @@ elsewhere under its old name."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -22,12 +20,11 @@ from kube_fixtures import (
     now,
 )
 from kubernetes import client
-from support.mpi_operator import MpiOperator, discover_hosts, worker_name
+from support.mpi_operator import MpiOperator, discover_hosts, overlay_hosts, worker_name
 from support.rbac import role_grants
 from support.waiting import wait_for
 
 from autoscaler.adapters.discovery.jobref import JobRef
-from autoscaler.adapters.discovery.scripts import OVERLAY_SCRIPT, script_path
 from autoscaler.adapters.discovery.sidecar import run_sidecar
 from autoscaler.adapters.kube.kinds.mpi_operator import MAX_ANNOTATION, MIN_ANNOTATION, MPI_JOBS
 from autoscaler.annotations import ASSIGNED_ANNOTATION, DRAINED_ANNOTATION, decode_drained
@@ -380,23 +377,10 @@ def test_the_launcher_hides_a_drained_worker_from_the_operators_discovery(
             ),
             what="the drain file",
         )
-        env = {
-            "PATH": os.environ["PATH"],
-            "SPOT_BASE_SCRIPT": str(base),
-            "SPOT_DRAIN_FILE": str(tmp_path / "drained-hosts"),
-            "SPOT_CACHE_FILE": str(tmp_path / "last-hosts"),
-            "SPOT_ASSIGNED_FILE": str(tmp_path / "assigned-hosts"),
-            "SPOT_PROC_DIR": str(tmp_path / "no-proc"),
-        }
-        out = subprocess.run(
-            ["sh", str(script_path(OVERLAY_SCRIPT))],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout
-        assert out == "hvd-worker-0.hvd.ml.svc:1\nhvd-worker-2.hvd.ml.svc:1\n"
+        assert (
+            overlay_hosts(base, tmp_path)
+            == "hvd-worker-0.hvd.ml.svc:1\nhvd-worker-2.hvd.ml.svc:1\n"
+        )
         # what Horovod runs on, published by pod name (as the daemon names hosts)
         (tmp_path / "assigned-hosts").write_text("hvd-worker-0.hvd.ml.svc\n")
         wait_for(

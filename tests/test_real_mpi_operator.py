@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import subprocess
 import threading
@@ -47,12 +46,11 @@ from support.control_plane import (
     ControlPlaneError,
     port_in_use,
 )
-from support.mpi_operator import discover_hosts, hostfile
+from support.mpi_operator import discover_hosts, hostfile, overlay_hosts
 from support.real_api import RealApi
 from support.waiting import wait_for
 
 from autoscaler.adapters.discovery.jobref import JobRef
-from autoscaler.adapters.discovery.scripts import OVERLAY_SCRIPT, script_path
 from autoscaler.adapters.discovery.sidecar import run_sidecar
 from autoscaler.adapters.kube.kinds.mpi_operator import MAX_ANNOTATION, MIN_ANNOTATION, MPI_JOBS
 from autoscaler.adapters.kube.resources import MANAGER
@@ -452,8 +450,8 @@ def product(cluster: Cluster) -> Iterator[Product]:
 
 
 def script_output(tmp_path: Path, base_script: str, drained: str = "", slots: int = 1) -> str:
-    """Our discover_hosts.sh (what horovodrun runs in the launcher) over the operator's script,
-    as deploy/mpijob-example.yaml wires it (SPOT_BASE_SCRIPT=/etc/mpi/discover_hosts.sh)."""
+    """`overlay_hosts` over the operator's script `base_script`, with `drained` as the drain file
+    (the last one kept when empty) and no cache left from before."""
     base = tmp_path / "etc-mpi-discover_hosts.sh"
     base.write_text(base_script)
     drain_file = tmp_path / "drained-hosts"
@@ -461,24 +459,7 @@ def script_output(tmp_path: Path, base_script: str, drained: str = "", slots: in
         drain_file.write_text(drained)
     for stale in tmp_path.glob("last-hosts*"):
         stale.unlink()
-    env = {
-        "PATH": os.environ["PATH"],
-        "SPOT_BASE_SCRIPT": str(base),
-        "SPOT_SLOTS": str(slots),
-        "SPOT_DRAIN_FILE": str(drain_file),
-        "SPOT_CACHE_FILE": str(tmp_path / "last-hosts"),
-        "SPOT_ASSIGNED_FILE": str(tmp_path / "assigned-hosts"),
-        "SPOT_PROC_DIR": str(tmp_path / "no-proc"),
-    }
-    done = subprocess.run(
-        ["sh", str(script_path(OVERLAY_SCRIPT))],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=10,
-        check=True,
-    )
-    return done.stdout
+    return overlay_hosts(base, tmp_path, slots)
 
 
 # --- the tests ------------------------------------------------------------------------------------

@@ -454,14 +454,7 @@ class EtOperator:
             f"training job {meta['namespace']}/{job_name}"
         )
         self._update_conditions(status, "Created", "", msg)
-        owner = {
-            "apiVersion": API_VERSION,
-            "kind": "TrainingJob",
-            "name": job_name,
-            "uid": job["metadata"]["uid"],
-            "controller": True,
-            "blockOwnerDeletion": True,
-        }
+        owner = self._owner(job)
         updated = self._update_status(kind, scaler, status)
         if updated is None:
             return

@@ -40,7 +40,12 @@ seen to do on the real control plane (tests/test_real_mpi_operator.py).
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+from pathlib import Path
 from typing import Any
+
+from autoscaler.adapters.discovery.scripts import OVERLAY_SCRIPT, script_path
 
 from .kube_api import KubeApiServer
 
@@ -51,6 +56,49 @@ INDEX_LABEL = "training.kubeflow.org/replica-index"
 OPERATOR_LABEL = "training.kubeflow.org/operator-name"
 # status.replicaStatuses.Worker's counts (ReplicaStatus) and the pod phase each counts
 WORKER_COUNTS = {"active": "Running", "failed": "Failed", "succeeded": "Succeeded"}
+
+
+def _controller_ref(api_version: str, kind: str, name: str, uid: str) -> Obj:
+    """metav1.NewControllerRef: the garbage collector deletes the object with its owner."""
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _owned_by(job: Obj) -> Obj:
+    """The controller reference to an MPIJob its workers and ConfigMap carry."""
+    return _controller_ref(
+        "kubeflow.org/v2beta1", "MPIJob", job["metadata"]["name"], job["metadata"].get("uid", "")
+    )
+
+
+def overlay_hosts(base: Path, files: Path, slots: int = 1) -> str:
+    """What our discover_hosts.sh prints over the operator's script `base`, as the launcher runs
+    it (deploy/mpijob-example.yaml: SPOT_BASE_SCRIPT=/etc/mpi/discover_hosts.sh), its drain,
+    cache and assigned-hosts files in `files`."""
+    env = {
+        "PATH": os.environ["PATH"],
+        "SPOT_BASE_SCRIPT": str(base),
+        "SPOT_SLOTS": str(slots),
+        "SPOT_DRAIN_FILE": str(files / "drained-hosts"),
+        "SPOT_CACHE_FILE": str(files / "last-hosts"),
+        "SPOT_ASSIGNED_FILE": str(files / "assigned-hosts"),
+        "SPOT_PROC_DIR": str(files / "no-proc"),
+    }
+    done = subprocess.run(
+        ["sh", str(script_path(OVERLAY_SCRIPT))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=True,
+    )
+    return done.stdout
 
 
 def worker_name(job: str, index: int) -> str:
@@ -182,16 +230,7 @@ class MpiOperator:
                 "name": worker_name(name, index),
                 "namespace": self.namespace,
                 "labels": labels,
-                "ownerReferences": [
-                    {
-                        "apiVersion": "kubeflow.org/v2beta1",
-                        "kind": "MPIJob",
-                        "name": name,
-                        "uid": job["metadata"].get("uid", ""),
-                        "controller": True,
-                        "blockOwnerDeletion": True,
-                    }
-                ],
+                "ownerReferences": [_owned_by(job)],
             },
             "spec": pod_spec,
             "status": {"phase": "Pending"},
@@ -220,14 +259,7 @@ class MpiOperator:
                     "namespace": self.namespace,
                     "labels": labels,
                     "ownerReferences": [
-                        {
-                            "apiVersion": "batch/v1",
-                            "kind": "Job",
-                            "name": f"{name}-launcher",
-                            "uid": f"job-{suffix}",
-                            "controller": True,
-                            "blockOwnerDeletion": True,
-                        }
+                        _controller_ref("batch/v1", "Job", f"{name}-launcher", f"job-{suffix}")
                     ],
                 },
                 "spec": {
@@ -253,21 +285,13 @@ class MpiOperator:
         cm_name = f"{name}-config"
         current = self.server.get("configmaps", cm_name, self.namespace)
         if current is None:
-            owner = {
-                "apiVersion": "kubeflow.org/v2beta1",
-                "kind": "MPIJob",
-                "name": name,
-                "uid": job["metadata"].get("uid", ""),
-                "controller": True,
-                "blockOwnerDeletion": True,
-            }
             meta = {"name": cm_name, "namespace": self.namespace, "labels": {"app": name}}
             self.server.seed(
                 {
                     "apiVersion": "v1",
                     "kind": "ConfigMap",
                     "data": data,
-                    "metadata": {**meta, "ownerReferences": [owner]},
+                    "metadata": {**meta, "ownerReferences": [_owned_by(job)]},
                 }
             )
         elif current.get("data") != data:
