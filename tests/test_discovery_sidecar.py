@@ -21,9 +21,10 @@ import structlog.testing
 import yaml
 from support.kube_api import KubeApiServer
 from support.rbac import role_grants
+from support.sidecar import sidecar_thread
 from support.waiting import seconds_until, wait_for
 
-from autoscaler.adapters.discovery.sidecar import ContainerRef, DrainSidecar, JobRef, run_sidecar
+from autoscaler.adapters.discovery.sidecar import ContainerRef, DrainSidecar, JobRef
 from autoscaler.adapters.discovery.watch import ObjectWatch
 from autoscaler.annotations import (
     ASSIGNED_ANNOTATION,
@@ -298,20 +299,13 @@ class Sidecar:
         self.api = api
         self.assigned = edl / "assigned-hosts"
         self.stop = threading.Event()
-        self.thread = threading.Thread(
-            target=run_sidecar,
-            daemon=True,
-            kwargs={
-                "api": api.api_client(),
-                "job": JobRef(NS, JOB),
-                "drain_path": edl / "drained-hosts",
-                "assigned_path": self.assigned,
-                "exit_with": exit_with,
-                "watch_timeout": timedelta(seconds=30),
-                "backoff_max": timedelta(seconds=0.2),
-                "stop": self.stop,
-                "poll": 0.02,
-            },
+        self.thread = sidecar_thread(
+            api.api_client(),
+            JobRef(NS, JOB),
+            edl / "drained-hosts",
+            self.stop,
+            self.assigned,
+            exit_with,
         )
 
     def start(self) -> None:

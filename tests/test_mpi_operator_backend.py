@@ -6,7 +6,6 @@ elsewhere under its old name."""
 from __future__ import annotations
 
 import threading
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +21,10 @@ from kube_fixtures import (
 from kubernetes import client
 from support.mpi_operator import MpiOperator, discover_hosts, overlay_hosts, worker_name
 from support.rbac import role_grants
+from support.sidecar import sidecar_thread
 from support.waiting import wait_for
 
 from autoscaler.adapters.discovery.jobref import JobRef
-from autoscaler.adapters.discovery.sidecar import run_sidecar
 from autoscaler.adapters.kube.kinds.mpi_operator import MAX_ANNOTATION, MIN_ANNOTATION, MPI_JOBS
 from autoscaler.annotations import ASSIGNED_ANNOTATION, DRAINED_ANNOTATION, decode_drained
 from autoscaler.core import Action, Decision, Reason
@@ -347,21 +346,8 @@ def test_the_launcher_hides_a_drained_worker_from_the_operators_discovery(
     base.write_text(mpi.script("hvd"))
     stop = threading.Event()
     job = JobRef(NS, "hvd", MPI_JOBS)
-    sidecar = threading.Thread(
-        target=run_sidecar,
-        daemon=True,
-        kwargs={
-            "api": kube.server.api_client(),
-            "job": job,
-            "drain_path": tmp_path / "drained-hosts",
-            "assigned_path": tmp_path / "assigned-hosts",
-            "exit_with": None,
-            "watch_timeout": timedelta(seconds=30),
-            "backoff_max": timedelta(seconds=0.2),
-            "stop": stop,
-            "poll": 0.02,
-        },
-    )
+    drain, assigned = tmp_path / "drained-hosts", tmp_path / "assigned-hosts"
+    sidecar = sidecar_thread(kube.server.api_client(), job, drain, stop, assigned)
     sidecar.start()
     try:
         kube.server.patch(

@@ -28,7 +28,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -48,10 +47,10 @@ from support.control_plane import (
 )
 from support.mpi_operator import discover_hosts, hostfile, overlay_hosts
 from support.real_api import RealApi
+from support.sidecar import sidecar_thread
 from support.waiting import wait_for
 
 from autoscaler.adapters.discovery.jobref import JobRef
-from autoscaler.adapters.discovery.sidecar import run_sidecar
 from autoscaler.adapters.kube.kinds.mpi_operator import MAX_ANNOTATION, MIN_ANNOTATION, MPI_JOBS
 from autoscaler.adapters.kube.resources import MANAGER
 from autoscaler.annotations import DRAINED_ANNOTATION, decode_drained
@@ -644,20 +643,9 @@ def test_a_notice_on_the_top_workers_node_drains_it_then_mpi_operator_deletes_it
     kept = {p.metadata.name: p.metadata.uid for p in cluster.workers("top")[:2]}
 
     stop = threading.Event()
-    sidecar = threading.Thread(  # the launcher's sidecar: the annotation -> the drain file
-        target=run_sidecar,
-        daemon=True,
-        kwargs={
-            "api": cluster.api,
-            "job": JobRef(NS, "top", MPI_JOBS),
-            "drain_path": tmp_path / "drained-hosts",
-            "assigned_path": None,
-            "exit_with": None,
-            "watch_timeout": timedelta(seconds=30),
-            "backoff_max": timedelta(seconds=0.2),
-            "stop": stop,
-            "poll": 0.02,
-        },
+    # the launcher's sidecar: the annotation -> the drain file
+    sidecar = sidecar_thread(
+        cluster.api, JobRef(NS, "top", MPI_JOBS), tmp_path / "drained-hosts", stop
     )
     sidecar.start()
     try:

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -312,7 +313,8 @@ class EtOperator:
     def _call(
         self, method: str, path: str, body: Any = None, query: list[tuple[str, Any]] | None = None
     ) -> Obj:
-        data: Obj = raw_api.call(self._client, method, path, body, query=query or (), timeout=10)
+        response = raw_api.send(self._client, method, path, body, query=query or (), timeout=10)
+        data: Obj = json.loads(response.data)
         if method != "GET":
             self._writes += 1
         return data

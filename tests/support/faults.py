@@ -26,7 +26,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-from .kube_api import KubeApiServer
+from .kube_api import KubeApiServer, write_kubeconfig
 from .proxy import ForwardingHandler, ForwardingProxy
 
 
@@ -73,17 +73,7 @@ class FaultProxy(ForwardingProxy):
 
     def kubeconfig(self, path: str) -> str:
         """A kubeconfig pointing at the proxy (the emulator's format, another server)."""
-        cfg = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "current-context": "chaos",
-            "clusters": [{"name": "chaos", "cluster": {"server": self.url}}],
-            "users": [{"name": "chaos", "user": {}}],
-            "contexts": [{"name": "chaos", "context": {"cluster": "chaos", "user": "chaos"}}],
-        }
-        with open(path, "w") as f:
-            json.dump(cfg, f)
-        return path
+        return write_kubeconfig(path, self.url, "chaos")
 
     @property
     def injected(self) -> int:

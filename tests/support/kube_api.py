@@ -274,20 +274,8 @@ class KubeApiServer(PodWorkloads):
         return client.ApiClient(cfg)
 
     def kubeconfig(self, path: str) -> str:
-        """Write a kubeconfig (JSON is valid YAML) pointing at this server, without auth."""
-        cfg = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "current-context": "emulator",
-            "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
-            "users": [{"name": "emulator", "user": {}}],
-            "contexts": [
-                {"name": "emulator", "context": {"cluster": "emulator", "user": "emulator"}}
-            ],
-        }
-        with open(path, "w") as f:
-            json.dump(cfg, f)
-        return path
+        """Write a kubeconfig pointing at this server, without auth."""
+        return write_kubeconfig(path, self.url, "emulator")
 
     # ------------------------------------------------------------ test controls
     def register(self, res: Resource) -> None:
@@ -889,23 +877,17 @@ class KubeApiServer(PodWorkloads):
     def _validate(self, res: Resource, obj: Obj, old: Obj | None) -> None:
         """The strategy's validation: a custom resource against its schema (ratcheting on
         update), a PodDisruptionBudget's spec."""
-        name = (obj.get("metadata") or {}).get("name", "")
+        problems: list[FieldError] = []
         if res.crd:
-            errors = load_crd(res.crd).schema.validate(obj, old, self.validation_ratcheting)
-            if errors:
-                raise invalid(res, name, errors)
+            problems = load_crd(res.crd).schema.validate(obj, old, self.validation_ratcheting)
         elif res.key == "poddisruptionbudgets.policy":
             problems = validate_pdb(obj)
-            if problems:
-                raise invalid(res, name, problems)
         elif res.key == "pods" and old is None:
             problems = validate_pod(obj)
-            if problems:
-                raise invalid(res, name, problems)
         elif res.key == "events":
             problems = validate_event(obj)
-            if problems:
-                raise invalid(res, name, problems)
+        if problems:
+            raise invalid(res, (obj.get("metadata") or {}).get("name", ""), problems)
 
     def _get(self, res: Resource, namespace: str | None, name: str) -> Obj:
         with self._lock:
@@ -1246,6 +1228,21 @@ class KubeApiServer(PodWorkloads):
             gone["metadata"]["resourceVersion"] = str(ev.rv)
             return [{"type": "DELETED", "object": gone}]
         return []
+
+
+def write_kubeconfig(path: str, server: str, name: str) -> str:
+    """A kubeconfig (JSON is valid YAML) for `server` without auth, its entries called `name`."""
+    cfg = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": name,
+        "clusters": [{"name": name, "cluster": {"server": server}}],
+        "users": [{"name": name, "user": {}}],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": name}}],
+    }
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    return path
 
 
 def _go_number(text: str) -> float | int:

@@ -3,7 +3,6 @@ models, the ApiClient's own credentials and TLS, as the product's own calls go."
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -21,8 +20,8 @@ def send(
     query: Iterable[tuple[str, Any]] = (),
     timeout: float = 30,
 ) -> BaseHTTPResponse:
-    """The response unread (a watch streams on it; close it then); ApiException on an error
-    status. `merge`: the body is a JSON merge patch."""
+    """The response unread (`json.loads(response.data)`, or a watch streamed on it); ApiException
+    on an error status. `merge`: the body is a JSON merge patch."""
     content = "application/merge-patch+json" if merge else "application/json"
     response: BaseHTTPResponse = api.call_api(
         path,
@@ -36,17 +35,3 @@ def send(
         _request_timeout=timeout,
     )
     return response
-
-
-def call(
-    api: ApiClient,
-    method: str,
-    path: str,
-    body: Any = None,
-    *,
-    merge: bool = False,
-    query: Iterable[tuple[str, Any]] = (),
-    timeout: float = 30,
-) -> Any:
-    """The decoded answer of `send`."""
-    return json.loads(send(api, method, path, body, merge=merge, query=query, timeout=timeout).data)

@@ -250,5 +250,6 @@ class RealApi:
         merge: bool = False,
         query: list[tuple[str, Any]] | None = None,
     ) -> Obj:
-        data: Obj = raw_api.call(self._api, method, path, body, merge=merge, query=query or ())
+        response = raw_api.send(self._api, method, path, body, merge=merge, query=query or ())
+        data: Obj = json.loads(response.data)
         return data
