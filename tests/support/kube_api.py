@@ -44,6 +44,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
+from .http import serve
 from .kube_core import (
     DNS_LABEL_RE,
     EVENT_FIELDS,
@@ -239,11 +240,7 @@ class KubeApiServer(PodWorkloads):
     # ------------------------------------------------------------ lifecycle
     def start(self) -> KubeApiServer:
         handler = type("Handler", (_Handler,), {"api": self})
-        self._httpd = _HTTPServer(("127.0.0.1", 0), handler)
-        self._httpd.daemon_threads = True
-        threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        ).start()
+        self._httpd = serve(_HTTPServer(("127.0.0.1", 0), handler))
         self._kubelet.start()
         return self
 

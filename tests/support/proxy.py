@@ -19,6 +19,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
 from urllib.parse import parse_qs, urlsplit
 
+from .http import serve
+
 _HOP = {
     "connection",
     "keep-alive",
@@ -56,11 +58,7 @@ class ForwardingProxy:
 
     def start(self) -> Self:
         handler = type("Handler", (self._handler,), {"proxy": self})
-        self._httpd = _QuietServer(("127.0.0.1", 0), handler)
-        self._httpd.daemon_threads = True
-        threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        ).start()
+        self._httpd = serve(_QuietServer(("127.0.0.1", 0), handler))
         return self
 
     def stop(self) -> None:
