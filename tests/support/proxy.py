@@ -3,8 +3,9 @@ stand between a client and the server (stdlib only).
 
 `ForwardingProxy` owns the listening server and every open connection (`stop()` shuts them all);
 `ForwardingHandler` forwards each request (hop-by-hop headers dropped), relays the answer and
-streams a watch line by line. Subclasses see each request through two hooks: `before` (answer it
-here instead) and `after` (what the server answered; drop the reply).
+streams a watch line by line. Subclasses see each request through three hooks: `before` (answer
+it here instead), `after` (what the server answered; drop the reply) and `cut_after` (break a
+watch stream).
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ class ForwardingProxy:
         with self._lock:
             socks, self._open = list(self._open), set()
         for s in socks:
-            shut(s)
+            _shut(s)
 
     def __enter__(self) -> Self:
         return self.start()
@@ -98,7 +99,7 @@ class ForwardingProxy:
             (self._open.add if on else self._open.discard)(sock)
 
 
-def shut(sock: socket.socket | None) -> None:
+def _shut(sock: socket.socket | None) -> None:
     """Shut a socket both ways: its peer sees the connection end at once."""
     if sock is not None:
         with contextlib.suppress(OSError):
@@ -143,10 +144,10 @@ class ForwardingHandler(BaseHTTPRequestHandler):
         return None
 
     # ------------------------------------------------------------ forwarding
-    def drop(self) -> None:
+    def _drop(self) -> None:
         """End the client's connection without (the rest of) a reply."""
         self.close_connection = True
-        shut(self.connection)
+        _shut(self.connection)
 
     def _forward(self) -> None:
         at = time.monotonic()
@@ -169,13 +170,13 @@ class ForwardingHandler(BaseHTTPRequestHandler):
             data = resp.read()
         except OSError:
             self.after(at, watch, status, data)
-            self.drop()  # the server went away: so does the reply
+            self._drop()  # the server went away: so does the reply
             return
         finally:
             if not (watch and status == 200):
                 conn.close()
         if self.after(at, watch, status, data):
-            self.drop()
+            self._drop()
             return
         self.send_response(status)
         for k, v in resp.getheaders():
@@ -194,8 +195,8 @@ class ForwardingHandler(BaseHTTPRequestHandler):
         if (cut_after := self.cut_after()) is not None:
 
             def cut() -> None:  # both ends: the client sees a broken stream
-                shut(self.connection)
-                shut(upstream)
+                _shut(self.connection)
+                _shut(upstream)
 
             timer = threading.Timer(cut_after, cut)
             timer.daemon = True
@@ -215,10 +216,10 @@ class ForwardingHandler(BaseHTTPRequestHandler):
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
         except (OSError, http.client.HTTPException, ValueError):
-            shut(self.connection)
+            _shut(self.connection)
         finally:
             if timer is not None:
                 timer.cancel()
             self.proxy.track(upstream, False)
-            shut(upstream)
+            _shut(upstream)
             conn.close()
