@@ -39,8 +39,10 @@ _APPLY_ORDER = {
 }
 
 
-# What a pass may write while a notice waits: the departures (a full pass makes them too).
-_ANSWERS_NOTICES = frozenset({Action.DRAIN, Action.CANCEL, Action.SCALE_IN})
+# What a pass may write while a notice waits: the departures (a full pass makes them too), in
+# this order; each of different jobs at once (one decision per job and action).
+_DEPARTURES = (Action.DRAIN, Action.CANCEL, Action.SCALE_IN)
+_ANSWERS_NOTICES = frozenset(_DEPARTURES)
 
 
 def _never() -> bool:
@@ -81,7 +83,7 @@ class Reconciler:
         policies: PolicySet,
         logger: Any,
         on_decision: Callable[[Decision], None] | None = None,
-        drain_workers: int = 1,
+        write_workers: int = 1,
     ) -> None:
         self.observer = observer
         self.actuator = actuator
@@ -98,11 +100,12 @@ class Reconciler:
         self.gave_way = False  # the last tick stopped for a waiting notice (see tick)
         self.kept = True  # False: standing objects are left over (keep_more, or the next pass)
         self._managed: list[Job] = []
-        # drains of different jobs are independent writes racing nodes' deaths: with more than
-        # one worker they go out at once instead of queueing behind each other's round trips
-        self._drain_pool = (
-            ThreadPoolExecutor(drain_workers, thread_name_prefix="drain")
-            if drain_workers > 1
+        # departures of different jobs are independent writes racing nodes' deaths: with more
+        # than one worker they go out at once instead of queueing behind each other's round
+        # trips (a ScaleIn is three: the server check's two reads and the create)
+        self._pool = (
+            ThreadPoolExecutor(write_workers, thread_name_prefix="departure")
+            if write_workers > 1
             else None
         )
 
@@ -179,19 +182,26 @@ class Reconciler:
                 self.on_decision(decision)
         # Every job's drain before any scaler: a drain is what races the node's death, and it
         # must not wait behind other jobs' API writes. Within a job, drain still precedes scale-in.
-        ordered = sorted(to_apply, key=lambda d: _APPLY_ORDER[d.action])
-        drains = [d for d in ordered if d.action is Action.DRAIN]
         done: list[bool] = []
-        if self._drain_pool is not None and len(drains) > 1:
-            done += self._drain_pool.map(lambda d: self._log_and_apply(d, now), drains)
-            ordered = ordered[len(drains) :]
-        for decision in ordered:
-            if decision.action not in _ANSWERS_NOTICES and give_way():
+        for action in _DEPARTURES:
+            done += self._apply_at_once([d for d in to_apply if d.action is action], now)
+        rest = sorted(
+            (d for d in to_apply if d.action not in _ANSWERS_NOTICES),
+            key=lambda d: _APPLY_ORDER[d.action],
+        )
+        for decision in rest:
+            if give_way():
                 self.errors += done.count(False)
                 return False
             done.append(self._log_and_apply(decision, now))
         self.errors += done.count(False)
         return True
+
+    def _apply_at_once(self, decisions: list[Decision], now: datetime) -> list[bool]:
+        """Decisions of different jobs, concurrently when there is a pool."""
+        if self._pool is None or len(decisions) < 2:
+            return [self._log_and_apply(d, now) for d in decisions]
+        return list(self._pool.map(lambda d: self._log_and_apply(d, now), decisions))
 
     def _log_and_apply(self, decision: Decision, now: datetime) -> bool:
         self._worth_logging(decision)  # an action ends its job's noop episode

@@ -56,6 +56,9 @@ import urllib.error
 import urllib.request
 import uuid
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -651,7 +654,10 @@ def run_size(
     threads: int = 24,
     py_spy: tuple[Path, float] | None = None,
     max_unready_nodes: int = 0,
-) -> dict[str, Any]:
+    repeat: int = 1,
+) -> list[dict[str, Any]]:
+    """`repeat` runs on one cluster (made once: at 2,000 real nodes that is most of the time),
+    each with a daemon of its own, started afresh, and notices on nodes no earlier run touched."""
     from benchmarks.real_plane import Meter
 
     meter = Meter()
@@ -679,13 +685,10 @@ def run_size(
         if cluster == "emulator"
         else RealBench(nodes, guards, threads, max_unready_nodes)
     )
-    with bench, tempfile.TemporaryDirectory() as tmp:
+    with bench, tempfile.TemporaryDirectory() as tmp, _stopping(stop, moto):
         bench.watch_processes(meter)
         meter.mark("setup")
         kubeconfig = bench.kubeconfig(Path(tmp))
-        config = Path(tmp) / "config.yaml"
-        port = _free_port()
-        config.write_text(CONFIG.format(ns=NS, region=REGION, queue=queue, port=port))
         threads_ = [
             threading.Thread(target=watch_kind, args=(bench.api_client(), p, f, stop), daemon=True)
             for p, f in (("trainingjobs", seen.saw_job), ("scaleins", seen.saw_scale_in))
@@ -694,53 +697,110 @@ def run_size(
         for t in threads_:
             t.start()
         bench.guards_marked()
-        cli = Path(sys.executable).with_name("spot-autoscaler")
-        stderr = (Path(tmp) / "daemon.err").open("wb")  # a file: a full pipe would stall it
-        daemon = subprocess.Popen(
-            [str(cli), "run", "--config", str(config), "--kubeconfig", kubeconfig],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
+        setup_cpu = meter.cpu("begin", "setup")
+        runs = [
+            _one_run(bench, meter, env, Path(tmp), kubeconfig, (sqs, queue), seen, plan, py_spy)
+            for plan in _plans(bench, notices, round_size, spacing, repeat)
+        ]
+    return [
+        {
+            "cluster": bench.name,
+            "nodes": nodes,
+            "pods": nodes * 2 * PER_JOB_ON_NODE,
+            "run": i + 1,
+            "setup_s": bench.setup,
+            **run,
+            "cpu_s": {"setup": setup_cpu, **run["cpu_s"]},
+        }
+        for i, run in enumerate(runs)
+    ]
+
+
+@contextmanager
+def _stopping(stop: threading.Event, moto: ThreadedMotoServer) -> Iterator[None]:
+    """The harness's threads and moto end with the size, whatever happened."""
+    try:
+        yield
+    finally:
+        stop.set()
+        moto.stop()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One run's notices: `notices` of them, in rounds, from slot index `first` on."""
+
+    notices: int
+    round_size: int
+    spacing: float
+    first: int
+
+
+def _plans(bench: Bench, notices: int, round_size: int, spacing: float, repeat: int) -> list[Plan]:
+    slots = len(_slots(bench.cluster))
+    if repeat * notices > slots:
+        raise SystemExit(
+            f"{repeat} runs of {notices} notices need {repeat * notices} node pairs: {slots} here"
         )
-        meter.watch("daemon", daemon.pid)
-        meter.mark("daemon_started")
-        profiler = None
+    return [Plan(notices, round_size, spacing, i * notices) for i in range(repeat)]
+
+
+def _one_run(
+    bench: Bench,
+    meter: Any,
+    env: dict[str, str],
+    tmp: Path,
+    kubeconfig: str,
+    queue: tuple[Any, str],
+    seen: Observed,
+    plan: Plan,
+    py_spy: tuple[Path, float] | None,
+) -> dict[str, Any]:
+    """A fresh daemon, its notices, its figures."""
+    config = tmp / "config.yaml"
+    port = _free_port()
+    config.write_text(CONFIG.format(ns=NS, region=REGION, queue=queue[1], port=port))
+    cli = Path(sys.executable).with_name("spot-autoscaler")
+    stderr = (tmp / "daemon.err").open("wb")  # a file: a full pipe would stall it
+    daemon = subprocess.Popen(
+        [str(cli), "run", "--config", str(config), "--kubeconfig", kubeconfig],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+    )
+    meter.watch("daemon", daemon.pid)
+    meter.mark("daemon_started")
+    profiler = None
+    try:
+        ready = bench.wait_for_daemon(daemon, port)
+        before = _scrape(port)
+        meter.mark("daemon_ready")
+        profiler = _start_py_spy(daemon.pid, py_spy)
+        t0 = time.monotonic()
+        samples = _rounds(bench, *queue, seen, plan, daemon)
+        rounds_s = time.monotonic() - t0
+        meter.mark("rounds")
+        metrics = _scrape(port)
+        guard_writes = bench.guard_writes()
+        meter.peaks()
+        versions = bench.versions()
+        healthy = bench.health()
+    finally:
+        if profiler is not None:
+            _finish_py_spy(profiler)
+        daemon.terminate()
         try:
-            ready = bench.wait_for_daemon(daemon, port)
-            before = _scrape(port)
-            meter.mark("daemon_ready")
-            profiler = _start_py_spy(daemon.pid, py_spy)
-            t0 = time.monotonic()
-            samples = _rounds(bench, sqs, queue, seen, notices, round_size, spacing, daemon)
-            rounds_s = time.monotonic() - t0
-            meter.mark("rounds")
-            metrics = _scrape(port)
-            guard_writes = bench.guard_writes()
-            meter.peaks()
-            versions = bench.versions()
-            healthy = bench.health()
-        finally:
-            if profiler is not None:
-                _finish_py_spy(profiler)
-            daemon.terminate()
-            try:
-                daemon.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                daemon.kill()
-                daemon.wait()
-            stderr.close()
-            err = (Path(tmp) / "daemon.err").read_text(errors="replace")
-            stop.set()
-            moto.stop()
+            daemon.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            daemon.wait()
+        stderr.close()
+        err = (tmp / "daemon.err").read_text(errors="replace")
     drain = [s["drain"] for s in samples]
     scale_in = [s["scale_in"] for s in samples]
     return {
-        "cluster": bench.name,
-        "nodes": nodes,
-        "pods": nodes * 2 * PER_JOB_ON_NODE,
         "notices": len(samples),
-        "setup_s": bench.setup,
         "daemon_ready_s": round(ready, 1),
         "rounds_s": round(rounds_s, 1),
         "drain_s": _stats(drain),
@@ -754,10 +814,9 @@ def run_size(
         "daemon_reaction_mean_s": _mean(metrics, REACTION),
         # its passes during the rounds only (the histogram's difference)
         "daemon_passes": _window(before, metrics, RECONCILE),
-        # CPU seconds per process and phase: setup (the cluster made), daemon_start (start to
-        # steady state), rounds (the notices); the harness is this process
+        # CPU seconds per process and phase: setup (the cluster made, shared by the runs),
+        # daemon_start (start to steady state), rounds (the notices); the harness is this process
         "cpu_s": {
-            "setup": meter.cpu("begin", "setup"),
             "daemon_start": meter.cpu("daemon_started", "daemon_ready"),
             "rounds": meter.cpu("daemon_ready", "rounds"),
         },
@@ -814,33 +873,35 @@ def _wait_for_daemon(api: KubeApiServer, jobs: int, timeout: float = 600.0) -> f
     return time.monotonic() - started
 
 
+def _slots(cluster: Any) -> list[int]:
+    # nodes 0, 2, 4, ... touch disjoint pairs of jobs: one round never has two scalers per job
+    return list(range(0, cluster.n - 1, 2))
+
+
 def _rounds(
     bench: Bench,
     sqs: Any,
     queue: str,
     seen: Observed,
-    notices: int,
-    round_size: int,
-    spacing: float,
+    plan: Plan,
     daemon: subprocess.Popen[bytes],
 ) -> list[dict[str, float]]:
     cluster = bench.cluster
-    # nodes 0, 2, 4, ... touch disjoint pairs of jobs: one round never has two scalers per job
-    slots = list(range(0, cluster.n - 1, 2))
+    slots = _slots(cluster)
     samples: list[dict[str, float]] = []
-    cursor = 0
-    while len(samples) < notices:
-        batch = [slots[(cursor + i) % len(slots)] for i in range(round_size)]
-        cursor += round_size
+    cursor = plan.first
+    while len(samples) < plan.notices:
+        batch = [slots[(cursor + i) % len(slots)] for i in range(plan.round_size)]
+        cursor += plan.round_size
         sent: dict[int, float] = {}
         for slot in batch:
             sent[slot] = time.monotonic()
             sqs.send_message(QueueUrl=queue, MessageBody=interruption(cluster.instance(slot)))
-            time.sleep(spacing)
+            time.sleep(plan.spacing)
         pods = {slot: [p for _, p in cluster.pods_on[slot]] for slot in batch}
         if not seen.wait_for_pods([p for ps in pods.values() for p in ps], timeout=60):
             raise RuntimeError(
-                f"round {cursor // round_size}: no reaction within 60 s "
+                f"round {(cursor - plan.first) // plan.round_size}: no reaction within 60 s "
                 f"(daemon exit code {daemon.poll()})"
             )
         for slot in batch:
@@ -932,6 +993,27 @@ def _cpu_line(cpu: dict[str, float | None]) -> str:
     return "; ".join(parts)
 
 
+def spread(runs: list[dict[str, Any]]) -> str:
+    """min / median / max over the runs of one size, of each run's figure."""
+
+    def mmm(values: list[float]) -> str:
+        return " / ".join(f"{v:.3f}" for v in (min(values), statistics.median(values), max(values)))
+
+    lines = [f"{len(runs)} runs, min / median / max of the runs:"]
+    for label, key, stat in (
+        ("drain p99", "drain_s", "p99"),
+        ("drain median", "drain_s", "median"),
+        ("ScaleIn p99", "scale_in_s", "p99"),
+        ("ScaleIn median", "scale_in_s", "median"),
+    ):
+        lines.append(f"  {label}: {mmm([r[key][stat] for r in runs])} s")
+    lines.append(
+        f"  notice received -> applied (daemon, mean): "
+        f"{mmm([r['daemon_reaction_mean_s'] for r in runs])} s"
+    )
+    return "\n".join(lines)
+
+
 def report(r: dict[str, Any]) -> str:
     setup = ", ".join(f"{k} {v}" for k, v in r["setup_s"].items())
     p = r["daemon_passes"]
@@ -984,6 +1066,12 @@ def main() -> int:
         help="--cluster real: start although this many nodes are not Ready (a loaded machine); "
         "the report says how many were",
     )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs per size on one cluster, each with a fresh daemon (min/median/max at the end)",
+    )
     parser.add_argument("--py-spy", type=Path, help="sample the daemon in the rounds: raw stacks")
     parser.add_argument("--py-spy-seconds", type=float, default=20.0)
     parser.add_argument("--json", type=Path)
@@ -1009,9 +1097,13 @@ def main() -> int:
             args.setup_threads,
             py_spy,
             args.max_unready_nodes,
+            args.repeat,
         )
-        results.append(r)
-        print(report(r), flush=True)
+        results += r
+        for run in r:
+            print(report(run), flush=True)
+        if len(r) > 1:
+            print(spread(r), flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0

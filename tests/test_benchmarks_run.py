@@ -42,24 +42,30 @@ def test_notice_delay_runs() -> None:
 
 @pytest.mark.real_cluster
 def test_reaction_runs_on_a_real_control_plane(tmp_path: Path) -> None:
-    """reaction.py --cluster real at a tiny size: kwok nodes, real pods, the report's fields."""
+    """reaction.py --cluster real at a tiny size, two runs on one cluster: kwok nodes, real
+    pods, each run's daemon and figures, the spread line."""
     require_bin_dir()
     out = tmp_path / "reaction.json"
-    args = ("--cluster", "real", "--sizes", "20", "--notices", "5", "--round", "5")
+    args = ("--cluster", "real", "--sizes", "20", "--notices", "5", "--round", "5", "--repeat", "2")
     result = run("reaction.py", *args, "--json", str(out))
     assert result.returncode == 0, result.stderr[-2000:]
-    [r] = json.loads(out.read_text())
-    assert r["cluster"] == "real" and r["nodes"] == 20 and r["pods"] == 160 and r["notices"] == 5
-    for figure in ("drain_s", "scale_in_s"):
-        assert 0 < r[figure]["median"] <= r[figure]["p99"] <= r[figure]["max"]
-    assert r["daemon_passes"]["count"] > 0 and r["pass_mean_s"] > 0
-    assert r["setup_s"]["total"] > 0 and r["setup_s"]["pods"] > 0
-    processes = {"daemon", "harness", *COMPONENTS}
-    for phase in ("setup", "daemon_start", "rounds"):
-        assert set(r["cpu_s"][phase]) == processes, phase
-    assert r["cpu_s"]["rounds"]["daemon"] > 0 and r["cpu_s"]["rounds"]["kube-apiserver"] > 0
-    assert set(r["peak_rss_mb"]) == processes and all(v > 0 for v in r["peak_rss_mb"].values())
-    assert r["versions"]["kube_apiserver"].startswith("v1.") and r["versions"]["pinned"]
+    assert "2 runs, min / median / max of the runs:" in result.stdout
+    runs = json.loads(out.read_text())
+    assert [r["run"] for r in runs] == [1, 2] and runs[0]["setup_s"] == runs[1]["setup_s"]
+    for r in runs:
+        assert r["cluster"] == "real" and r["nodes"] == 20 and r["pods"] == 160
+        assert r["notices"] == 5
+        for figure in ("drain_s", "scale_in_s"):
+            assert 0 < r[figure]["median"] <= r[figure]["p99"] <= r[figure]["max"]
+        assert r["daemon_passes"]["count"] > 0 and r["pass_mean_s"] > 0
+        assert r["setup_s"]["total"] > 0 and r["setup_s"]["pods"] > 0
+        processes = {"daemon", "harness", *COMPONENTS}
+        assert set(r["cpu_s"]["setup"]) == processes - {"daemon"}  # made before any daemon
+        for phase in ("daemon_start", "rounds"):
+            assert set(r["cpu_s"][phase]) == processes, phase
+        assert r["cpu_s"]["rounds"]["daemon"] > 0 and r["cpu_s"]["rounds"]["kube-apiserver"] > 0
+        assert set(r["peak_rss_mb"]) == processes and all(v > 0 for v in r["peak_rss_mb"].values())
+        assert r["versions"]["kube_apiserver"].startswith("v1.") and r["versions"]["pinned"]
 
 
 def test_deadline_seeds_runs_the_gate_and_reports_its_keys(tmp_path: Path) -> None:

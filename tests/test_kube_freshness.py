@@ -118,6 +118,25 @@ def test_a_scale_in_naming_a_pod_gone_on_the_server_names_only_the_live_ones(kub
     assert made["spec"]["toDelete"]["podNames"] == ["bert-worker-1"]
 
 
+def test_a_notices_scale_in_reads_only_the_noticed_nodes_workers(kube: Kube) -> None:
+    """The server check lists the job's workers on the noticed node (the API server answers that
+    from its spec.nodeName index), not every pod of the namespace; a clamp still reads them all
+    (test_a_clamp_the_server_no_longer_supports_writes_nothing)."""
+    kube.server.seed(node("a", taints=[NTH_ITN]), node("b"), *bert("a", "a", "b"))
+    cache = kube.cache()
+    kube.server.clear_requests()
+    notice = Decision(
+        "ml/bert", Action.SCALE_IN, Reason.PREEMPTION_NOTICE, "default", 3, 1, count=2,
+        pods=("bert-worker-0", "bert-worker-1"), hosts=("bert-worker-0", "bert-worker-1"),
+        nodes=("a",),
+    )  # fmt: skip
+    kube.actuator(cache).apply(notice, now())
+    [made] = kube.objects("ScaleIn")
+    assert made["spec"]["toDelete"]["podNames"] == ["bert-worker-0", "bert-worker-1"]
+    lists = [r.query for r in kube.server.requests("GET", f"/namespaces/{NS}/pods", watch=False)]
+    assert [q.get("fieldSelector") for q in lists] == ["spec.nodeName=a"], lists
+
+
 @pytest.mark.parametrize("cut_nodes", [True, False], ids=["node-watch-cut", "all-fresh"])
 def test_a_notice_withdrawn_before_the_cut_removes_and_drains_nobody(
     kube: Kube, cut_nodes: bool

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import threading
 from datetime import datetime
 
 from core_fixtures import NOW, job, node, notice, policies, snapshot
@@ -43,6 +44,32 @@ def test_every_drain_goes_before_any_scale_in() -> None:
         ("ml/a", Action.SCALE_IN),
         ("ml/b", Action.SCALE_IN),
     ]
+
+
+class MeetingWorld(FixedWorld):
+    """Each write waits until the other job's write of the same action is under way too: only
+    writes that go out at once get through (a sequential pass breaks the barrier)."""
+
+    def __init__(self, snap: Snapshot) -> None:
+        super().__init__(snap)
+        self.lock = threading.Lock()
+        self.barriers = {a: threading.Barrier(2, timeout=5) for a in Action}
+
+    def apply(self, decision: Decision, now: datetime) -> None:
+        self.barriers[decision.action].wait()
+        with self.lock:
+            self.applied.append((decision.job, decision.action))
+
+
+def test_departures_of_different_jobs_go_out_at_once_drains_first() -> None:
+    world = MeetingWorld(two_preempted_jobs())
+    reconciler = Reconciler(world, world, PolicySet(), file_logger(io.StringIO()), write_workers=2)
+    reconciler.tick(NOW)
+    assert reconciler.errors == 0
+    assert [a for _, a in world.applied] == [Action.DRAIN] * 2 + [Action.SCALE_IN] * 2
+    assert sorted(world.applied) == sorted(
+        (j, a) for j in ("ml/a", "ml/b") for a in (Action.DRAIN, Action.SCALE_IN)
+    )
 
 
 def test_one_jobs_failure_does_not_stop_the_others() -> None:

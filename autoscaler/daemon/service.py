@@ -50,7 +50,7 @@ class Parts:
     # a Warning about this replica itself (reason, message): an Event on its own Pod
     announce: Callable[[str, str], None] = lambda reason, message: None
     # drains applied at once (one per job); 1 = one after another
-    drain_workers: int = 1
+    write_workers: int = 1
     # finish what a pass left queued (Events) while the Lease is still ours; before `stop`
     settle: Callable[[], object] = lambda: None
     sources: list[NamedSource] = field(default_factory=list)  # notice and price feeds
@@ -94,7 +94,7 @@ class Daemon:
             GuardedActuator(parts.actuator, self.leadership.is_leader, self.metrics, tracker),
             config.policy_set,
             decision_logger,
-            drain_workers=parts.drain_workers,
+            write_workers=parts.write_workers,
         )
         self.metrics.count_errors_from("memo", lambda: self.reconciler.memo_mismatches)
         backoff_max = self.settings.error_backoff_max.total_seconds()

@@ -26,7 +26,7 @@ from autoscaler.daemon.service import Parts
 from autoscaler.fencing import Fence
 
 OnError = Callable[[str], None]  # counts a survived failure by component
-_DRAIN_WORKERS = 4  # concurrent drain patches (one per job) in a pass
+_WRITE_WORKERS = 8  # concurrent departures (drains, then ScaleIns) of different jobs in a pass
 _EVENTS_FLUSH = 3.0  # seconds queued Events get at shutdown (inside the pod's grace period)
 
 
@@ -113,7 +113,7 @@ def _kubernetes(
         start=cache.start,
         stop=lambda: _stop_all(board.close, cache.stop),
         settle=lambda: recorder.flush(_EVENTS_FLUSH),
-        drain_workers=_DRAIN_WORKERS,
+        write_workers=_WRITE_WORKERS,
         announce=lambda reason, message: recorder.about_self(reason, message, _now()),
         sources=sources,
         lock=lock,

@@ -13,6 +13,7 @@ from kubernetes.client.exceptions import ApiException
 from autoscaler.backoff import Backoff
 
 _SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+_POOL_SIZE = 128  # connections kept open to the API server: watches + concurrent writes
 
 
 def api_client(
@@ -40,6 +41,11 @@ def api_client(
     # replica had taken the Lease (tests/test_chaos.py). Every attempt goes through
     # retry.with_retries, which asks the fence first.
     cfg.retries = 0
+    # Every watch holds a pooled connection for its whole life (a dozen kinds, per namespace
+    # when scoped): the library's default pool (5 x CPUs: 10 here) left writes without a kept
+    # connection, and each one then paid a new TCP + TLS handshake ("Connection pool is full,
+    # discarding connection"). Idle connections beyond use are never opened, only kept.
+    cfg.connection_pool_maxsize = _POOL_SIZE
     api = client.ApiClient(cfg)
     if identity:
         api.user_agent = f"spot-autoscaler/{identity}"

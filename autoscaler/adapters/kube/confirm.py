@@ -2,11 +2,14 @@
 
 A ScaleIn (or a replicas decrease) cannot be taken back, and the watch cache may be behind: a
 pod already deleted, a notice already withdrawn, a worker count that an earlier ScaleIn already
-brought down. So the victims are read from the server first (one list of the job's workers by
-the kind's labels, or a GET each for a kind without them). One named for a notice (its node had
-one in the view) goes if the node still carries it on the server (or the cloud source's own
-record, the notice board, has it); any other goes only while the job, as the server has it,
-still has more live workers than the decision aims at (a clamp to max, an on-demand surplus).
+brought down. So the victims are read from the server first: where every victim is on a node
+the view has a notice for, the job's workers on those nodes (a list per node, by the kind's
+labels); otherwise one list of the job's workers (the count is wanted), or a GET each for a kind
+without labels. A pod's node never changes, so the cache may tell which nodes to ask about.
+One named for a notice (its node had one in the view) goes if the node still carries it on the
+server (or the cloud source's own record, the notice board, has it); any other goes only while
+the job, as the server has it, still has more live workers than the decision aims at (a clamp
+to max, an on-demand surplus).
 Victims that are gone or already Terminating are dropped.
 Drains are reversible and race the node's death: they are confirmed only while the node view is
 behind (`KubeCache.behind`), one GET per noticed node.
@@ -57,7 +60,7 @@ class ServerCheck:
         none, then the caller writes nothing), and since when (time.monotonic() before the reads
         it rests on: the nodes' when a notice is among them, else the workers')."""
         since = time.monotonic()
-        pods, live = self._workers(job, kind, decision.pods)
+        pods, live = self._workers(job, kind, decision.pods, now)
         alive = {p: _node_of(pods[p]) for p in decision.pods if p in pods and _alive(pods[p])}
         # the victims the decision named for a notice (the view's), and those it still has
         meant = {p for p, n in alive.items() if n and self._noticed_in_view(n, now)}
@@ -95,29 +98,38 @@ class ServerCheck:
         return narrowed(decision, tuple(p for p in decision.pods if node_of(p) in noticed))
 
     def _workers(
-        self, job: Obj, kind: JobKind, victims: tuple[str, ...]
+        self, job: Obj, kind: JobKind, victims: tuple[str, ...], now: datetime
     ) -> tuple[dict[str, Obj], Callable[[], int]]:
         """The victims as the server has them (by name), and the count of the job's live
-        workers there: one list by the kind's worker labels where it has them, else a GET per
-        victim and a list of the namespace when the count is wanted."""
+        workers there (read when wanted: only a victim without a notice needs it)."""
         meta = job["metadata"]
         namespace, name = meta["namespace"], meta["name"]
-        if kind.guard_labels is not None:
-            listed = self._job_pods(namespace, name, kind, kind.guard_labels(name))
+        labels = kind.guard_labels(name) if kind.guard_labels is not None else None
+        nodes = {self._cached_node(namespace, v) for v in victims}
+        if labels is not None and all(n and self._noticed_in_view(n, now) for n in nodes):
+            on_nodes = [p for n in sorted(nodes) for p in self._job_pods(namespace, name, kind, n)]
+            by_name = {p["metadata"]["name"]: p for p in on_nodes}
+            return by_name, lambda: sum(map(_alive, self._job_pods(namespace, name, kind)))
+        if labels is not None:
+            listed = self._job_pods(namespace, name, kind)
             by_name = {p["metadata"]["name"]: p for p in listed}
             return by_name, lambda: sum(map(_alive, listed))
         found = {v: obj for v in victims if (obj := self._pod(namespace, v)) is not None}
-        return found, lambda: sum(map(_alive, self._job_pods(namespace, name, kind, {})))
+        return found, lambda: sum(map(_alive, self._job_pods(namespace, name, kind)))
 
     def _job_pods(
-        self, namespace: str, name: str, kind: JobKind, labels: dict[str, str]
+        self, namespace: str, name: str, kind: JobKind, node: str | None = None
     ) -> list[Obj]:
+        labels = kind.guard_labels(name) if kind.guard_labels is not None else {}
         selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
         return [
             pod
-            for pod in self._objects.pods(namespace, selector)
+            for pod in self._objects.pods(namespace, selector, node)
             if kind.worker_of(pod["metadata"], pod["metadata"]["name"], labels_of(pod)) == name
         ]
+
+    def _cached_node(self, namespace: str, pod: str) -> str:
+        return _node_of(self._cache.get(PODS, f"{namespace}/{pod}") or {})
 
     def _pod(self, namespace: str, pod: str) -> Obj | None:
         try:
