@@ -683,9 +683,9 @@ def test_every_invariant_fires_on_a_stream_that_breaks_it() -> None:
     server.delete("Pod", "j-worker-3", NS)  # by "the operator", on a healthy node
     server.delete("Pod", "j-worker-2", NS)
     server.delete("Pod", "j-worker-1", NS)  # 1 left < min 2
+    server.seed(worker("j", 4, "b"))  # so j-worker-0 is not the job's last host
     server.patch("Node", "a", taint)
     server.reclaim_pod("j-worker-0", NS)  # never drained
-    server.seed(worker("j", 4, "b"))
     server.patch(
         "TrainingJob",
         "j",
@@ -780,6 +780,33 @@ def test_a_graceful_notice_breaks_nothing_and_is_measured() -> None:
     assert report.fates() == {"removed_by_name": 1, "drained_at_reclaim": 1}
     assert report.latencies() and report.latencies()[0] >= 0
     assert report.stale_drained == 2  # the daemon has not pruned them (none runs here)
+
+
+def test_a_last_host_kept_and_killed_by_the_reclaim_is_no_violation() -> None:
+    """Every worker of j is on the noticed node: the daemon keeps its last host in discovery
+    until a replacement runs (core/departures.py _last_host_to_keep). The reclaim came first:
+    the kept host dies undrained, by design; the other, drained, dies drained."""
+    from kube_fixtures import worker
+
+    server = RecordingServer()
+    server.seed(
+        node("a"),
+        training_job("j", min_workers=1, max_workers=4),
+        worker("j", 0, "a"),
+        worker("j", 1, "a"),
+    )
+    server.patch("Node", "a", {"spec": {"taints": [{"key": NTH_ITN, "effect": "NoSchedule"}]}})
+    server.patch(
+        "TrainingJob",
+        "j",
+        {"metadata": {"annotations": {"spot-autoscaler.io/drained-hosts": '["j-worker-0"]'}}},
+        NS,
+    )
+    server.reclaim_pod("j-worker-0", NS)
+    server.reclaim_pod("j-worker-1", NS)
+    report = check(server, settle=1.0, end=time.monotonic() + 2.0)
+    assert report.violations == []
+    assert report.fates() == {"drained_at_reclaim": 1, "kept_at_reclaim": 1}
 
 
 def test_the_proxy_answers_errors_and_loses_replies_after_the_write() -> None:

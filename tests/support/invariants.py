@@ -11,7 +11,8 @@ with a monotonic timestamp), unbounded by the watch history and untouched by com
   ``app.kubernetes.io/managed-by=spot-autoscaler``) for one job at once;
 - ``pod_in_two_scaleins``: one pod (name and uid) named by two of our ScaleIns;
 - ``undrained_at_reclaim``: a pod the reclaim kills whose host is not in its job's
-  ``spot-autoscaler.io/drained-hosts`` annotation at that moment;
+  ``spot-autoscaler.io/drained-hosts`` annotation at that moment, unless it was kept as its
+  job's last host off noticed nodes (its fate is then ``kept_at_reclaim``);
 - ``drained_after_healthy``: a host still drained ``settle`` seconds after its pod's node is
   healthy again (notice taint gone) and the pod still runs there;
 - ``write_by_non_leader``: a write (not to the Lease) from a replica (User-Agent
@@ -447,14 +448,24 @@ class _State:
         notices = [n for n in self.notices if uid in n.pods]
         if uid in self.reclaimed:
             drained = name in self.drained[job]
-            if not drained:
+            # its job's last host off noticed nodes: the daemon keeps it in discovery until a
+            # replacement runs (core/departures.py _last_host_to_keep); none ran in time
+            kept = any(uid in n.kept for n in notices)
+            if not drained and not kept:
                 self.flag(
                     e.t,
                     "undrained_at_reclaim",
                     f"{job}: pod {name} on {node} killed by the reclaim, not drained",
                 )
+            fate = (
+                "drained_at_reclaim"
+                if drained
+                else "kept_at_reclaim"
+                if kept
+                else "killed_undrained"
+            )
             for n in notices:
-                n.fate.setdefault(uid, "drained_at_reclaim" if drained else "killed_undrained")
+                n.fate.setdefault(uid, fate)
             return
         for n in notices:
             n.fate.setdefault(uid, "removed_by_name")
