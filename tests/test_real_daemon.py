@@ -993,6 +993,9 @@ class Pair:
         holder = wait_for(lambda: self.holder() if self.holder() in names else None, 30, "a leader")
         leader = names[holder]
         wait_for(lambda: metric(leader.metrics(), "spot_autoscaler_leader") == 1, 10, "leading")
+        # a leader that took the Lease by creating it has renewed nothing yet: the takeover
+        # tests count from its last renewal that reached the server
+        wait_for(lambda: self.lease_puts(leader), LEASE_S, f"{leader.identity}'s first renewal")
         [standby] = [r for r in live if r is not leader]
         return leader, standby
 
