@@ -760,17 +760,7 @@ def test_a_graceful_notice_breaks_nothing_and_is_measured() -> None:
         worker("j", 1, "a"),
         worker("j", 2, "b"),
     )
-    server.patch("Node", "a", {"spec": {"taints": [{"key": NTH_ITN, "effect": "NoSchedule"}]}})
-    server.patch(
-        "TrainingJob",
-        "j",
-        {
-            "metadata": {
-                "annotations": {"spot-autoscaler.io/drained-hosts": '["j-worker-0", "j-worker-1"]'}
-            }
-        },
-        NS,
-    )
+    _notice_and_drain(server, "a", "j", ["j-worker-0", "j-worker-1"])
     server.seed(_scale_in("in-1", "j", ["j-worker-0"]))
     server.delete("Pod", "j-worker-0", NS)  # the operator, by name
     server.reclaim_pod("j-worker-1", NS)  # drained in time
@@ -780,6 +770,18 @@ def test_a_graceful_notice_breaks_nothing_and_is_measured() -> None:
     assert report.fates() == {"removed_by_name": 1, "drained_at_reclaim": 1}
     assert report.latencies() and report.latencies()[0] >= 0
     assert report.stale_drained == 2  # the daemon has not pruned them (none runs here)
+
+
+def _notice_and_drain(server: RecordingServer, node: str, job: str, hosts: list[str]) -> None:
+    """NTH's taint on `node`, then the daemon's drain of `hosts` from `job`."""
+    server.patch("Node", node, {"spec": {"taints": [{"key": NTH_ITN, "effect": "NoSchedule"}]}})
+    drained = json.dumps(hosts)
+    server.patch(
+        "TrainingJob",
+        job,
+        {"metadata": {"annotations": {"spot-autoscaler.io/drained-hosts": drained}}},
+        NS,
+    )
 
 
 def test_a_last_host_kept_and_killed_by_the_reclaim_is_no_violation() -> None:
@@ -795,13 +797,7 @@ def test_a_last_host_kept_and_killed_by_the_reclaim_is_no_violation() -> None:
         worker("j", 0, "a"),
         worker("j", 1, "a"),
     )
-    server.patch("Node", "a", {"spec": {"taints": [{"key": NTH_ITN, "effect": "NoSchedule"}]}})
-    server.patch(
-        "TrainingJob",
-        "j",
-        {"metadata": {"annotations": {"spot-autoscaler.io/drained-hosts": '["j-worker-0"]'}}},
-        NS,
-    )
+    _notice_and_drain(server, "a", "j", ["j-worker-0"])
     server.reclaim_pod("j-worker-0", NS)
     server.reclaim_pod("j-worker-1", NS)
     report = check(server, settle=1.0, end=time.monotonic() + 2.0)

@@ -27,6 +27,14 @@ def bert(*placement: str, max_workers: int = 4) -> list[dict]:
     ]
 
 
+# bert's two workers on node a leave for a's notice, as the core decides it (3 -> 1)
+NOTICE_ON_A = Decision(
+    "ml/bert", Action.SCALE_IN, Reason.PREEMPTION_NOTICE, "default", 3, 1, count=2,
+    pods=("bert-worker-0", "bert-worker-1"), hosts=("bert-worker-0", "bert-worker-1"),
+    nodes=("a",),
+)  # fmt: skip
+
+
 def cut(kube: Kube, watch: str) -> None:
     """Break every watch and keep `watch` from opening again (until the test ends)."""
     kube.server.fail_next(1_000_000, 500, path_contains=watch)
@@ -108,12 +116,7 @@ def test_a_scale_in_naming_a_pod_gone_on_the_server_names_only_the_live_ones(kub
     cut(kube, POD_WATCH)
     wait_for(lambda: PODS in cache.behind(), 5, "the pod view never fell behind")
     kube.server.delete("Pod", "bert-worker-0", NS)
-    notice = Decision(
-        "ml/bert", Action.SCALE_IN, Reason.PREEMPTION_NOTICE, "default", 3, 1, count=2,
-        pods=("bert-worker-0", "bert-worker-1"), hosts=("bert-worker-0", "bert-worker-1"),
-        nodes=("a",),
-    )  # fmt: skip
-    kube.actuator(cache).apply(notice, now())
+    kube.actuator(cache).apply(NOTICE_ON_A, now())
     [made] = kube.objects("ScaleIn")
     assert made["spec"]["toDelete"]["podNames"] == ["bert-worker-1"]
 
@@ -125,12 +128,7 @@ def test_a_notices_scale_in_reads_only_the_noticed_nodes_workers(kube: Kube) -> 
     kube.server.seed(node("a", taints=[NTH_ITN]), node("b"), *bert("a", "a", "b"))
     cache = kube.cache()
     kube.server.clear_requests()
-    notice = Decision(
-        "ml/bert", Action.SCALE_IN, Reason.PREEMPTION_NOTICE, "default", 3, 1, count=2,
-        pods=("bert-worker-0", "bert-worker-1"), hosts=("bert-worker-0", "bert-worker-1"),
-        nodes=("a",),
-    )  # fmt: skip
-    kube.actuator(cache).apply(notice, now())
+    kube.actuator(cache).apply(NOTICE_ON_A, now())
     [made] = kube.objects("ScaleIn")
     assert made["spec"]["toDelete"]["podNames"] == ["bert-worker-0", "bert-worker-1"]
     lists = [r.query for r in kube.server.requests("GET", f"/namespaces/{NS}/pods", watch=False)]
