@@ -728,10 +728,14 @@ class TestTheShippedDaemon:
             body["message"] == "Cannot evict pod as it would violate the pod's disruption budget."
         )
         [cause] = body["details"]["causes"]
-        assert cause == {
-            "reason": "DisruptionBudget",
-            "message": f"The disruption budget {name} is still being processed by the server.",
-        }
+        assert cause["reason"] == "DisruptionBudget"
+        # which refusal depends on that first sync (pkg/registry/core/pod/storage/eviction.go
+        # checkAndDecrement): never observed, or observed and failed since
+        assert cause["message"] in (
+            f"The disruption budget {name} is still being processed by the server.",
+            f"The disruption budget {name} does not allow evicting pods currently because it "
+            f"failed sync: {condition.message}",
+        )
         assert victim in world.running_workers()  # still Running
 
     def test_a_spot_notice_taint_is_drained_then_scaled_in_by_name(self, main: Main) -> None:
