@@ -23,7 +23,7 @@ from autoscaler.adapters.kube.kinds.base import JobKind, KindActuator
 from autoscaler.adapters.kube.objects import ObjectApi
 from autoscaler.adapters.kube.outcomes import refuse, summary
 from autoscaler.adapters.kube.rejects import Rejections
-from autoscaler.adapters.kube.resources import NODES, PODS, Obj, Resource
+from autoscaler.adapters.kube.resources import NODES, Obj, Resource
 from autoscaler.config import Config
 from autoscaler.core.model import Action, Decision, Job, Notice
 from autoscaler.fencing import Fence
@@ -103,7 +103,7 @@ class KubeActuator:
         elif decision.action in (Action.DRAIN, Action.UNDRAIN):
             if decision.action is Action.DRAIN and NODES in self._cache.behind():
                 namespace = job["metadata"]["namespace"]
-                decision = self._check.drain(decision, partial(self._node_of, namespace), now)
+                decision = self._check.drain(decision, partial(self._check.node_of, namespace), now)
             if decision.pods or decision.action is Action.UNDRAIN:
                 self._drain(resource, job, decision, now)
 
@@ -120,10 +120,6 @@ class KubeActuator:
         # meanwhile would otherwise remove a healthy worker)
         with self._objects.fence.until(checked + CONFIRMED_FOR, "the ScaleIn's victims"):
             backend.scale_in(job, confirmed, now)
-
-    def _node_of(self, namespace: str, pod: str) -> str | None:
-        obj = self._cache.get(PODS, f"{namespace}/{pod}")
-        return ((obj or {}).get("spec") or {}).get("nodeName")
 
     def persist_notice(self, node: str, notice: Notice) -> bool:
         """Keep a cloud notice on its Node (NOTICE_ANNOTATION) so a restart still knows it.

@@ -105,7 +105,7 @@ class ServerCheck:
         workers there (read when wanted: only a victim without a notice needs it)."""
         meta = job["metadata"]
         namespace, name = meta["namespace"], meta["name"]
-        nodes = {self._cached_node(namespace, v) for v in victims}
+        nodes = {self.node_of(namespace, v) for v in victims}
         noticed = all(n and self._noticed_in_view(n, now) for n in nodes)
         if kind.guard_labels is not None and not noticed:
             listed = self._job_pods(namespace, name, kind)
@@ -123,7 +123,8 @@ class ServerCheck:
             if kind.worker_of(pod["metadata"], pod["metadata"]["name"], labels_of(pod)) == name
         ]
 
-    def _cached_node(self, namespace: str, pod: str) -> str:
+    def node_of(self, namespace: str, pod: str) -> str:
+        """The pod's node as the cache has it ('' if unknown): a pod's node never changes."""
         return _node_of(self._cache.get(PODS, f"{namespace}/{pod}") or {})
 
     def _pod(self, namespace: str, pod: str) -> Obj | None:
