@@ -72,6 +72,8 @@ from moto.server import ThreadedMotoServer  # noqa: E402
 
 from autoscaler.adapters.kube.guard import desired_guard  # noqa: E402
 from autoscaler.adapters.kube.kinds import et_operator  # noqa: E402
+from autoscaler.decisionlog import read_decisions  # noqa: E402
+from autoscaler.times import parse_utc  # noqa: E402
 from autoscaler.annotations import (  # noqa: E402
     ASSIGNED_ANNOTATION,
     DRAINED_ANNOTATION,
@@ -99,7 +101,7 @@ daemon:
   metrics_port: {port}
   metrics_bind_address: 127.0.0.1
   log_format: json
-  log_level: warning
+  log_level: info
   leader_election: {{lease_namespace: default}}
 """
 
@@ -761,12 +763,14 @@ def _one_run(
     port = _free_port()
     config.write_text(CONFIG.format(ns=NS, region=REGION, queue=queue[1], port=port))
     cli = Path(sys.executable).with_name("spot-autoscaler")
-    stderr = (tmp / "daemon.err").open("wb")  # a file: a full pipe would stall it
+    # its log and decision lines (when each drain was decided) to files: a full pipe would stall it
+    stderr = (tmp / "daemon.err").open("wb")
+    stdout = (tmp / "daemon.out").open("wb")
     daemon = subprocess.Popen(
         [str(cli), "run", "--config", str(config), "--kubeconfig", kubeconfig],
         cwd=ROOT,
         env=env,
-        stdout=subprocess.DEVNULL,
+        stdout=stdout,
         stderr=stderr,
     )
     meter.watch("daemon", daemon.pid)
@@ -796,7 +800,9 @@ def _one_run(
             daemon.kill()
             daemon.wait()
         stderr.close()
+        stdout.close()
         err = (tmp / "daemon.err").read_text(errors="replace")
+    decided = _decided((tmp / "daemon.out").read_text(errors="replace").splitlines())
     drain = [s["drain"] for s in samples]
     scale_in = [s["scale_in"] for s in samples]
     return {
@@ -805,6 +811,10 @@ def _one_run(
         "rounds_s": round(rounds_s, 1),
         "drain_s": _stats(drain),
         "scale_in_s": _stats(scale_in),
+        # the drain's time split where the daemon's pass or fast path that decided it began
+        # (its decision line's ts): before = SQS, waiting for the loop; after = the cache's
+        # snapshot, deciding, the PATCH and this process's watch
+        "drain_split_s": _split(samples, decided),
         "daemon_errors": _errors(err),
         # budgets the daemon wrote (seeded ones found right are left alone; replaced nodes'
         # fresh workers need none: the budget selects by job)
@@ -885,17 +895,19 @@ def _rounds(
     seen: Observed,
     plan: Plan,
     daemon: subprocess.Popen[bytes],
-) -> list[dict[str, float]]:
+) -> list[dict[str, Any]]:
     cluster = bench.cluster
     slots = _slots(cluster)
-    samples: list[dict[str, float]] = []
+    samples: list[dict[str, Any]] = []
     cursor = plan.first
     while len(samples) < plan.notices:
         batch = [slots[(cursor + i) % len(slots)] for i in range(plan.round_size)]
         cursor += plan.round_size
         sent: dict[int, float] = {}
+        wall: dict[int, float] = {}
         for slot in batch:
             sent[slot] = time.monotonic()
+            wall[slot] = time.time()
             sqs.send_message(QueueUrl=queue, MessageBody=interruption(cluster.instance(slot)))
             time.sleep(plan.spacing)
         pods = {slot: [p for _, p in cluster.pods_on[slot]] for slot in batch}
@@ -909,12 +921,39 @@ def _rounds(
                 {
                     "drain": max(seen.drained[p] for p in pods[slot]) - sent[slot],
                     "scale_in": max(seen.scaled_in[p] for p in pods[slot]) - sent[slot],
+                    "sent_at": wall[slot],  # wall clock, to compare with the daemon's log
+                    "pods": pods[slot],
                 }
             )
         time.sleep(1.0)  # the stand-in deletes the pods and marks the ScaleIns done
         bench.replace(batch)
         time.sleep(1.0)  # the daemon sees the fresh nodes before the next round
     return samples
+
+
+def _decided(log: list[str]) -> dict[str, float]:
+    """Pod -> when the pass that first decided to drain it began (epoch seconds), from the
+    daemon's decision lines."""
+    out: dict[str, float] = {}
+    for line in read_decisions(log):
+        at = parse_utc(line["ts"])
+        if line["action"] == "drain" and at is not None:
+            for pod in line["pods"]:
+                out.setdefault(pod, at.timestamp())
+    return out
+
+
+def _split(samples: list[dict[str, Any]], decided: dict[str, float]) -> dict[str, Any]:
+    """Each notice's drain split at its decision: the later of its two jobs' drains."""
+    before, after = [], []
+    for s in samples:
+        times = [decided.get(p.rsplit("/", 1)[-1]) for p in s["pods"]]
+        if None in times:
+            continue  # not drained by a decision of this daemon (or its line was lost)
+        at = max(t for t in times if t is not None)
+        before.append(at - s["sent_at"])
+        after.append(s["drain"] - before[-1])
+    return {"to_decision": _stats(before), "decision_to_seen": _stats(after)}
 
 
 def _free_port() -> int:
@@ -969,7 +1008,9 @@ def _window(before: dict[str, float], after: dict[str, float], histogram: str) -
     }
 
 
-def _stats(values: list[float]) -> dict[str, float]:
+def _stats(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"median": None, "p99": None, "max": None}
     ordered = sorted(values)
     p99 = ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))]
     return {
@@ -1019,6 +1060,7 @@ def report(r: dict[str, Any]) -> str:
     p = r["daemon_passes"]
     rss = ", ".join(f"{k} {v}" for k, v in r["peak_rss_mb"].items())
     cpu = r["cpu_s"]
+    split, after = r["drain_split_s"]["to_decision"], r["drain_split_s"]["decision_to_seen"]
     return (
         f"{r['nodes']:,} nodes / {r['pods']:,} pods on the {r['cluster']}, {r['notices']} "
         f"notices (daemon ready in {r['daemon_ready_s']} s, {r['daemon_errors']} error lines):\n"
@@ -1026,6 +1068,9 @@ def report(r: dict[str, Any]) -> str:
         f"p99 {r['drain_s']['p99']} s, max {r['drain_s']['max']} s\n"
         f"  notice -> ScaleIn: median {r['scale_in_s']['median']} s, "
         f"p99 {r['scale_in_s']['p99']} s, max {r['scale_in_s']['max']} s\n"
+        f"  drain split at its decision: notice -> pass began median {split['median']} s, "
+        f"p99 {split['p99']} s; pass began -> drain seen median {after['median']} s, "
+        f"p99 {after['p99']} s\n"
         f"  daemon: mean pass {r['pass_mean_s']} s, mean notice received -> applied "
         f"{r['daemon_reaction_mean_s']} s; in the rounds {p['count']} passes, mean "
         f"{p['mean_s']} s, p50 <= {p['p50_le_s']} s, p99 <= {p['p99_le_s']} s\n"
