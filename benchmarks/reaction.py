@@ -72,14 +72,14 @@ from moto.server import ThreadedMotoServer  # noqa: E402
 
 from autoscaler.adapters.kube.guard import desired_guard  # noqa: E402
 from autoscaler.adapters.kube.kinds import et_operator  # noqa: E402
-from autoscaler.decisionlog import read_decisions  # noqa: E402
-from autoscaler.times import parse_utc  # noqa: E402
 from autoscaler.annotations import (  # noqa: E402
     ASSIGNED_ANNOTATION,
     DRAINED_ANNOTATION,
     decode_drained,
     encode_assigned,
 )
+from autoscaler.decisionlog import read_decisions  # noqa: E402
+from autoscaler.times import parse_utc  # noqa: E402
 from benchmarks.scale import raw_job  # noqa: E402
 from tests.support.kube_api import KubeApiServer  # noqa: E402
 
