@@ -9,10 +9,12 @@ CHECK_EVERY-th pass decides once more without them and compares: the memo's safe
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from datetime import datetime
+from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
 from autoscaler.core import (
@@ -84,6 +86,7 @@ class Reconciler:
         logger: Any,
         on_decision: Callable[[Decision], None] | None = None,
         write_workers: int = 1,
+        on_written: Callable[[], None] = lambda: None,
     ) -> None:
         self.observer = observer
         self.actuator = actuator
@@ -100,14 +103,27 @@ class Reconciler:
         self.gave_way = False  # the last tick stopped for a waiting notice (see tick)
         self.kept = True  # False: standing objects are left over (keep_more, or the next pass)
         self._managed: list[Job] = []
-        # departures of different jobs are independent writes racing nodes' deaths: with more
-        # than one worker they go out at once instead of queueing behind each other's round
-        # trips (a ScaleIn is three: the server check's two reads and the create)
+        # writes of different jobs are independent: with more than one worker they go out at
+        # once instead of queueing behind each other's round trips (departures race nodes'
+        # deaths; a ScaleIn is three: the server check's reads and the create)
         self._pool = (
-            ThreadPoolExecutor(write_workers, thread_name_prefix="departure")
+            ThreadPoolExecutor(write_workers, thread_name_prefix="writer")
             if write_workers > 1
             else None
         )
+        self._batch = max(1, write_workers)
+        # the fast path's ScaleIns, written behind its drains (react): job -> its write. Until
+        # it ends, nothing but drains is applied for that job (one scaler at a time, and a cache
+        # that has not seen the write must not make a second); its end calls `on_written`.
+        # Their own workers: a slow ScaleIn must never hold the next notice's drains.
+        self._behind = (
+            ThreadPoolExecutor(write_workers, thread_name_prefix="behind")
+            if write_workers > 1
+            else None
+        )
+        self._writing: dict[str, Future[bool]] = {}
+        self._writing_lock = threading.Lock()
+        self._on_written = on_written
 
     def tick(self, now: datetime, give_way: Callable[[], bool] = _never) -> list[Decision]:
         """One full pass. `give_way()` is asked before deciding, before acting and before each
@@ -121,7 +137,9 @@ class Reconciler:
             self._idle_of = snapshot.nodes
         self.gave_way = give_way()
         if not self.gave_way:
-            decisions = self._decide(replace(snapshot, idle_since=self.idle_since), now)
+            decisions = self._not_writing(
+                self._decide(replace(snapshot, idle_since=self.idle_since), now)
+            )
             self.gave_way = give_way()
         if self.gave_way or not self._act(decisions, now, give_way):
             self.gave_way = True
@@ -159,9 +177,49 @@ class Reconciler:
         if not keys:
             return []
         decided = decide_departures(snapshot, self.policies, now, keys)
-        urgent = [d for d in decided if d.action in (Action.DRAIN, Action.SCALE_IN)]
-        self._act(urgent, now)
+        urgent = self._not_writing(
+            [d for d in decided if d.action in (Action.DRAIN, Action.SCALE_IN)]
+        )
+        drains = [d for d in urgent if d.action is Action.DRAIN]
+        self._act(drains, now)
+        # the next notice's drains must not wait for these (a ScaleIn is three round trips)
+        self._write_behind([d for d in urgent if d.action is Action.SCALE_IN], now)
         return urgent
+
+    def _not_writing(self, decisions: list[Decision]) -> list[Decision]:
+        """Without the decisions, drains aside, of jobs whose ScaleIn is still being written:
+        the pass after its end decides them again."""
+        with self._writing_lock:
+            writing = set(self._writing)
+        if not writing:
+            return decisions
+        return [d for d in decisions if d.action is Action.DRAIN or d.job not in writing]
+
+    def _write_behind(self, decisions: list[Decision], now: datetime) -> None:
+        """Log and apply in the pool without waiting (at once when there is none)."""
+        if self._behind is None:
+            self._act(decisions, now)
+            return
+        for decision in decisions:
+            if self.on_decision is not None:
+                self.on_decision(decision)
+            with self._writing_lock:
+                future = self._behind.submit(self._log_and_apply, decision, now)
+                self._writing[decision.job] = future
+            future.add_done_callback(partial(self._written, decision.job))
+
+    def _written(self, job: str, future: Future[bool]) -> None:
+        with self._writing_lock:
+            del self._writing[job]
+            if future.exception() is not None or not future.result():
+                self.errors += 1
+        self._on_written()
+
+    def finish(self, timeout: float) -> None:
+        """Wait (at most `timeout` seconds) for writes still going out behind the fast path."""
+        with self._writing_lock:
+            pending = list(self._writing.values())
+        wait(pending, timeout)
 
     def _act(
         self, decisions: list[Decision], now: datetime, give_way: Callable[[], bool] = _never
@@ -185,15 +243,17 @@ class Reconciler:
         done: list[bool] = []
         for action in _DEPARTURES:
             done += self._apply_at_once([d for d in to_apply if d.action is action], now)
-        rest = sorted(
-            (d for d in to_apply if d.action not in _ANSWERS_NOTICES),
-            key=lambda d: _APPLY_ORDER[d.action],
-        )
-        for decision in rest:
-            if give_way():
-                self.errors += done.count(False)
-                return False
-            done.append(self._log_and_apply(decision, now))
+        # the rest (growth, undrains, alerts), an action at a time, a batch of different jobs
+        # at once: hundreds of undrains after a wave of ScaleIns must not hold a waiting notice
+        # for more than one batch's round trip
+        rest = [d for d in to_apply if d.action not in _ANSWERS_NOTICES]
+        for action in sorted({d.action for d in rest}, key=_APPLY_ORDER.__getitem__):
+            of_action = [d for d in rest if d.action is action]
+            for start in range(0, len(of_action), self._batch):
+                if give_way():
+                    self.errors += done.count(False)
+                    return False
+                done += self._apply_at_once(of_action[start : start + self._batch], now)
         self.errors += done.count(False)
         return True
 

@@ -96,3 +96,78 @@ def test_a_notice_waiting_after_deciding_stops_growth_not_departures() -> None:
     assert '"scale_out"' not in out.getvalue()
     reconciler.tick(NOW)
     assert ("ml/b", Action.SCALE_OUT) in world.applied and '"scale_out"' in out.getvalue()
+
+
+def two_growing_jobs() -> tuple[Snapshot, PolicySet]:
+    jobs = [job("a", placement=["n1"]), job("b", placement=["n2"])]
+    return snapshot([node("n1", used=1), node("n2", used=1)], jobs), policies(
+        scale_out={"min_idle": "0s"}
+    )
+
+
+def test_growth_of_different_jobs_goes_out_at_once() -> None:
+    """Not only departures: a full pass's other writes (scale-outs, undrains) of different jobs
+    go out a batch at a time, so hundreds of them do not hold a waiting notice for long."""
+    snap, grow_now = two_growing_jobs()
+    world = MeetingWorld(snap)
+    reconciler = Reconciler(world, world, grow_now, file_logger(io.StringIO()), write_workers=2)
+    reconciler.tick(NOW)
+    assert reconciler.errors == 0
+    assert sorted(world.applied) == [("ml/a", Action.SCALE_OUT), ("ml/b", Action.SCALE_OUT)]
+
+
+def test_a_notice_waiting_stops_growth_between_batches() -> None:
+    """With one writer a batch is one write: a notice that comes after the first scale-out
+    stops the second (not applied, not logged) until the next pass."""
+    snap, grow_now = two_growing_jobs()
+    world = FixedWorld(snap)
+    out = io.StringIO()
+    reconciler = Reconciler(world, world, grow_now, file_logger(out))
+    asked = iter([False, False, False])  # before deciding, before acting, before the 1st write
+    reconciler.tick(NOW, give_way=lambda: next(asked, True))
+    assert reconciler.gave_way and world.applied == [("ml/a", Action.SCALE_OUT)]
+    assert out.getvalue().count('"scale_out"') == 1
+
+
+class GatedWorld(FixedWorld):
+    """ScaleIns wait at a gate until the test opens it."""
+
+    def __init__(self, snap: Snapshot, refuse: str = "") -> None:
+        super().__init__(snap, refuse)
+        self.gate = threading.Event()
+        self.lock = threading.Lock()
+
+    def apply(self, decision: Decision, now: datetime) -> None:
+        if decision.action is Action.SCALE_IN and not self.gate.wait(5):
+            raise TimeoutError("the gate stayed shut")
+        with self.lock:
+            super().apply(decision, now)
+
+
+def test_the_fast_path_writes_scale_ins_behind_its_drains() -> None:
+    """react returns once the drains are written; while a job's ScaleIn is still going out, a
+    pass applies nothing of that job but drains (no second scaler); its end wakes the loop."""
+    world = GatedWorld(two_preempted_jobs(), refuse="ml/b")
+    written = threading.Event()
+    reconciler = Reconciler(
+        world,
+        world,
+        PolicySet(),
+        file_logger(io.StringIO()),
+        write_workers=2,
+        on_written=written.set,
+    )
+    urgent = reconciler.react(NOW)
+    assert {(d.job, d.action) for d in urgent} == {
+        (j, a) for j in ("ml/a", "ml/b") for a in (Action.DRAIN, Action.SCALE_IN)
+    }
+    assert sorted(world.applied) == [("ml/a", Action.DRAIN)]  # ml/b's drain was refused
+    assert reconciler.tick(NOW) == [d for d in reconciler.tick(NOW) if d.action is Action.DRAIN]
+    assert ("ml/a", Action.SCALE_IN) not in world.applied
+    world.gate.set()
+    reconciler.finish(5)
+    assert written.is_set() and world.applied.count(("ml/a", Action.SCALE_IN)) == 1
+    errors = reconciler.errors
+    assert errors >= 2  # ml/b's refused drain and its refused ScaleIn, behind
+    reconciler.tick(NOW)  # nothing is being written: the pass decides and applies them again
+    assert world.applied.count(("ml/a", Action.SCALE_IN)) == 2

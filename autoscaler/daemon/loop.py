@@ -102,8 +102,10 @@ class ReconcileLoop:
         """Let a running pass finish (actions are not cut in half), then end the thread."""
         self._stop.set()
         self._wake("shutdown")
+        started = time.monotonic()
         if self._thread is not None:
             self._thread.join(timeout)
+        self.reconciler.finish(max(0.0, timeout - (time.monotonic() - started)))
 
     def run_pass(self, reasons: set[str]) -> bool:
         """One observe-decide-act pass; False if it failed (logged and counted, never raised)."""
@@ -167,8 +169,10 @@ class ReconcileLoop:
     def _run(self) -> None:
         while not self._stop.is_set():
             self._wake.wait()
-            # gather a burst into one pass; after a pass gave way its notice has waited enough
-            if self._stop.wait(0 if self._giving_way_since is not None else self._coalesce):
+            # gather a burst of events into one pass; a notice (or one a pass gave way to) is
+            # answered at once: its node's seconds are counted
+            urgent = self._giving_way_since is not None or self._wake.notice_pending()
+            if self._stop.wait(0 if urgent else self._coalesce):
                 return
             reasons = self._wake.take()
             self.heartbeat = time.monotonic()

@@ -95,6 +95,7 @@ class Daemon:
             config.policy_set,
             decision_logger,
             write_workers=parts.write_workers,
+            on_written=lambda: wake("a ScaleIn written behind its drains"),
         )
         self.metrics.count_errors_from("memo", lambda: self.reconciler.memo_mismatches)
         backoff_max = self.settings.error_backoff_max.total_seconds()

@@ -26,7 +26,7 @@ from autoscaler.daemon.service import Parts
 from autoscaler.fencing import Fence
 
 OnError = Callable[[str], None]  # counts a survived failure by component
-_WRITE_WORKERS = 8  # concurrent departures (drains, then ScaleIns) of different jobs in a pass
+_WRITE_WORKERS = 8  # concurrent writes of different jobs in a pass, an action at a time
 _EVENTS_FLUSH = 3.0  # seconds queued Events get at shutdown (inside the pod's grace period)
 
 
