@@ -522,6 +522,12 @@ class EmulatedBench:
         methods = ("POST", "PUT", "PATCH")
         return sum(self.api.count(method, "poddisruptionbudgets") for method in methods)
 
+    def server_times_marked(self) -> None:
+        pass
+
+    def server_times(self) -> dict[str, Any]:
+        return {}  # the emulator's time is not the product's question
+
     def versions(self) -> dict[str, Any]:
         return {"kube_api": "emulator (tests/support/kube_api.py)"}
 
@@ -616,6 +622,21 @@ class RealBench:
         self._guard_writes_before = apiserver_requests(
             self.rest, "poddisruptionbudgets", ("POST", "PUT", "PATCH")
         )
+
+    def server_times_marked(self) -> None:
+        from benchmarks.real_plane import apiserver_durations
+
+        self._durations_before = apiserver_durations(self.rest)
+
+    def server_times(self) -> dict[str, Any]:
+        """The API server's own time on each kind of request the notices cost, since the mark."""
+        from benchmarks.real_plane import DURATION, apiserver_durations
+
+        after = apiserver_durations(self.rest)
+        return {
+            what: _window(self._durations_before.get(what, {}), series, DURATION)
+            for what, series in after.items()
+        }
 
     def guard_writes(self) -> int:
         """Budget writes since the mark (the server's apiserver_request_total: only the daemon
@@ -779,6 +800,7 @@ def _one_run(
     try:
         ready = bench.wait_for_daemon(daemon, port)
         before = _scrape(port)
+        bench.server_times_marked()
         meter.mark("daemon_ready")
         profiler = _start_py_spy(daemon.pid, py_spy)
         t0 = time.monotonic()
@@ -787,6 +809,7 @@ def _one_run(
         meter.mark("rounds")
         metrics = _scrape(port)
         guard_writes = bench.guard_writes()
+        server_times = bench.server_times()
         meter.peaks()
         versions = bench.versions()
         healthy = bench.health()
@@ -815,6 +838,8 @@ def _one_run(
         # (its decision line's ts): before = SQS, waiting for the loop; after = the cache's
         # snapshot, deciding, the PATCH and this process's watch
         "drain_split_s": _split(samples, decided),
+        # the API server's own time per kind of request in the rounds (a real plane's only)
+        "server_times": server_times,
         "daemon_errors": _errors(err),
         # budgets the daemon wrote (seeded ones found right are left alone; replaced nodes'
         # fresh workers need none: the budget selects by job)
@@ -1071,7 +1096,12 @@ def report(r: dict[str, Any]) -> str:
         f"  drain split at its decision: notice -> pass began median {split['median']} s, "
         f"p99 {split['p99']} s; pass began -> drain seen median {after['median']} s, "
         f"p99 {after['p99']} s\n"
-        f"  daemon: mean pass {r['pass_mean_s']} s, mean notice received -> applied "
+        + "".join(
+            f"  API server's time, {what}: {w['count']}, mean {w['mean_s']} s, "
+            f"p99 <= {w['p99_le_s']} s\n"
+            for what, w in r.get("server_times", {}).items()
+        )
+        + f"  daemon: mean pass {r['pass_mean_s']} s, mean notice received -> applied "
         f"{r['daemon_reaction_mean_s']} s; in the rounds {p['count']} passes, mean "
         f"{p['mean_s']} s, p50 <= {p['p50_le_s']} s, p99 <= {p['p99_le_s']} s\n"
         f"  setup (s): {setup}\n"

@@ -371,6 +371,37 @@ def versions(plane: ControlPlane, rest: Rest) -> dict[str, Any]:
     }
 
 
+# The API server's own time on the requests a notice costs the daemon (a drain is a PATCH of the
+# job, a ScaleIn its victims' GETs and a POST; the notice is kept on its Node; Events go out).
+SERVER_TIMES = (
+    ("PATCH", "trainingjobs"),
+    ("GET", "pods"),
+    ("POST", "scaleins"),
+    ("PATCH", "nodes"),
+    ("POST", "events"),
+)
+DURATION = "apiserver_request_duration_seconds"
+
+
+def apiserver_durations(rest: Rest) -> dict[str, dict[str, float]]:
+    """apiserver_request_duration_seconds of each of SERVER_TIMES ("VERB resource"), summed
+    over its other labels, as the series of one histogram named DURATION."""
+    r = rest.http.request("GET", rest.base + "/metrics")
+    out: dict[str, dict[str, float]] = {f"{v} {res}": {} for v, res in SERVER_TIMES}
+    for line in r.data.decode().splitlines():
+        if not line.startswith(DURATION) or 'subresource=""' not in line:
+            continue
+        series, _, value = line.rpartition(" ")
+        for verb, kind in SERVER_TIMES:
+            if f'verb="{verb}"' in series and f'resource="{kind}"' in series:
+                name = series.split("{", 1)[0]
+                le = series.split('le="')[1].split('"')[0] if 'le="' in series else None
+                key = f'{name}{{le="{le}"}}' if le is not None else name
+                sums = out[f"{verb} {kind}"]
+                sums[key] = sums.get(key, 0.0) + float(value)
+    return out
+
+
 def apiserver_requests(rest: Rest, resource_name: str, verbs: Sequence[str]) -> int:
     """apiserver_request_total for one resource (no subresource), summed over the verbs."""
     r = rest.http.request("GET", rest.base + "/metrics")
