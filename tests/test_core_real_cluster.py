@@ -122,3 +122,17 @@ def test_new_worker_names_follow_the_operators_highest_target_index() -> None:
 def test_max_age_must_exceed_the_scale_out_timeout() -> None:
     with pytest.raises(ValidationError, match="scalers.max_age"):
         policies(scalers={"max_age": "5m"}, scale_out={"timeout": "10m"})
+
+
+def test_workers_in_their_grace_period_count_neither_against_max_nor_for_min() -> None:
+    # after a ScaleIn, et-operator's deleted pods stay Terminating for their grace period while
+    # the replacements run: the job is at max, not above it; clamping would name healthy ones
+    placed = workers("bert", ["a", "a", "b", "b"])
+    going = (replace(placed[0], terminating=True), replace(placed[1], terminating=True))
+    j = replace(job(hi=2), workers=(*going, placed[2], placed[3]))
+    assert not only(run(snapshot([node("a"), node("b")], [j])), Action.SCALE_IN)
+    # one live worker too many: that one goes, never one already going
+    j = replace(job(hi=1), workers=(*going, placed[2], placed[3]))
+    scale_in = only(run(snapshot([node("a"), node("b")], [j])), Action.SCALE_IN)
+    assert len(scale_in) == 1 and scale_in[0].reason is Reason.CLAMP_MAX
+    assert scale_in[0].pods == ("bert-worker-3",)

@@ -215,16 +215,20 @@ def _leaving_with_reasons(
     for w, reason in noticed:
         if reason in (Reason.PREEMPTION_NOTICE, Reason.MAINTENANCE):
             why[w.pod] = reason
+    # A worker already being deleted has left the count: against max, clamping it in would
+    # name a healthy worker instead (one the server check then refuses, pass after pass, while
+    # the pod finishes its grace period); against min, it is gone.
+    live = [w for w in job.workers if not w.terminating]
     # A rebalance recommendation drains early only while the job stays at or above min.
     for w, reason in noticed:
         if reason is Reason.REBALANCE:
-            if len(job.workers) - len(why) > lo:
+            if len(live) - sum(x.pod in why for x in live) > lo:
                 why[w.pod] = Reason.REBALANCE
             else:
                 held_at_min = True
-    excess = len(job.workers) - len(why) - hi
+    rest = [w for w in live if w.pod not in why]
+    excess = len(rest) - hi
     if excess > 0:
-        rest = [w for w in job.workers if w.pod not in why]
         if job.removes_highest_first:  # the only ones its operator can remove
             rest.sort(key=lambda w: -w.index)
         else:
