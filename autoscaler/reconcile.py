@@ -10,6 +10,7 @@ CHECK_EVERY-th pass decides once more without them and compares: the memo's safe
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import replace
@@ -51,6 +52,7 @@ def _never() -> bool:
     return False
 
 
+_SETTLE_POLL = 0.02  # seconds between looks for a waiting notice while writes settle
 _KEEP_WRITES = 5  # standing-object writes per pass: ~5-20 ms each on a real API server
 CHECK_EVERY = 30  # passes: one in so many also decides without the memo and compares
 
@@ -215,11 +217,20 @@ class Reconciler:
                 self.errors += 1
         self._on_written()
 
+    def settle(self, stop: Callable[[], bool], timeout: float) -> None:
+        """Wait for the writes going out behind the fast path: at most `timeout` seconds, and
+        only while `stop()` is False (asked every _SETTLE_POLL seconds)."""
+        deadline = time.monotonic() + timeout
+        while not stop() and (left := deadline - time.monotonic()) > 0:
+            with self._writing_lock:
+                pending = list(self._writing.values())
+            if not pending:
+                return
+            wait(pending, min(left, _SETTLE_POLL))
+
     def finish(self, timeout: float) -> None:
         """Wait (at most `timeout` seconds) for writes still going out behind the fast path."""
-        with self._writing_lock:
-            pending = list(self._writing.values())
-        wait(pending, timeout)
+        self.settle(_never, timeout)
 
     def _act(
         self, decisions: list[Decision], now: datetime, give_way: Callable[[], bool] = _never

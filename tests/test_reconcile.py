@@ -171,3 +171,20 @@ def test_the_fast_path_writes_scale_ins_behind_its_drains() -> None:
     assert errors >= 2  # ml/b's refused drain and its refused ScaleIn, behind
     reconciler.tick(NOW)  # nothing is being written: the pass decides and applies them again
     assert world.applied.count(("ml/a", Action.SCALE_IN)) == 2
+
+
+def test_settle_waits_for_the_writes_behind_until_a_notice_comes() -> None:
+    world = GatedWorld(two_preempted_jobs())
+    reconciler = Reconciler(world, world, PolicySet(), file_logger(io.StringIO()), write_workers=2)
+    reconciler.react(NOW)
+    asked = threading.Event()
+
+    def notice_waits() -> bool:
+        asked.set()
+        return True
+
+    reconciler.settle(notice_waits, 5)  # returns at once: the notice is answered first
+    assert asked.is_set() and not any(a is Action.SCALE_IN for _, a in world.applied)
+    threading.Timer(0.2, world.gate.set).start()
+    reconciler.settle(lambda: False, 5)  # until both ScaleIns are written
+    assert sorted(j for j, a in world.applied if a is Action.SCALE_IN) == ["ml/a", "ml/b"]

@@ -26,6 +26,7 @@ _SYNC_POLL = 0.2  # seconds between looks at the caches until they have synced
 # gave way), then runs to the end: a stream of notices (or of Node events, which may be one) must
 # not starve growth, which waits for idle capacity for a minute anyway (scale_out.min_idle).
 GIVE_WAY_FOR = 2.0
+SETTLE_FOR = 2.0  # seconds the fast path's ScaleIns get before the full pass runs anyway
 
 
 class WakeSignal:
@@ -194,6 +195,14 @@ class ReconcileLoop:
                 continue
             if any(map(may_be_notice, reasons)):
                 self._react()
+                # Its ScaleIns go out behind its drains. A full pass now would slow them (one
+                # interpreter: a pass is CPU-bound, they wait for it; measured), so wait for
+                # them first; a notice that comes meanwhile is answered at once.
+                self.reconciler.settle(self._give_way, SETTLE_FOR)
+                if self._give_way():
+                    if self._giving_way_since is None:
+                        self._giving_way_since = time.monotonic()
+                    continue
             if self.run_pass(reasons):
                 self._backoff.reset()
             else:
