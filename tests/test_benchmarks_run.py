@@ -58,6 +58,11 @@ def test_reaction_runs_on_a_real_control_plane(tmp_path: Path) -> None:
         for figure in ("drain_s", "scale_in_s"):
             assert 0 < r[figure]["median"] <= r[figure]["p99"] <= r[figure]["max"]
         assert r["daemon_passes"]["count"] > 0 and r["pass_mean_s"] > 0
+        # each drain split where its deciding pass began (the daemon's decision lines), and the
+        # API server's own time on the requests the notices cost
+        assert r["drain_split_s"]["to_decision"]["median"] is not None
+        times = r["server_times"]
+        assert times["PATCH trainingjobs"]["count"] > 0 and times["POST scaleins"]["count"] > 0
         assert r["setup_s"]["total"] > 0 and r["setup_s"]["pods"] > 0
         processes = {"daemon", "harness", *COMPONENTS}
         assert set(r["cpu_s"]["setup"]) == processes - {"daemon"}  # made before any daemon
