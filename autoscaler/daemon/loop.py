@@ -197,8 +197,9 @@ class ReconcileLoop:
                 self._react()
                 # Its ScaleIns go out behind its drains. A full pass now would slow them (one
                 # interpreter: a pass is CPU-bound, they wait for it; measured), so wait for
-                # them first; a notice that comes meanwhile is answered at once.
-                self.reconciler.settle(self._give_way, SETTLE_FOR)
+                # them first, but never while a notice waits: that one is answered next, unless
+                # notices have held the full pass back for GIVE_WAY_FOR already.
+                self.reconciler.settle(self._wake.notice_pending, SETTLE_FOR)
                 if self._give_way():
                     if self._giving_way_since is None:
                         self._giving_way_since = time.monotonic()
