@@ -260,3 +260,95 @@ def test_a_job_pinned_to_no_policy_still_leaves_a_noticed_node_but_does_not_grow
     assert "'defualt' names no policy" in growth.message
     spelt = job(placement=["a", "b"], labels={POLICY_LABEL: "default"})
     assert only(run(snapshot([node("a"), node("b")], [spelt])), Action.SCALE_OUT)
+
+
+# --- the kept last host and the launcher's report of Horovod's rank assignment ------------------
+def _every_host_replaced(
+    ready_for: float, assigned_for: float | None, deadline_in: float | None
+) -> tuple:
+    """Old `a` doomed (the job's only settled host); replacement worker-1 on `b`, ready
+    `ready_for` s, in the report's assignment for `assigned_for` s (None: not assigned)."""
+    fresh = Worker(
+        "bert-worker-1", "b", "bert-worker-1", 1, ready_since=NOW - timedelta(seconds=ready_for)
+    )
+    assigned = {"bert-worker-0": NOW - timedelta(hours=1)}
+    if assigned_for is not None:
+        assigned["bert-worker-1"] = NOW - timedelta(seconds=assigned_for)
+    j = replace(
+        job(placement=["a"]),
+        workers=(*workers("bert", ["a"]), fresh),
+        assigned_hosts=frozenset(assigned),
+        assigned_since=assigned,
+    )
+    deadline = NOW + timedelta(seconds=deadline_in) if deadline_in is not None else None
+    return snapshot([node("a"), node("b")], [j], [notice("a", deadline=deadline)])
+
+
+def _kept(ds: list) -> bool:
+    return any(d.reason is Reason.LAST_HOST_KEPT for d in ds) and not only(ds, Action.DRAIN)
+
+
+def test_a_replacement_settled_in_the_assignment_frees_the_kept_host_before_join_grace() -> None:
+    # in the assignment for 16 s (> assigned_settle 15 s), though in the job for 18 s only
+    ds = run(_every_host_replaced(ready_for=18, assigned_for=16, deadline_in=120))
+    assert only(ds, Action.DRAIN)[0].hosts == ("bert-worker-0",)
+    assert Reason.LAST_HOST_KEPT not in only(ds, Action.DRAIN)[0].tags
+
+
+def test_a_replacement_still_joining_its_reset_keeps_the_host_while_the_deadline_is_far() -> None:
+    # assigned 3 s ago: its join's reset may still run, and a removal announced then is dropped
+    assert _kept(run(_every_host_replaced(ready_for=5, assigned_for=3, deadline_in=120)))
+    # past join_grace (no report would free it), the report still says it only just joined
+    assert _kept(run(_every_host_replaced(ready_for=45, assigned_for=3, deadline_in=120)))
+
+
+def test_near_its_deadline_the_kept_host_goes_if_a_replacement_is_assigned_at_all() -> None:
+    # 8 s left (< release_margin 10 s): the drain is graceful if the replacement has synced, and
+    # dropped by Horovod (as if kept) if it is still joining
+    ds = run(_every_host_replaced(ready_for=5, assigned_for=2, deadline_in=8))
+    assert only(ds, Action.DRAIN)[0].hosts == ("bert-worker-0",)
+    ps = policies(preemption={"release_margin": "5s"})
+    assert _kept(run(_every_host_replaced(ready_for=5, assigned_for=2, deadline_in=8), ps))
+
+
+def test_near_its_deadline_the_kept_host_stays_if_no_replacement_is_assigned() -> None:
+    # draining it would leave Horovod no host of the previous assignment: the job would stop,
+    # where its death with the replacement assigned costs a rollback (or a restart) only
+    assert _kept(run(_every_host_replaced(ready_for=5, assigned_for=None, deadline_in=3)))
+    # and without any report there is no evidence: join_grace stays the bound
+    snap = _every_host_replaced(ready_for=5, assigned_for=2, deadline_in=3)
+    j = replace(snap.jobs[0], assigned_hosts=None, assigned_since={})
+    assert _kept(run(replace(snap, jobs=(j,))))
+
+
+def test_an_unknown_deadline_never_releases_the_kept_host_early() -> None:
+    assert _kept(run(_every_host_replaced(ready_for=5, assigned_for=2, deadline_in=None)))
+
+
+def test_hosts_assigned_together_are_survivors_for_each_other() -> None:
+    # at the job's start both hosts entered the assignment at once: b holds a's state
+    start = NOW - timedelta(seconds=3)
+    placed = tuple(replace(w, ready_since=start) for w in workers("bert", ["a", "b"]))
+    since = {w.host: start for w in placed}
+    j = replace(
+        job(placement=["a", "b"]),
+        workers=placed,
+        assigned_hosts=frozenset(since),
+        assigned_since=since,
+    )
+    ds = run(snapshot([node("a"), node("b")], [j], [notice("a")]))
+    assert Reason.LAST_HOST_KEPT not in only(ds, Action.DRAIN)[0].tags
+
+
+def test_the_plan_is_redone_when_the_replacement_settles_or_the_margin_is_reached() -> None:
+    from autoscaler.core.decide import _replan_at
+    from autoscaler.core.notices import classify
+
+    snap = _every_host_replaced(ready_for=5, assigned_for=2, deadline_in=60)
+    policy = policies().policies[0]
+    risk = classify(snap.notices, policy.preemption, NOW)
+    at = _replan_at(snap.jobs[0], policy, risk, NOW)
+    assert at == NOW + timedelta(seconds=13)  # assigned 2 s ago + assigned_settle 15 s
+    snap = _every_host_replaced(ready_for=5, assigned_for=2, deadline_in=12)
+    risk = classify(snap.notices, policy.preemption, NOW)
+    assert _replan_at(snap.jobs[0], policy, risk, NOW) == NOW + timedelta(seconds=2)

@@ -118,3 +118,90 @@ def test_with_no_settled_host_any_previous_host_may_stay(tmp_path: Path) -> None
     owned = OwnedHostsFile(tmp_path / "hosts", tmp_path / "j.json", timedelta(seconds=30))
     owned.write(hs("a:1", "b:1", "c:1"), T0)
     assert owned.write(hs("b:1", "c:1"), T0 + timedelta(seconds=1)).hosts == hs("b:1", "c:1")
+
+
+# --- owned_hosts.sh's report of Horovod's rank assignment (`<file>.assigned`) --------------------
+def _report(path: Path, scanned: datetime, **since: datetime) -> None:
+    lines = [f"scanned {int(scanned.timestamp())}"]
+    lines += [f"{h} {int(t.timestamp())}" for h, t in since.items()]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _reported(tmp_path: Path) -> OwnedHostsFile:
+    return OwnedHostsFile(
+        tmp_path / "hosts", tmp_path / "j.json", timedelta(seconds=30), tmp_path / "hosts.assigned"
+    )
+
+
+def test_the_assignment_report_is_read_with_its_since_times(tmp_path: Path) -> None:
+    owned = _reported(tmp_path)
+    assert owned.assigned(T0) is None  # none written: fall back to join_grace
+    _report(owned.assigned_path, T0, a=T0 - timedelta(minutes=5), b=T0 - timedelta(seconds=2))
+    assert owned.assigned(T0 + timedelta(seconds=3)) == {
+        "a": T0 - timedelta(minutes=5),
+        "b": T0 - timedelta(seconds=2),
+    }
+    assert owned.assigned(T0 + timedelta(seconds=11)) is None  # stale: horovodrun gone
+    owned.assigned_path.write_text("garbage\n")
+    assert owned.assigned(T0) is None
+
+
+def test_with_a_report_an_assigned_replacement_frees_the_old_host_before_join_grace(
+    tmp_path: Path,
+) -> None:
+    owned = _reported(tmp_path)
+    owned.write(hs("a:1"), T0)
+    t = T0 + timedelta(minutes=5)
+    owned.write(hs("a:1", "b:1"), t)  # b enters the file at t
+    # b not in Horovod's assignment yet: a stays (Horovod needs a host of the previous set)
+    _report(owned.assigned_path, t + timedelta(seconds=2), a=T0)
+    assert owned.write(hs("b:1"), t + timedelta(seconds=3)).kept == "a"
+    # b assigned 2 s after entering: the guard lets a go (when b has the state is the core's call)
+    _report(owned.assigned_path, t + timedelta(seconds=4), a=T0, b=t + timedelta(seconds=3))
+    written = owned.write(hs("b:1"), t + timedelta(seconds=5))
+    assert written.kept is None and owned.read() == hs("b:1")
+
+
+def test_owned_script_reports_the_hosts_running_a_worker_and_since_when(tmp_path: Path) -> None:
+    import subprocess
+    import time
+
+    from autoscaler.adapters.discovery.scripts import OWNED_SCRIPT, script_path
+
+    hosts, proc = tmp_path / "hosts", tmp_path / "proc"
+    hosts.write_text("a:1\nb:1\n")
+    proc.mkdir()
+
+    def worker(pid: int, host: str) -> None:
+        d = proc / str(pid)
+        d.mkdir()
+        (d / "cmdline").write_bytes(b"python\0train.py\0")
+        (d / "environ").write_bytes(f"PATH=/bin\0HOROVOD_HOSTNAME={host}\0".encode())
+
+    def call() -> str:
+        env = {"PATH": "/usr/bin:/bin", "SPOT_PROC_DIR": str(proc)}
+        out = subprocess.run(
+            [script_path(OWNED_SCRIPT), str(hosts)], env=env, capture_output=True, check=True
+        )
+        return out.stdout.decode()
+
+    report = tmp_path / "hosts.assigned"
+    assert call() == "a:1\nb:1\n" and not report.exists()  # no worker seen: no report
+    worker(10, "a")
+    before = int(time.time())
+    assert call() == "a:1\nb:1\n"
+    owned = OwnedHostsFile(hosts, tmp_path / "j.json", timedelta(seconds=30), report)
+    first = owned.assigned(datetime.now(UTC))
+    assert first is not None and set(first) == {"a"}
+    assert first["a"] >= datetime.fromtimestamp(before, UTC)
+    worker(11, "b")
+    time.sleep(1.1)
+    call()
+    second = owned.assigned(datetime.now(UTC))
+    assert second is not None and second["a"] == first["a"] and second["b"] > first["a"]
+    for pid in (10, 11):  # the workers exit
+        for f in (proc / str(pid)).iterdir():
+            f.unlink()
+        (proc / str(pid)).rmdir()
+    call()
+    assert not report.exists()

@@ -217,6 +217,38 @@ def test_a_kept_host_leaves_only_once_its_replacement_settled(
     assert mode.hosts() == ["b:1"]
 
 
+def test_with_horovods_assignment_reported_the_kept_host_leaves_once_the_replacement_synced(
+    tmp_path: Path,
+) -> None:
+    # policy join_grace 30 s as shipped: only the report frees `a` before it
+    ps = parse_config(POLICIES.replace("join_grace: 0s", "join_grace: 30s")).policy_set
+    s = settings(tmp_path, "[{name: a}, {name: b}]", "{name: j, max_workers: 2}", join_grace="30s")
+    mode = Standalone(s, ps)
+    mode.notice("b")  # b is not up yet (as benchmarks/preemption.py marks a host that is not)
+
+    def report(at: datetime, **since: datetime) -> None:
+        lines = [f"scanned {int(at.timestamp())}"] + [
+            f"{h} {int(t.timestamp())}" for h, t in since.items()
+        ]
+        s.assigned_file.write_text("\n".join(lines) + "\n")
+
+    t0 = datetime.now(UTC).replace(microsecond=0)
+    mode.tick(t0)
+    assert mode.hosts() == ["a:1"]
+    later = t0 + timedelta(minutes=5)
+    mode.withdraw("b")
+    mode.notice("a", f'{{"deadline": "{(later + timedelta(seconds=30)).isoformat()}"}}')
+    report(later, a=t0)
+    mode.tick(later)  # a is kept (the only host), b is added
+    assert mode.hosts() == ["a:1", "b:1"]
+    report(later + timedelta(seconds=3), a=t0, b=later + timedelta(seconds=3))
+    mode.tick(later + timedelta(seconds=4))  # b assigned, still in its join's reset: a stays
+    assert mode.hosts() == ["a:1", "b:1"]
+    report(later + timedelta(seconds=18), a=t0, b=later + timedelta(seconds=3))
+    mode.tick(later + timedelta(seconds=18))  # b assigned 15 s: a goes, 12 s before its deadline
+    assert mode.hosts() == ["b:1"]
+
+
 def test_multi_slot_hosts_hold_several_workers(tmp_path: Path, policies: PolicySet) -> None:
     s = settings(
         tmp_path,

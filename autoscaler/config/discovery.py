@@ -86,3 +86,8 @@ class StandaloneSettings(StrictModel):
     def joined_file(self) -> Path:
         """When each host entered the discovery file (JSON), beside it."""
         return self.discovery_file.with_name(self.discovery_file.name + ".joined.json")
+
+    @property
+    def assigned_file(self) -> Path:
+        """Which hosts run a Horovod worker, since when: owned_hosts.sh's report, beside it."""
+        return self.discovery_file.with_name(self.discovery_file.name + ".assigned")

@@ -114,8 +114,10 @@ def _plan_jobs(
         def plan(job: Job = job, policy: Policy = policy, risk: NodeRisk = risk) -> _Plan:
             return _plan_job(job, policy, risk, nodes, now, _pin_problem(job, policies, policy))
 
-        def until(job: Job = job, policy: Policy = policy) -> datetime | None:
-            return _replan_at(job, policy, now)
+        def until(
+            job: Job = job, policy: Policy = policy, risk: NodeRisk = risk
+        ) -> datetime | None:
+            return _replan_at(job, policy, risk, now)
 
         plans.append(memo.plan(job, policy, nodes, noticed, risk, now, plan, until))
     return plans
@@ -162,11 +164,11 @@ def _plan_job(
     return _Plan(job, policy, departures, ceiling, len(staying), spend, blocked, holds, pin_problem)
 
 
-def _replan_at(job: Job, policy: Policy, now: datetime) -> datetime | None:
+def _replan_at(job: Job, policy: Policy, risk: NodeRisk, now: datetime) -> datetime | None:
     """When time alone could change the job's plan (None: never; `now`: at every pass): the
     moments its time rules flip. Keep in step with every rule of `_plan_job` that reads `now`:
-    scaler_block (max_age), _growth_blocked (backoff), _last_host_to_keep (join_grace); the
-    memo's safety net (Reconciler) finds a rule left out."""
+    scaler_block (max_age), _growth_blocked (backoff), _last_host_to_keep (join_grace,
+    assigned_settle, release_margin); the memo's safety net (Reconciler) finds a rule left out."""
     times: list[datetime] = []
     scaler = job.scaler
     if scaler is not None and scaler.created_at is not None:
@@ -180,6 +182,12 @@ def _replan_at(job: Job, policy: Policy, now: datetime) -> datetime | None:
     if policy.preemption.keep_last_host:
         grace = policy.preemption.join_grace
         times.extend(w.ready_since + grace for w in job.workers if w.ready_since is not None)
+        settle = policy.preemption.assigned_settle
+        times.extend(t + settle for t in job.assigned_since.values())
+        margin = policy.preemption.release_margin
+        times.extend(
+            d - margin for w in job.workers if (d := risk.deadlines.get(w.node or "")) is not None
+        )
     return min((t for t in times if t > now), default=None)
 
 

@@ -21,7 +21,7 @@ from autoscaler.core.model import (
     Worker,
 )
 from autoscaler.core.notices import NodeRisk
-from autoscaler.core.policy import Policy
+from autoscaler.core.policy import Policy, PreemptionRules
 
 
 @dataclass(slots=True)
@@ -84,7 +84,7 @@ def _who_leaves(
     tags: list[Reason] = [Reason.CLAMP_MIN] if held_at_min else []
     kept = None
     if why and policy.preemption.keep_last_host:
-        kept = _last_host_to_keep(job, why, risk, now - policy.preemption.join_grace)
+        kept = _last_host_to_keep(job, why, risk, policy, now)
     # the drain/scale-in decision carries the most urgent reason among its victims
     reason = min(why.values(), key=_urgency) if why else None
     if kept is not None:
@@ -246,7 +246,7 @@ def _clamp_victim_order(w: Worker, risk: NodeRisk, nodes: Mapping[str, GpuNode])
 
 
 def _last_host_to_keep(
-    job: Job, why: dict[str, Reason], risk: NodeRisk, settled_by: datetime
+    job: Job, why: dict[str, Reason], risk: NodeRisk, policy: Policy, now: datetime
 ) -> Worker | None:
     """If no settled host would stay in discovery, keep the one that lives longest.
 
@@ -254,37 +254,98 @@ def _last_host_to_keep(
     moments ago has not been sent the state yet; keeping one old host until the refill has synced
     lets the job shrink and grow instead of failing or starting over. A survivor that joined no
     later than the doomed hosts holds the same state, however recent (e.g. at the job's start).
+
+    Settled: in Horovod's rank assignment (the launcher's report) for `assigned_settle` where the
+    report says since when, or just in it where it does not; without a report, ready for
+    `join_grace`. The kept host is released before that once its deadline is `release_margin`
+    away, if a survivor is in the assignment at all (see `_release_near_deadline`).
     """
+    rules = policy.preemption
     candidates = [w for w in job.workers if w.pod in why and not w.pending]
     if not candidates:
         return None
+    settled_by = now - rules.join_grace
     joined = [w.ready_since for w in candidates]
     if None not in joined:  # as old as the oldest doomed host is settled enough
         settled_by = max(settled_by, min(t for t in joined if t is not None))
-    if any(_settled_survivor(job, w, why, settled_by) for w in job.workers):
+    synced_by = now - rules.assigned_settle
+    since = [job.assigned_since.get(w.host) for w in candidates]
+    if None not in since:  # assigned with the oldest doomed host: it holds the same state
+        synced_by = max(synced_by, min(t for t in since if t is not None))
+    if any(_settled_survivor(job, w, why, settled_by, synced_by) for w in job.workers):
         return None
 
     def lives_longest(w: Worker) -> tuple:
         deadline = risk.deadlines.get(w.node or "")  # unknown deadline: assume the latest
         return (why[w.pod] is Reason.CLAMP_MAX, deadline is None, deadline, -w.index)
 
-    return max(candidates, key=lives_longest)
+    kept = max(candidates, key=lives_longest)
+    if _release_near_deadline(job, why, risk.deadlines.get(kept.node or ""), rules, now):
+        return None
+    return kept
 
 
-def _settled_survivor(job: Job, w: Worker, why: dict[str, Reason], settled_by: datetime) -> bool:
+def _release_near_deadline(
+    job: Job,
+    why: dict[str, Reason],
+    deadline: datetime | None,
+    rules: PreemptionRules,
+    now: datetime,
+) -> bool:
+    """Whether the kept host goes now, though no survivor has settled: its node dies within
+    `release_margin` and a survivor is in Horovod's rank assignment (the launcher's report).
+
+    Which costs less (../shared/reference/horovod-elastic.md): a graceful removal costs one
+    reset; a host that dies in the ring costs a rollback to the last commit (after Gloo's
+    timeout); losing every host that holds the state restarts the job from step 0. With the
+    survivor in the assignment, the drain is never worse than keeping the host:
+    - the survivor has synced (its join's reset is over): the removal is graceful, no rollback,
+      where keeping the host until its node dies would roll back;
+    - the survivor is still joining: the kept host waits in that reset's rendezvous, and the
+      removal announced to it meanwhile is dropped (horovod/common/elastic.py `run_fn`:
+      `state.on_reset()` after `reset()` empties `_host_messages`), so it stays in the ring and
+      syncs the state to the survivor as if kept; its death then rolls back, or starts over if
+      it dies before the sync, exactly as it would have kept.
+    Without the survivor in the assignment the drain is never made: Horovod would then find no
+    host of the previous set at its next reset (horovod/runner/elastic/driver.py
+    `_update_host_assignments`: "No hosts from previous set remaining") and stop the job, where
+    a death with the replacement assigned costs only a rollback or a restart. Without a report
+    there is no evidence either way: `join_grace` stays the bound.
+    """
+    if deadline is None or deadline - now > rules.release_margin:
+        return False
+    if job.assigned_hosts is None:
+        return False
+    return any(
+        w.host in job.assigned_hosts
+        for w in job.workers
+        if w.pod not in why
+        and not w.pending
+        and not w.terminating
+        and w.host not in job.drained_hosts
+    )
+
+
+def _settled_survivor(
+    job: Job, w: Worker, why: dict[str, Reason], settled_by: datetime, synced_by: datetime
+) -> bool:
     """A worker that stays, runs, is shown to Horovod and is in its rank assignment."""
     if w.pod in why or w.pending or w.terminating or w.host in job.drained_hosts:
         return False
-    return _in_assignment(job, w, settled_by)
+    return _in_assignment(job, w, settled_by, synced_by)
 
 
-def _in_assignment(job: Job, w: Worker, settled_by: datetime) -> bool:
+def _in_assignment(job: Job, w: Worker, settled_by: datetime, synced_by: datetime) -> bool:
     """Whether Horovod has `w`'s host in its current rank assignment, so dropping the others
-    keeps a host of the previous set (driver.py `_update_host_assignments`). The launcher's own
-    report (its worker processes) is the evidence; without one, a host that has been ready
-    since `settled_by` is assumed to have passed a reset."""
+    keeps a host of the previous set (driver.py `_update_host_assignments`), and (where the
+    report says since when) has had it there since `synced_by`, so its join's reset is over.
+    The launcher's own report (its worker processes) is the evidence; without one, a host that
+    has been ready since `settled_by` is assumed to have passed a reset."""
     if job.assigned_hosts is not None:
-        return w.host in job.assigned_hosts
+        if w.host not in job.assigned_hosts:
+            return False
+        since = job.assigned_since.get(w.host)
+        return since is None or since <= synced_by
     return w.ready_since is None or w.ready_since <= settled_by
 
 

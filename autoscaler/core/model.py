@@ -239,6 +239,9 @@ class Job:
     # hosts the launcher runs Horovod worker processes on, i.e. in a rank assignment (published by
     # the discovery sidecar); None = not reported, fall back to preemption.join_grace
     assigned_hosts: frozenset[str] | None = None
+    # since when each of them has been assigned, where the report says so (standalone's does;
+    # the sidecar's annotation does not): a host missing here counts as assigned long ago
+    assigned_since: Mapping[str, datetime] = field(default_factory=dict)
     # the index the operator gives its next new worker (et-operator: highest in
     # status.targetWorkers + 1, which counts workers that are gone); None = after the live ones
     next_index: int | None = None

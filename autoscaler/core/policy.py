@@ -153,6 +153,17 @@ class PreemptionRules(StrictModel):
     # without the launcher's report (spot-autoscaler.io/assigned-hosts) a replacement counts as a
     # surviving host only this long after it is ready (a join takes ~5-7 s plus start-up)
     join_grace: Duration = timedelta(seconds=30)
+    # with a report that says since when (standalone's owned_hosts.sh), a replacement counts as
+    # a surviving host once it has been in Horovod's rank assignment this long: its join
+    # (process start, imports, hvd.init, the state's broadcast) is over. A removal announced
+    # during that join's reset is dropped (horovod/common/elastic.py run_fn: on_reset empties
+    # the queue), so the kept host would then die in the ring. 15 s = the overlay script's
+    # SPOT_SETTLE_SECONDS
+    assigned_settle: Duration = timedelta(seconds=15)
+    # the kept host leaves anyway once its node's deadline is this close, if a replacement is in
+    # the rank assignment at all: never worse than keeping it (core/departures.py); it covers a
+    # discovery call (~1.35 s), the next commit and a reset
+    release_margin: Duration = timedelta(seconds=10)
 
 
 class ScalerRules(StrictModel):

@@ -41,6 +41,7 @@ class StandaloneObserver:
 
     def snapshot(self, now: datetime) -> Snapshot:
         hosts, joined = self.file.read(), self.file.joined()
+        assigned = self.file.assigned(now)
         used = {h.host: h.slots for h in hosts}
         nodes = tuple(
             GpuNode(
@@ -66,5 +67,8 @@ class StandaloneObserver:
             last_scale_out_at=max(joined.values(), default=None),
             # a drained host leaves the file at once, with its workers: nothing stays drained
             drained_hosts=frozenset(),
+            # owned_hosts.sh's report of Horovod's rank assignment; None: fall back to join_grace
+            assigned_hosts=frozenset(assigned) if assigned is not None else None,
+            assigned_since=assigned or {},
         )
         return Snapshot(nodes=nodes, notices=notices, jobs=(job,))

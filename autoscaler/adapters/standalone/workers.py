@@ -17,7 +17,9 @@ from autoscaler.core.model import Worker
 
 
 def owned_file(settings: StandaloneSettings) -> OwnedHostsFile:
-    return OwnedHostsFile(settings.discovery_file, settings.joined_file, settings.join_grace)
+    return OwnedHostsFile(
+        settings.discovery_file, settings.joined_file, settings.join_grace, settings.assigned_file
+    )
 
 
 def job_of(settings: StandaloneSettings) -> StandaloneJob:
