@@ -167,6 +167,20 @@ def test_the_safety_net_fills_to_max_once_on_demand_alone_would_barely_finish(ru
     assert "slack -0.1 h" in out.message
 
 
+def test_near_the_end_paced_nets_only_what_finishes_a_changeover_early_up_fills_to_max() -> None:
+    # 30 min left, 10% to do, 8 seen at 28%/h: 21 min at 8 + 2 x 5 min > 30 min, the net fires.
+    # The switch spends one changeover: 10% in the 25 min after it needs 24%/h, 7 workers at the
+    # lower bound (7/8 x 28% = 24.5%): 6 more next to the one on on-demand; uniform_progress
+    # fills to 8
+    pace = Pace(rates=((8, 0.28),))
+    nodes = [node("od", gpus=1, used=1, capacity=OD)]
+    snap = snapshot(nodes, [_job(["od"], progress=0.9, pace=pace)])
+    (out,) = only(run(snap, policies(**_deadline(within_h=4.5))), Action.SCALE_OUT)
+    (up,) = only(run(snap, policies(**_deadline(4.5, "uniform_progress"))), Action.SCALE_OUT)
+    assert (out.reason, out.count, up.count) == (Reason.BEHIND_DEADLINE, 6, 7)
+    assert "slack -0.0 h" in out.message
+
+
 # --- paced: fewer workers than UP, never later --------------------------------------------------
 
 

@@ -10,8 +10,9 @@ restarts) against Uniform Progress's line (Can't Be Late, Wu et al., NSDI '24): 
 in work from the job's start to `deadline - margin`. Both re-check on every pass:
 - the Safety Net: once the time left is below what on-demand alone (the cap's workers, at a lower
   bound of their speed: core/pace.py) needs for the rest plus two changeovers d̂, every allowed
-  worker; those stay until the slack is back above 2 d̂. While the job runs on fewer workers than
-  the cap, the slack shrinks by itself; the net sees that on the next pass.
+  worker (under `paced`, only the on-demand workers whose lower bound alone finishes one d̂
+  before the end: _net_fill); those stay until the slack is back above 2 d̂. While the job runs
+  on fewer workers than the cap, the slack shrinks by itself; the net sees that on the next pass.
 - `uniform_progress` (the baseline, the paper's rule for one elastic job): behind the line, every
   allowed worker (on-demand filling in next to spot); they stay until progress is ahead of the
   line by two changeovers, ep(t + 2 d̂) (the paper's hysteresis).
@@ -250,6 +251,8 @@ def _deadline(p: _Pacing, anchor: OnDemandNeed) -> OnDemandNeed:
         line_want, line_keep = _uniform(p, every, anchor)
     else:
         line_want, line_keep = _fewer(p, anchor)
+        if net_want > anchor.want:
+            net_want = _net_fill(p, every, anchor.want)
     want = max(net_want, line_want)
     keep = max(want, net_keep, line_keep)
     return OnDemandNeed(
@@ -259,6 +262,23 @@ def _deadline(p: _Pacing, anchor: OnDemandNeed) -> OnDemandNeed:
         _explain(p, slack, d, anchor),
         anchor.release if keep == anchor.keep else Reason.AHEAD_OF_DEADLINE,
     )
+
+
+def _net_fill(p: _Pacing, every: int, floor: int) -> int:
+    """`paced`'s Safety Net: the fewest on-demand workers (at least `floor`, at most `every`)
+    whose lower-bound speed alone, spot aside, finishes the rest one changeover d̂ before the end.
+    The net fires at 2 d̂ of slack at the cap's speed; the switch it makes spends one of them
+    (Can't Be Late §3.3: the second covers a spot start, and the net then runs on-demand to the
+    end). Near the end that is fewer than the cap, and more each pass the job falls short: a ramp
+    instead of a jump to the cap, cheaper per unit of work as scaling is sub-linear; the workers
+    bought stay while the slack is below 2 d̂, as under uniform_progress."""
+    time = p.hours - p.changeover
+    if time <= 0:
+        return every
+    for n in range(floor, every):
+        if p.lower(n) >= p.left / time:
+            return n
+    return every
 
 
 def _uniform(p: _Pacing, every: int, anchor: OnDemandNeed) -> tuple[int, int]:
