@@ -213,8 +213,7 @@ class Reconciler:
     def _written(self, job: str, future: Future[bool]) -> None:
         with self._writing_lock:
             del self._writing[job]
-            if future.exception() is not None or not future.result():
-                self.errors += 1
+        self._count_failed(future.exception() is not None or not future.result())
         self._on_written()
 
     def settle(self, stop: Callable[[], bool], timeout: float) -> None:
@@ -262,11 +261,16 @@ class Reconciler:
             of_action = [d for d in rest if d.action is action]
             for start in range(0, len(of_action), self._batch):
                 if give_way():
-                    self.errors += done.count(False)
+                    self._count_failed(done.count(False))
                     return False
                 done += self._apply_at_once(of_action[start : start + self._batch], now)
-        self.errors += done.count(False)
+        self._count_failed(done.count(False))
         return True
+
+    def _count_failed(self, writes: int) -> None:
+        """`errors` grows from the loop's thread and from the writes behind the fast path."""
+        with self._writing_lock:
+            self.errors += writes
 
     def _apply_at_once(self, decisions: list[Decision], now: datetime) -> list[bool]:
         """Decisions of different jobs, concurrently when there is a pool."""
@@ -296,7 +300,7 @@ class Reconciler:
         try:
             self.kept = self.actuator.keep(managed, now, _KEEP_WRITES)
         except Exception as exc:  # like a decision's failure: logged, retried after a back-off
-            self.errors += 1
+            self._count_failed(1)
             self.logger.error("keep_failed", error=f"{type(exc).__name__}: {exc}")
 
     def _apply(self, decision: Decision, now: datetime) -> bool:
