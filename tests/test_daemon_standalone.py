@@ -49,3 +49,40 @@ standalone:
         assert http_get(d.endpoints.port, "/readyz")[0] == 200  # type: ignore[union-attr]
     finally:
         d.stop()
+
+
+def test_a_noticed_hosts_replacement_joins_right_after_its_drain(tmp_path: Path) -> None:
+    """The notice takes the fast path (drain), then the full pass refills at once: Horovod's next
+    discovery call sees the drain and the replacement together, not a tick (30 s) apart."""
+    (tmp_path / "notices").mkdir()
+    (tmp_path / "notices" / "host-c.json").write_text("")  # not up yet
+    hosts = tmp_path / "hosts"
+    cfg = parse_config(f"""
+policies: [{{name: default, scale_out: {{min_idle: 0s, cooldown: 0s}}}}]
+daemon: {{mode: standalone, tick_interval: 30s, wake_coalesce: 0.02s, metrics_port: 0,
+          metrics_bind_address: 127.0.0.1}}
+standalone:
+  hosts: [{{name: host-a}}, {{name: host-b}}, {{name: host-c}}]
+  job: {{name: bert, min_workers: 1, max_workers: 2}}
+  discovery_file: {hosts}
+  notice_dir: {tmp_path / "notices"}
+  notice_poll: 0.05s
+""")
+    d, _ = wired_daemon(cfg, None)
+    d.start()
+    try:
+        wait_for(
+            lambda: hosts.exists() and hosts.read_text().split() == ["host-a:1", "host-b:1"],
+            what="the first pass to fill the discovery file",
+        )
+        # host-a's notice and host-c's arrival in one scan, as a spot replacement comes up
+        (tmp_path / "notices" / "host-a.json").write_text('{"kind": "interruption"}')
+        (tmp_path / "notices" / "host-c.json").unlink()
+        noticed = time.monotonic()
+        wait_for(
+            lambda: hosts.read_text().split() == ["host-b:1", "host-c:1"],
+            what="host-a drained and host-c added",
+        )
+        assert time.monotonic() - noticed < 1.5  # poll 0.05 s + the fast path + one pass
+    finally:
+        d.stop()

@@ -12,6 +12,7 @@ import pytest
 from support.waiting import seconds_until, wait_for
 
 from autoscaler.adapters.standalone.notices import SOURCE, NoticeDirectory
+from autoscaler.boards import may_be_notice
 from autoscaler.core.model import Notice, NoticeKind
 
 
@@ -76,6 +77,8 @@ def test_posting_and_withdrawing_wake_the_daemon_within_the_poll(
     wait_for(lambda: notices.notices() == ())
     assert wakes.event.is_set()
     assert len(wakes.reasons) == 2 and "withdrawn ['node-b']" in wakes.reasons[1]
+    # the loop takes the fast path (drains at once) for a notice's wake, not for a withdrawal's
+    assert [may_be_notice(r) for r in wakes.reasons] == [True, False]
 
 
 def test_the_content_sets_kind_deadline_and_id(notices: NoticeDirectory) -> None:

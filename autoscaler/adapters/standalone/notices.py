@@ -3,8 +3,9 @@
 A file is a notice for that host; deleting it withdraws the notice. The content is optional JSON,
 `{"kind": "interruption|rebalance|state-change|maintenance", "deadline": ISO, "id": str}`; an
 empty or unreadable file is an interruption (a notice we cannot read still means the host goes).
-Polled (no inotify in plain POSIX); each change wakes the daemon. Level-triggered: the files are
-the state, so a restarted daemon sees the same notices.
+Polled (no inotify in plain POSIX); each change wakes the daemon, a posted notice as a notice
+(`notice_wake`), so the loop's fast path drains at once and its full pass, right after, refills.
+Level-triggered: the files are the state, so a restarted daemon sees the same notices.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 import structlog
 
 from autoscaler.adapters.discovery.hostlines import valid_host
-from autoscaler.boards import Wake
+from autoscaler.boards import Wake, notice_wake
 from autoscaler.core.model import Notice, NoticeKind
 from autoscaler.times import parse_utc
 
@@ -81,7 +82,12 @@ class NoticeDirectory:
         withdrawn = sorted(set(known) - set(found))
         if posted or withdrawn:
             log.info("notice_dir_changed", posted=posted, withdrawn=withdrawn)
-            self._wake(f"{SOURCE}: posted {posted} withdrawn {withdrawn}")
+        # as a notice: else no fast path, and the one full pass drains but, workers leaving, does
+        # not refill; the refill waited for the next tick (tick_interval)
+        for host in posted:
+            self._wake(notice_wake(found[host][1]))
+        if withdrawn:
+            self._wake(f"{SOURCE}: withdrawn {withdrawn}")
 
     def _run(self) -> None:
         while not self._stop.wait(self._poll):
