@@ -249,6 +249,24 @@ def test_notices_whose_workers_go_first_are_lost_and_waiting_ones_age() -> None:
     assert metric(text, "spot_autoscaler_notices_total", source="aws-sqs", kind="interruption") == 3
 
 
+def test_a_partial_view_leaves_withdrawn_notices_to_the_next_whole_one() -> None:
+    """The fast path's snapshot holds only the jobs on noticed nodes: a withdrawn notice's node
+    has none there, which must not count the notice as lost."""
+    metrics = Metrics()
+    tracker = NoticeTracker(metrics)
+    lost = "spot_autoscaler_notices_lost_total"
+    withdrawn = Notice("n1", NoticeKind.INTERRUPTION, "aws-sqs", "e-1", received_at=NOW)
+    tracker.seen([withdrawn], {"n1"})
+    tracker.seen([], set(), whole=False)
+    assert metric(metrics.exposition().decode(), lost, source="aws-sqs", kind="interruption") in (
+        None,
+        0,
+    )
+    assert tracker.tracking  # still open: the whole view judges it
+    tracker.seen([], set())  # the whole view: its workers are gone too, so it was lost
+    assert metric(metrics.exposition().decode(), lost, source="aws-sqs", kind="interruption") == 1
+
+
 def test_gpus_and_cost_by_capacity_type_and_the_build() -> None:
     metrics = Metrics()
     metrics.set_nodes(

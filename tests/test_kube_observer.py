@@ -551,6 +551,32 @@ def test_pod_node_and_job_changes_reach_the_next_snapshot(kube: Kube) -> None:
 
 
 @BOTH
+def test_the_fast_path_view_holds_the_noticed_jobs_as_the_whole_one_does(kube: Kube) -> None:
+    kube.server.seed(
+        node("a"),
+        node("b"),
+        node("c"),
+        training_job("bert", max_workers=8),
+        training_job("gpt", max_workers=8),
+        training_job("t5", max_workers=8),
+        worker("bert", 0, "a"),
+        worker("gpt", 0, "b"),
+        worker("t5", 0, "b"),
+        worker("t5", 1, "c"),
+    )
+    observer = kube.observer(kube.cache())
+    assert observer.noticed(now()).jobs == ()  # no notice: no job to read
+    kube.board.post(Notice("c", NoticeKind.INTERRUPTION, "aws-sqs", "m-1", received_at=now()))
+    fast = observer.noticed(now())
+    whole = observer.snapshot(now())
+    assert [j.name for j in fast.jobs] == ["t5"]
+    assert fast.jobs[0] == by_name(whole.jobs)["t5"]
+    assert (fast.nodes, fast.notices, fast.stale) == (whole.nodes, whole.notices, whole.stale)
+    assert sorted(j.name for j in whole.jobs) == ["bert", "gpt", "t5"]  # the memo kept them all
+    assert sorted(j.name for j in observer.snapshot(now()).jobs) == ["bert", "gpt", "t5"]
+
+
+@BOTH
 def test_prices_and_board_notices_are_read_afresh_and_unchanged_jobs_reused(kube: Kube) -> None:
     kube.server.seed(node("a"), training_job("bert"), worker("bert", 0, "a"))
     observer = kube.observer(kube.cache())

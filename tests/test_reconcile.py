@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import threading
+from dataclasses import replace
 from datetime import datetime
 
 from core_fixtures import NOW, job, node, notice, policies, snapshot
@@ -171,6 +172,35 @@ def test_the_fast_path_writes_scale_ins_behind_its_drains() -> None:
     assert errors >= 2  # ml/b's refused drain and its refused ScaleIn, behind
     reconciler.tick(NOW)  # nothing is being written: the pass decides and applies them again
     assert world.applied.count(("ml/a", Action.SCALE_IN)) == 2
+
+
+class FocusedWorld(FixedWorld):
+    """Sees the noticed jobs alone on the fast path, and says which snapshots were asked for."""
+
+    def __init__(self, snap: Snapshot) -> None:
+        super().__init__(snap)
+        self.asked: list[str] = []
+
+    def snapshot(self, now: datetime) -> Snapshot:
+        self.asked.append("whole")
+        return self.snap
+
+    def noticed(self, now: datetime) -> Snapshot:
+        self.asked.append("noticed")
+        noticed = {n.node for n in self.snap.notices}
+        jobs = tuple(j for j in self.snap.jobs if any(w.node in noticed for w in j.workers))
+        return replace(self.snap, jobs=jobs)
+
+
+def test_the_fast_path_reads_the_noticed_jobs_only_and_decides_as_the_pass_would() -> None:
+    jobs = [job("a", placement=["n1", "n2"]), job("b", placement=["n2", "n3"])]
+    world = FocusedWorld(snapshot([node("n1"), node("n2"), node("n3")], jobs, [notice("n1")]))
+    reconciler = Reconciler(world, world, PolicySet(), file_logger(io.StringIO()))
+    urgent = reconciler.react(NOW)
+    assert world.asked == ["noticed"]
+    whole = FixedWorld(world.snap)
+    passed = Reconciler(whole, whole, PolicySet(), file_logger(io.StringIO())).tick(NOW)
+    assert urgent and urgent == [d for d in passed if d.action in (Action.DRAIN, Action.SCALE_IN)]
 
 
 def test_settle_waits_for_the_writes_behind_until_a_notice_comes() -> None:

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from autoscaler.core import Action, Decision, Job, Notice, Snapshot
 from autoscaler.daemon.metrics import Metrics
 from autoscaler.fencing import NotLeader
-from autoscaler.reconcile import Actuator, Keeper, Observer
+from autoscaler.reconcile import Actuator, Keeper, Observer, noticed_view
 
 __all__ = ["GuardedActuator", "MeasuredObserver", "NoticeTracker", "NotLeader"]
 
@@ -32,7 +32,9 @@ class NoticeTracker:
         self._known: set[NoticeKey] = set()
         metrics.unanswered_age.set_function(self.oldest_open_age)
 
-    def seen(self, notices: Iterable[Notice], busy_nodes: set[str]) -> None:
+    def seen(self, notices: Iterable[Notice], busy_nodes: set[str], whole: bool = True) -> None:
+        """`busy_nodes`: the nodes with live workers of the snapshot's jobs; `whole`: of every
+        job (else only of the jobs on noticed nodes: the fast path's)."""
         current: set[NoticeKey] = set()
         for notice in notices:
             key = (notice.source, notice.id)
@@ -43,6 +45,8 @@ class NoticeTracker:
                     self._open[key] = notice
         self._known = current  # withdrawn or expired notices are forgotten: memory stays bounded
         for key, notice in list(self._open.items()):
+            if key not in current and not whole:
+                continue  # its node's workers are not in a partial view: the next whole one
             if notice.node not in busy_nodes:
                 if self._open.pop(key, None) is not None:  # not answered meanwhile (threads)
                     self._metrics.notices_lost.labels(notice.source, notice.kind.value).inc()
@@ -76,14 +80,24 @@ class MeasuredObserver:
 
     def snapshot(self, now: datetime) -> Snapshot:
         snapshot = self._inner.snapshot(now)
+        self._track(snapshot, whole=True)
+        self._metrics.set_workers(snapshot.jobs)
+        self._metrics.set_nodes(snapshot.nodes)
+        return snapshot
+
+    def noticed(self, now: datetime) -> Snapshot:
+        """The fast path's snapshot: its jobs are all that have workers on noticed nodes, all the
+        tracker reads; the gauges wait for the next whole one."""
+        snapshot = noticed_view(self._inner, now)
+        self._track(snapshot, whole=False)
+        return snapshot
+
+    def _track(self, snapshot: Snapshot, whole: bool) -> None:
         if snapshot.notices or self._tracker.tracking:  # a scan of every worker: only when needed
             busy = {
                 w.node for job in snapshot.jobs for w in job.workers if w.node and not w.terminating
             }
-            self._tracker.seen(snapshot.notices, busy)
-        self._metrics.set_workers(snapshot.jobs)
-        self._metrics.set_nodes(snapshot.nodes)
-        return snapshot
+            self._tracker.seen(snapshot.notices, busy, whole)
 
 
 class GuardedActuator:
