@@ -135,6 +135,22 @@ def test_a_notices_scale_in_reads_only_its_victims(kube: Kube) -> None:
     assert sorted(reads) == [f"/api/v1/namespaces/{NS}/pods/bert-worker-{i}" for i in (0, 1)]
 
 
+def test_a_scale_in_that_outlives_its_check_is_checked_again_and_sent_once(kube: Kube) -> None:
+    """Three 500s on the create take it past CONFIRMED_FOR (retries at 0.2, 0.6 and 1.4 s): it
+    is not sent on that check; the victims are checked again and the ScaleIn goes out in the same
+    apply, not a back-off later."""
+    kube.server.seed(node("a", taints=[NTH_ITN]), node("b"), *bert("a", "a", "b"))
+    cache = kube.cache()
+    kube.server.fail_next(3, 500, path_contains="/scaleins", method="POST")
+    kube.server.clear_requests()
+    kube.actuator(cache).apply(NOTICE_ON_A, now())
+    [made] = kube.objects("ScaleIn")
+    assert made["spec"]["toDelete"]["podNames"] == ["bert-worker-0", "bert-worker-1"]
+    checks = kube.server.requests("GET", f"/namespaces/{NS}/pods/bert-worker-0", watch=False)
+    assert len(checks) == 2
+    assert len(kube.server.requests("POST", "/scaleins")) == 4  # three refused, one made
+
+
 @pytest.mark.parametrize("cut_nodes", [True, False], ids=["node-watch-cut", "all-fresh"])
 def test_a_notice_withdrawn_before_the_cut_removes_and_drains_nobody(
     kube: Kube, cut_nodes: bool

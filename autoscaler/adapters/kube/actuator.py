@@ -26,12 +26,13 @@ from autoscaler.adapters.kube.rejects import Rejections
 from autoscaler.adapters.kube.resources import NODES, Obj, Resource
 from autoscaler.config import Config
 from autoscaler.core.model import Action, Decision, Job, Notice
-from autoscaler.fencing import Fence
+from autoscaler.fencing import Fence, Stale
 
 log = structlog.get_logger()
 # seconds a server check holds for the write that rests on it, counted from before the reads it
 # rests on: the fault suite tolerates no write landing later than 1 s after its notice went
 CONFIRMED_FOR = 1.0
+CHECKS_PER_SCALE_IN = 3  # a check, and a create resting on it, at most so many times per decision
 
 
 class KubeActuator:
@@ -110,16 +111,26 @@ class KubeActuator:
     def _scale_in(
         self, kind: JobKind, backend: KindActuator, job: Obj, decision: Decision, now: datetime
     ) -> None:
-        """Irreversible: only what the server still supports (confirm.py) goes out."""
-        confirmed, checked = self._check.scale_in(job, kind, decision, now)
-        if not confirmed.pods:
-            refuse(decision, "not_confirmed_by_server", pods=list(decision.pods))
-            return
-        # what the server said holds for CONFIRMED_FOR: a ScaleIn that cannot land by then (API
-        # trouble, retries) is not sent, and the next pass checks again (a notice withdrawn
-        # meanwhile would otherwise remove a healthy worker)
-        with self._objects.fence.until(checked + CONFIRMED_FOR, "the ScaleIn's victims"):
-            backend.scale_in(job, confirmed, now)
+        """Irreversible: only what the server still supports (confirm.py) goes out. A create that
+        could not land while its check held is checked and tried again at once: left to the next
+        pass, it waited out the loop's back-off (2-6 s after its notice under API faults)."""
+        for attempt in range(1, CHECKS_PER_SCALE_IN + 1):
+            confirmed, checked = self._check.scale_in(job, kind, decision, now)
+            if not confirmed.pods:
+                refuse(decision, "not_confirmed_by_server", pods=list(decision.pods))
+                return
+            # what the server said holds for CONFIRMED_FOR: a ScaleIn that cannot land by then
+            # (API trouble, retries) is not sent (a notice withdrawn meanwhile would otherwise
+            # remove a healthy worker). Its name is the request's: a try whose reply was lost
+            # makes the next one a 409 that finds it (kinds' `_create`), never a second ScaleIn.
+            try:
+                with self._objects.fence.until(checked + CONFIRMED_FOR, "the ScaleIn's victims"):
+                    backend.scale_in(job, confirmed, now)
+                return
+            except Stale as exc:
+                if attempt == CHECKS_PER_SCALE_IN:
+                    raise
+                log.info("scale_in_checked_again", job=decision.job, attempt=attempt, why=str(exc))
 
     def persist_notice(self, node: str, notice: Notice) -> bool:
         """Keep a cloud notice on its Node (NOTICE_ANNOTATION) so a restart still knows it.
