@@ -55,7 +55,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -825,7 +825,8 @@ def _one_run(
         stderr.close()
         stdout.close()
         err = (tmp / "daemon.err").read_text(errors="replace")
-    decided = _decided((tmp / "daemon.out").read_text(errors="replace").splitlines())
+    lines = (tmp / "daemon.out").read_text(errors="replace").splitlines()
+    decided = _decided(lines)
     drain = [s["drain"] for s in samples]
     scale_in = [s["scale_in"] for s in samples]
     return {
@@ -838,6 +839,9 @@ def _one_run(
         # (its decision line's ts): before = SQS, waiting for the loop; after = the cache's
         # snapshot, deciding, the PATCH and this process's watch
         "drain_split_s": _split(samples, decided),
+        # what the daemon decided over its run, by action and reason (a run with many more
+        # passes than another: what they did)
+        "decisions": _decision_counts(lines),
         # the API server's own time per kind of request in the rounds (a real plane's only)
         "server_times": server_times,
         "daemon_errors": _errors(err),
@@ -966,6 +970,12 @@ def _decided(log: list[str]) -> dict[str, float]:
             for pod in line["pods"]:
                 out.setdefault(pod, at.timestamp())
     return out
+
+
+def _decision_counts(log: list[str]) -> dict[str, int]:
+    """`action reason` -> decision lines of the daemon's run, most first."""
+    counts = Counter(f"{line['action']} {line['reason']}" for line in read_decisions(log))
+    return dict(counts.most_common())
 
 
 def _split(samples: list[dict[str, Any]], decided: dict[str, float]) -> dict[str, Any]:
@@ -1101,6 +1111,7 @@ def report(r: dict[str, Any]) -> str:
             f"p99 <= {w['p99_le_s']} s\n"
             for what, w in r.get("server_times", {}).items()
         )
+        + f"  decisions: {', '.join(f'{k} {n}' for k, n in r['decisions'].items())}\n"
         + f"  daemon: mean pass {r['pass_mean_s']} s, mean notice received -> applied "
         f"{r['daemon_reaction_mean_s']} s; in the rounds {p['count']} passes, mean "
         f"{p['mean_s']} s, p50 <= {p['p50_le_s']} s, p99 <= {p['p99_le_s']} s\n"

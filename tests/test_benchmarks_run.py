@@ -61,6 +61,7 @@ def test_reaction_runs_on_a_real_control_plane(tmp_path: Path) -> None:
         # each drain split where its deciding pass began (the daemon's decision lines), and the
         # API server's own time on the requests the notices cost
         assert r["drain_split_s"]["to_decision"]["median"] is not None
+        assert r["decisions"]["drain preemption_notice"] >= 5  # each notice dooms two jobs
         times = r["server_times"]
         assert times["PATCH trainingjobs"]["count"] > 0 and times["POST scaleins"]["count"] > 0
         assert r["setup_s"]["total"] > 0 and r["setup_s"]["pods"] > 0
