@@ -342,6 +342,7 @@ class Observed:
         self.drained: dict[str, float] = {}
         self.scaled_in: dict[str, float] = {}
         self.scale_ins: list[Obj] = []  # for the operator stand-in
+        self.done: set[str] = set()  # pods of the ScaleIns it completed
 
     def saw_job(self, obj: Obj) -> None:
         hosts = decode_drained(
@@ -368,6 +369,16 @@ class Observed:
                 self.scaled_in.setdefault(pod, now)
             self.scale_ins.append(obj)
             self.lock.notify_all()
+
+    def completed(self, obj: Obj) -> None:
+        """The stand-in deleted this ScaleIn's pods and marked it done."""
+        with self.lock:
+            self.done.update((obj.get("spec", {}).get("toDelete") or {}).get("podNames") or [])
+            self.lock.notify_all()
+
+    def wait_completed(self, pods: list[str], timeout: float) -> bool:
+        with self.lock:
+            return self.lock.wait_for(lambda: self.done.issuperset(pods), timeout)
 
     def take_scale_ins(self, stop: threading.Event) -> list[Obj]:
         with self.lock:
@@ -425,6 +436,7 @@ def operator_stand_in(api: KubeApiServer, seen: Observed, stop: threading.Event)
                 if api.get("pods", pod, NS) is not None:
                     api.delete("pods", pod, NS)
             api.patch("scaleins", meta["name"], {"status": _succeeded()}, NS)
+            seen.completed(obj)
 
 
 def real_operator_stand_in(rest: Rest, seen: Observed, stop: threading.Event) -> None:
@@ -438,6 +450,7 @@ def real_operator_stand_in(rest: Rest, seen: Observed, stop: threading.Event) ->
         status = _succeeded() | {"replicaStatuses": {}, "restartCount": 0}
         path = f"/apis/{ET_API}/namespaces/{NS}/scaleins/{obj['metadata']['name']}/status"
         rest.call("PATCH", path, {"status": status}, merge=True, missing_ok=True)
+        seen.completed(obj)
 
     while not stop.is_set():
         todo = seen.take_scale_ins(stop)
@@ -613,7 +626,19 @@ class RealBench:
         return time.monotonic() - started
 
     def replace(self, slots: list[int]) -> None:
+        """Until the fresh workers run (the scheduler binds them, kwok starts them)."""
+        from benchmarks.real_plane import pod_running
+        from tests.support.control_plane import wait_until
+
         self.cluster.replace_all(slots)
+        pods = f"/api/v1/namespaces/{NS}/pods"
+
+        def running(slot: int) -> int:
+            on = f"fieldSelector=spec.nodeName%3D{self.cluster.node_name(slot)}"
+            return sum(map(pod_running, self.rest.list_all(pods, on)))
+
+        expected = 2 * PER_JOB_ON_NODE
+        wait_until(lambda: all(running(s) == expected for s in slots), 60, "fresh workers", 0.2)
 
     def guards_marked(self) -> None:
         """Budget writes so far (the setup's): the daemon's are counted from here."""
@@ -954,9 +979,13 @@ def _rounds(
                     "pods": pods[slot],
                 }
             )
-        time.sleep(1.0)  # the stand-in deletes the pods and marks the ScaleIns done
+        # the stand-in deletes the round's pods and marks its ScaleIns done; fresh nodes with
+        # fresh workers replace the reclaimed ones, running before the next round (a cluster
+        # replaces a reclaimed node minutes later, not while the next notices arrive)
+        doomed = [p for ps in pods.values() for p in ps]
+        if not seen.wait_completed(doomed, timeout=60):
+            raise RuntimeError("the stand-in did not complete the round's ScaleIns within 60 s")
         bench.replace(batch)
-        time.sleep(1.0)  # the daemon sees the fresh nodes before the next round
     return samples
 
 
