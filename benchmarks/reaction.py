@@ -26,7 +26,7 @@ in its own process against moto's SQS, served from this process, and a Kubernete
 Every node has 8 one-GPU workers, 4 of job k and 4 of job k-1, so a notice dooms workers of two
 jobs. Notices go out in rounds (100 ms apart, nodes whose jobs do not overlap). A stand-in for
 et-operator completes each ScaleIn (deletes the named pods, marks it ScaleSucceeded); then the
-node is replaced by a fresh one with fresh workers.
+node is replaced by a fresh one with fresh workers, and the next round waits until they run.
 
 Per notice: drain = the last of its node's hosts appears in its job's drained-hosts annotation,
 ScaleIn = the last of its pods is named by a ScaleIn object, both from the moment before the
