@@ -4,8 +4,8 @@ For each trace and deadline (multiples of the job's on-demand time, default 1.5x
 replays the autoscaler's `paced` rule and the `uniform_progress` baseline (autoscaler/bench/
 dominance.py) and prints one row per trace, then the aggregate: deadlines missed where UP met
 them, cost to the work target against UP (min / median / max), whole-job restarts, and every
-trace that breaks the gate (a deadline UP meets and we miss, or a cost above UP's). Exits 1 when
-the gate is broken.
+trace that breaks the gate (a deadline UP meets and we miss, or a cost above UP's), also per
+deadline and over the generated family alone. Exits 1 when the gate is broken.
 
 The traces: those named on the command line (e.g. Bamboo's, read from ../shared/data/traces/),
 and `--family N` adversarial ones (seeds 1..N: autoscaler/sim/adversarial.py), each
@@ -13,7 +13,9 @@ and `--family N` adversarial ones (seeds 1..N: autoscaler/sim/adversarial.py), e
 
     .venv/bin/python benchmarks/deadline_seeds.py ../shared/data/traces/bamboo-p3-trace.csv \\
         ../shared/data/traces/bamboo-g4dn-trace.csv --family 200 [--job-hours 4] \\
-        [--deadlines 1.5 2] [--json FILE]
+        [--deadlines 1.5 2] [--jobs 2] [--json FILE]
+
+`--jobs N` replays N traces at a time in separate processes (the rows and figures are the same).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import json
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from autoscaler.bench.dominance import Row, aggregate, compare, gate
@@ -31,6 +34,7 @@ from autoscaler.sim.adversarial import adversarial_trace
 from autoscaler.sim.trace import TraceEvent, read_trace
 
 NODES = (8, 16, 24)  # spot nodes of a generated trace, by seed
+FAMILY = "adversarial-"  # the generated traces' names start so
 
 
 def traces(args: argparse.Namespace) -> Iterator[tuple[str, list[TraceEvent]]]:
@@ -39,7 +43,11 @@ def traces(args: argparse.Namespace) -> Iterator[tuple[str, list[TraceEvent]]]:
     hours = args.family_hours or 2.5 * args.job_hours
     for seed in range(args.first_seed, args.first_seed + args.family):
         nodes = NODES[seed % len(NODES)]
-        yield f"adversarial-{seed}-{nodes}n", adversarial_trace(seed, hours, nodes)
+        yield f"{FAMILY}{seed}-{nodes}n", adversarial_trace(seed, hours, nodes)
+
+
+def _compare(task: tuple[BenchParams, list[TraceEvent], str, float]) -> Row:
+    return compare(*task)
 
 
 def _cell(v: object) -> str:
@@ -67,6 +75,7 @@ def main() -> int:
     parser.add_argument("--first-seed", type=int, default=1)
     parser.add_argument("--family-hours", type=float, help="default: 2.5 x --job-hours")
     parser.add_argument("--json", type=Path, help="also write rows and aggregate here")
+    parser.add_argument("--jobs", type=int, default=1, help="traces replayed at a time")
     args = parser.parse_args()
     params = BenchParams().with_job_hours(args.job_hours)
     started = time.perf_counter()
@@ -76,14 +85,24 @@ def main() -> int:
         "| restarts UP / ours | gate |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    tasks = [
+        (params, trace, name, multiple * args.job_hours)
+        for name, trace in traces(args)
+        for multiple in args.deadlines
+    ]
     rows: list[Row] = []
-    for name, trace in traces(args):
-        for multiple in args.deadlines:
-            row = compare(params, trace, name, multiple * args.job_hours)
+    with ProcessPoolExecutor(max(1, args.jobs)) as pool:
+        for row in pool.map(_compare, tasks):  # in order, each as soon as it and those before are
             rows.append(row)
+            multiple = row.deadline_hours / args.job_hours
             print(row_line(row).replace(f"| {row.deadline_hours:g} |", f"| {multiple:g} |"))
             sys.stdout.flush()
     summary = aggregate(rows)
+    summary["by_deadline"] = {
+        f"{m:g}x": aggregate([r for r in rows if r.deadline_hours == m * args.job_hours])
+        for m in args.deadlines
+    }
+    summary["family"] = aggregate([r for r in rows if r.trace.startswith(FAMILY)])
     summary["wall_seconds"] = round(time.perf_counter() - started, 1)
     print("\n" + json.dumps(summary, indent=2))
     if args.json:

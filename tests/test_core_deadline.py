@@ -212,6 +212,63 @@ def test_paced_keeps_what_it_bought_in_the_band_and_lets_it_go_above(
     assert sum(len(d.pods) for d in only(decisions, Action.SCALE_IN)) == removed
 
 
+def test_above_the_band_paced_lets_on_demand_go_for_idle_spot_as_uniform_progress_does() -> None:
+    # 50% at a 40% line: above ep(t + 2 d̂); 1 spot + 7 on-demand at max 8, 6 idle spot nodes.
+    # paced's 80% pace alone would keep 2 on-demand (1 + 2 estimated at ~9%/h > 8%/h); UP lets
+    # all but what spot cannot replace go (8 - 1 - 6 = 1): paced keeps no more than UP would
+    nodes = [*_full_spot(1), node("od", gpus=7, used=7, capacity=OD)]
+    nodes += [node(f"idle{i}", gpus=1) for i in range(6)]
+    j = _job([*_spot_on(1), *["od"] * 7], progress=0.5, pace=MEASURED)
+    for rule in ("paced", "uniform_progress"):
+        (out,) = only(run(snapshot(nodes, [j]), policies(**_deadline(rule=rule))), Action.SCALE_IN)
+        assert out.count == 6, rule
+
+
+def _need(rule: str, j: Job, nodes: list[GpuNode], changeover: str, on_demand: dict) -> tuple:
+    """(want, keep) of on-demand workers under `rule` for `j` on `nodes`."""
+    from autoscaler.core.deadline import Fleet, on_demand_need
+
+    deadline = {"within": "10h", "rule": rule, "margin": "0s", "changeover": changeover}
+    (policy,) = policies(deadline=deadline, on_demand=on_demand).policies
+    need = on_demand_need(j, policy, Fleet.of(j, list(j.workers), {n.name: n for n in nodes}), NOW)
+    assert need is not None
+    return need.want, need.keep
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    progress=st.floats(0.0, 0.99),
+    spot=st.integers(0, 8),
+    on_demand=st.integers(0, 8),
+    idle=st.integers(0, 8),
+    rate=st.sampled_from([None, 0.05, 0.1, 0.16, 0.3]),
+    changeover=st.sampled_from(["5m", "20m"]),
+    anchor=st.integers(0, 2),
+    cap=st.sampled_from([2, 8]),
+)
+def test_in_every_state_paced_wants_and_keeps_no_more_on_demand_than_uniform_progress(
+    progress: float,
+    spot: int,
+    on_demand: int,
+    idle: int,
+    rate: float | None,
+    changeover: str,
+    anchor: int,
+    cap: int,
+) -> None:
+    # what paced is built on: its throughput model only ever buys fewer (over a whole trace it
+    # can still cost more, as the trajectories part: docs/deadlines.md)
+    on_demand = min(on_demand, 8 - spot)
+    nodes = [*_full_spot(spot), *[node(f"idle{i}", gpus=1) for i in range(idle)]]
+    if on_demand:
+        nodes.append(node("od", gpus=on_demand, used=on_demand, capacity=OD))
+    pace = None if rate is None else Pace(rates=((8, rate),))
+    j = _job([*_spot_on(spot), *["od"] * on_demand], progress=progress, pace=pace)
+    rules = {"min_on_demand": min(anchor, cap), "max_on_demand": cap, "anchor": "always"}
+    paced, up = (_need(r, j, nodes, changeover, rules) for r in ("paced", "uniform_progress"))
+    assert paced[0] <= up[0] and paced[1] <= up[1], (paced, up)
+
+
 def test_never_below_min_when_removing_on_demand() -> None:
     nodes = [node("od", gpus=3, used=3, capacity=OD)]
     snap = snapshot(nodes, [_job(["od"] * 3, progress=0.99, pace=MEASURED, lo=3)])

@@ -20,7 +20,10 @@ in work from the job's start to `deadline - margin`. Both re-check on every pass
   to the spot workers there are, catches up with it; they stay while progress is below
   ep(t + 2 d̂), and above it only what keeps the job near the line. Until the job's speed has
   been measured nothing is provable and `paced` acts as `uniform_progress`. The throughput model
-  is used only to buy fewer workers than the baseline would, never to buy later.
+  is used only to buy fewer workers than the baseline would, never to buy later: in every state
+  `paced` wants and keeps no more on-demand workers than `uniform_progress` would. (It can still
+  cost more over a whole trace: UP's larger fill builds a lead that pays when spot is short near
+  the end; docs/deadlines.md.)
 
 The anchor (`min_on_demand`) is kept while the job runs unless spot is calm (`calm_after`), so a
 spot wipe-out leaves Horovod a host of its previous set and the job goes on without a restart;
@@ -247,10 +250,14 @@ def _deadline(p: _Pacing, anchor: OnDemandNeed) -> OnDemandNeed:
     slack = p.slack
     net_want = every if slack is not None and slack < 0 else anchor.want
     net_keep = every if slack is not None and slack < 2 * d else anchor.keep
+    up_want, up_keep = _uniform(p, every, anchor)
     if p.deadline.rule == "uniform_progress" or slack is None:
-        line_want, line_keep = _uniform(p, every, anchor)
+        line_want, line_keep = up_want, up_keep
     else:
         line_want, line_keep = _fewer(p, anchor)
+        # never hold more than uniform_progress would here: above ep(t + 2 d̂) its on-demand
+        # leaves for idle spot that takes its place, paced's 80% pace must not keep it
+        line_keep = min(line_keep, up_keep)
         if net_want > anchor.want:
             net_want = _net_fill(p, every, anchor.want)
     want = max(net_want, line_want)
