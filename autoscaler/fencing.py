@@ -18,6 +18,16 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+_SENDING = threading.local()  # the fenced write this thread is sending: (fence, what)
+
+
+def check_sending() -> None:
+    """The fence of the write this thread is sending (Fence.sending), asked again: called by the
+    HTTP connection immediately before a request's bytes leave. No-op outside a fenced write."""
+    current = getattr(_SENDING, "value", None)
+    if current is not None:
+        current[0].check(current[1])
+
 
 class NotLeader(RuntimeError):
     """This replica does not hold a valid lease now: the write was not sent."""
@@ -68,6 +78,19 @@ class Fence:
             yield
         finally:
             self._until.value = None
+
+    @contextmanager
+    def sending(self, what: str) -> Iterator[None]:
+        """A write of this thread: checked now, and again as its bytes leave (`check_sending`,
+        which the HTTP connection calls): a thread stopped between a check and its send (SIGSTOP,
+        a long pause) would otherwise send, when it resumes, on a lease another replica holds by
+        then; a request's timeout does not start until it is sent."""
+        self.check(what)
+        _SENDING.value = (self, what)
+        try:
+            yield
+        finally:
+            _SENDING.value = None
 
     def check(self, what: str) -> None:
         """Raise NotLeader (and so send nothing) unless the lease is valid right now; Stale when

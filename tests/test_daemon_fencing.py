@@ -328,6 +328,31 @@ def test_a_fence_is_checked_before_each_retry(api: AuditedApi) -> None:
     assert api.count("PATCH") == 1 and len(calls) == 2
 
 
+@pytest.mark.parametrize("write", ["patch", "event"])
+def test_a_write_is_asked_again_as_its_bytes_leave(
+    api: AuditedApi, tmp_path: Path, write: str
+) -> None:
+    """A thread stopped between its check and its send (SIGSTOP, a long pause) resumes on a
+    lease another replica may hold by then: the connection asks the fence again immediately
+    before the request's bytes go, and nothing reaches the server."""
+    from autoscaler.adapters.kube.client import api_client
+
+    answers = iter([True, False])  # valid at the check, lapsed when the bytes would leave
+    fence = Fence()
+    fence.bind(lambda: next(answers))
+    client = api_client(tmp_path / "kubeconfig")
+    api.clear_requests()
+    if write == "patch":
+        objects = ObjectApi(client, retries=0, fence=fence)
+        with pytest.raises(NotLeader):
+            objects.merge_patch(NODES, "", "node-0", {"metadata": {"labels": {"a": "b"}}})
+    else:
+        recorder = EventRecorder(client, fence=fence)
+        recorder.record(api.get("nodes", "node-0"), "Test", "a message", datetime.now(UTC))
+        assert recorder.flush(5)
+    assert [r.method for r in api.request_log] == []
+
+
 def test_wiring_bounds_writes_by_the_lease_margin_and_names_the_replica(tmp_path: Path) -> None:
     from test_daemon_support import wired_daemon
 

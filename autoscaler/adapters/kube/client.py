@@ -5,12 +5,17 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from autoscaler.backoff import Backoff
+from autoscaler.fencing import check_sending
 
 _SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 _POOL_SIZE = 128  # connections kept open to the API server: watches + concurrent writes
@@ -47,9 +52,44 @@ def api_client(
     # discarding connection"). Idle connections beyond use are never opened, only kept.
     cfg.connection_pool_maxsize = _POOL_SIZE
     api = client.ApiClient(cfg)
+    # a fenced write is asked again as its bytes leave (autoscaler.fencing.check_sending)
+    api.rest_client.pool_manager.pool_classes_by_scheme = _FENCED_POOLS
     if identity:
         api.user_agent = f"spot-autoscaler/{identity}"
     return api
+
+
+class _FencedSend:
+    """http.client's `send` (headers, then the body), connected first: a TCP or TLS handshake
+    may take long, the fence is asked after it, immediately before the bytes go."""
+
+    sock: object
+    connect: Callable[[], None]
+
+    def send(self, data: Any) -> None:
+        if self.sock is None:
+            self.connect()
+        check_sending()
+        super().send(data)  # type: ignore[misc]
+
+
+class _FencedHTTPConnection(_FencedSend, HTTPConnection):
+    pass
+
+
+class _FencedHTTPSConnection(_FencedSend, HTTPSConnection):
+    pass
+
+
+class _FencedHTTPPool(HTTPConnectionPool):
+    ConnectionCls = _FencedHTTPConnection
+
+
+class _FencedHTTPSPool(HTTPSConnectionPool):
+    ConnectionCls = _FencedHTTPSConnection
+
+
+_FENCED_POOLS = {"http": _FencedHTTPPool, "https": _FencedHTTPSPool}
 
 
 def own_namespace() -> str:

@@ -78,10 +78,10 @@ class _Sender:
     def _send(self, namespace: str, body: Obj, fence: Fence) -> None:
         name, reason = body["involvedObject"]["name"], body["reason"]
         try:
-            fence.check(f"event {reason} on {name}")
-            self._core.create_namespaced_event(
-                namespace, body, _request_timeout=fence.timeout(_SEND_TIMEOUT)
-            )
+            with fence.sending(f"event {reason} on {name}"):
+                self._core.create_namespaced_event(
+                    namespace, body, _request_timeout=fence.timeout(_SEND_TIMEOUT)
+                )
         except NotLeader as exc:
             log.info("event_not_sent", object=name, reason=reason, why=str(exc))
         except Exception as exc:

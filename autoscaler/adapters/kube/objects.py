@@ -112,9 +112,10 @@ class ObjectApi:
 
     def _write(self, what: str, fn: Any, *args: Any, urgent: bool = False, **kwargs: Any) -> Obj:
         def once() -> Obj:
-            self.fence.check(what)  # immediately before each attempt: NotLeader sends nothing
-            timeout = self.fence.timeout(_WRITE_TIMEOUT)  # one number: a total, not per read
-            response = fn(*args, _preload_content=False, _request_timeout=timeout, **kwargs)
+            # before each attempt and as its bytes leave: NotLeader (or Stale) sends nothing
+            with self.fence.sending(what):
+                timeout = self.fence.timeout(_WRITE_TIMEOUT)  # one number: a total, not per read
+                response = fn(*args, _preload_content=False, _request_timeout=timeout, **kwargs)
             return json.loads(response.data)
 
         return self._retrying(once, what, urgent)
