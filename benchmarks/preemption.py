@@ -52,6 +52,9 @@ end minus the step at the start, over the time) relative to a run without preemp
     .venv/bin/python benchmarks/preemption.py --quick --json preemption.json   # ~5 min
     .venv/bin/python benchmarks/preemption.py --json preemption.json   # 3 runs of all: hours
 
+A run the machine stopped (one of its waits of at most 0.1 s took over 3 s: SIGSTOP on a shared
+machine) has no valid timing: it is abandoned at once and run again, 3 attempts at most.
+
 `--json FILE` writes one row per mode, lead time and schedule (medians over the runs; the stall
 is the median per preemption; survived only if every run survived), `--details FILE` every run,
 preemption and reset; both are rewritten after every run. Runs and their logs stay under
@@ -74,11 +77,13 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from itertools import product
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -105,6 +110,22 @@ EVICT_AFTER_S = 1.0
 OPERATOR_DELAY_S = 0.0
 ET_OPERATOR_DISCOVERY = "#!/bin/bash\nwhile read line\ndo\necho $line\ndone < {hostfile}\n"
 COOLDOWN = ("--blacklist-cooldown-range", "1", "2")
+# A wait of a run's loops (0.1 s at most) that took this long: the machine stopped the run's
+# processes (SIGSTOP on a shared machine), and every wall-clock figure of the run with them.
+PAUSED_AFTER_S = 3.0
+ATTEMPTS = 3  # of a run the machine stopped
+
+
+class Paused(RuntimeError):
+    """The run's processes were stopped for a while: its timings mean nothing."""
+
+
+def nap(seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+    """time.sleep, raising Paused when it took far longer (see PAUSED_AFTER_S)."""
+    start = clock()
+    time.sleep(seconds)
+    if (took := clock() - start) > PAUSED_AFTER_S:
+        raise Paused(f"a {seconds:.2f} s wait took {took:.1f} s: the run was stopped")
 
 
 @dataclass(frozen=True)
@@ -222,7 +243,7 @@ class Job:
                 raise RuntimeError(f"horovodrun exited ({self.horovod.returncode}) before {what}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"timed out after {timeout} s waiting for {what} in {self.tmp}")
-            time.sleep(0.05)
+            nap(0.05)
         return time.time()
 
     def alive(self) -> bool:
@@ -233,7 +254,7 @@ class Job:
 
     def sleep_until(self, when: float) -> None:
         while self.alive() and time.time() < when:
-            time.sleep(min(0.02, max(0.0, when - time.time())))
+            nap(min(0.02, max(0.0, when - time.time())))
 
     def trains_on(self, size: int, after: float, timeout: float) -> float | None:
         """When rank 0 first logged a step with `size` ranks after `after` (waiting until then
@@ -244,7 +265,7 @@ class Job:
             for s in self.log.events("step", after):
                 if s["size"] == size:
                     return float(s["t"])
-            time.sleep(0.1)
+            nap(0.1)
         return None
 
     # --- what the world does to the job
@@ -430,7 +451,8 @@ def measure(
     log: TrainLog, ready: float, notices: list[float], recovered: list[float | None], end: float
 ) -> dict[str, Any]:
     """Per preemption (from its notice to the next one) and for the run. A preemption the job
-    did not recover from has no stall figure (None): it never ended."""
+    did not recover from has no stall and no rolled-back figure (None): it never ended, and
+    it lost every step (a 0 would read as a graceful run in the medians)."""
     all_resets = resets(log, ready)
     steps = log.events("step")
     bounds = [*notices, end]
@@ -440,7 +462,9 @@ def measure(
         stalls = [r["stall_s"] for r in mine]
         per.append(
             {
-                "rolled_back_steps": sum(r["rolled_back_steps"] for r in mine),
+                "rolled_back_steps": None
+                if recovered[i] is None
+                else sum(r["rolled_back_steps"] for r in mine),
                 # never recovered (the job died or hung): no end to the stall
                 "stall_s": None
                 if recovered[i] is None or None in stalls
@@ -453,7 +477,9 @@ def measure(
     seconds = end - ready
     return {
         "preemptions": per,
-        "rolled_back_steps": sum(p["rolled_back_steps"] for p in per),
+        "rolled_back_steps": None
+        if None in recovered
+        else sum(p["rolled_back_steps"] for p in per),
         "resets": sum(p["resets"] for p in per),
         "stall_s_median": _median([p["stall_s"] for p in per]),
         "steps_per_s": round((progress_at(steps, end) - progress_at(steps, ready)) / seconds, 3),
@@ -467,7 +493,7 @@ def baseline(tmp: Path, settings: Settings, pool: list[str]) -> dict[str, Any]:
     started_at = time.monotonic()
     with job.running() as ready:
         while job.alive() and time.time() < ready + settings.baseline_s:
-            time.sleep(0.05)
+            nap(0.05)
         exit_code = job.stop()
     steps = job.log.events("step")
     end = ready + settings.baseline_s
@@ -690,7 +716,9 @@ def main(argv: list[str] | None = None) -> int:
             top = stack.enter_context(tempfile.TemporaryDirectory(prefix="preemption-"))
         for i in range(args.runs):  # the runs without preemptions first: each index's rate
             try:
-                b = baseline(Path(tempfile.mkdtemp(dir=top)), settings, pool)
+                b = unpaused(
+                    f"run {i}: baseline", top, partial(baseline, settings=settings, pool=pool)
+                )
                 results.baselines.append({"run": i, **b})
                 _say(f"run {i}: baseline {b['steps_per_s']} steps/s ({b['wall_s']} s)")
             except RuntimeError as e:  # no rate to compare this run index's runs with
@@ -706,22 +734,36 @@ def main(argv: list[str] | None = None) -> int:
                 args.early_replacements,
             )
             for mode in args.modes:
-                tmp = Path(tempfile.mkdtemp(dir=top))
+                what = f"run {i}: {kind} lead {lead:g} s {mode}"
+                once = partial(
+                    run_once, mode=mode, plan=plan, lead=lead, settings=settings, pool=pool
+                )
                 try:
-                    r = run_once(tmp, mode, plan, lead, settings, pool)
-                except RuntimeError as e:  # it never trained on all its hosts: no run
+                    r = unpaused(what, top, once)
+                except RuntimeError as e:  # never trained on all its hosts, or stopped: no run
                     results.failed.append({"run": i, "mode": mode, "error": str(e)})
-                    _say(f"run {i}: {kind} lead {lead:g} s {mode}: not run: {e}")
+                    _say(f"{what}: not run: {e}")
                     continue
                 r.update(run=i, schedule=kind, plan=[p.__dict__ for p in plan])
                 results.add(r)
                 _say(
-                    f"run {i}: {kind} lead {lead:g} s {mode}: rolled back "
+                    f"{what}: rolled back "
                     f"{r['rolled_back_steps']}, stall {r['stall_s_median']} s, resets "
                     f"{r['resets']}, survived {r['survived']} ({r['wall_s']} s)"
                 )
     print(results.text())
     return 0
+
+
+def unpaused(what: str, top: str, run: Callable[[Path], T]) -> T:
+    """`run` in a new directory under `top`, again while the machine stopped it (Paused), at most
+    ATTEMPTS times."""
+    for _ in range(ATTEMPTS - 1):
+        try:
+            return run(Path(tempfile.mkdtemp(dir=top)))
+        except Paused as e:
+            _say(f"{what}: {e}; once more")
+    return run(Path(tempfile.mkdtemp(dir=top)))
 
 
 def _say(text: str) -> None:

@@ -106,4 +106,6 @@ def test_preemption_quick_writes_one_row_per_mode(tmp_path: Path) -> None:
     for row in rows:
         assert set(row) == fields | {"resets", "survived"}, row
         assert row["preemptions"] == 1 and isinstance(row["survived"], bool)
-        assert row["rolled_back_steps"] >= 0 and row["resets"] >= 0
+        # no rolled-back figure (None) for a job that never recovered: it lost every step
+        assert row["rolled_back_steps"] is None or row["rolled_back_steps"] >= 0
+        assert row["resets"] >= 0
