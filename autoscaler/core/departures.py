@@ -304,8 +304,10 @@ def _release_near_deadline(
     - the survivor is still joining: the kept host waits in that reset's rendezvous, and the
       removal announced to it meanwhile is dropped (horovod/common/elastic.py `run_fn`:
       `state.on_reset()` after `reset()` empties `_host_messages`), so it stays in the ring and
-      syncs the state to the survivor as if kept; its death then rolls back, or starts over if
-      it dies before the sync, exactly as it would have kept.
+      syncs the state to the survivor as if kept; its death then rolls back, starts over if it
+      dies during the sync, or ends the job if it dies while the survivor's process still
+      starts (Gloo aborts it; horovod/runner/elastic/registration.py `_on_workers_recorded`
+      stops a job whose workers all failed), exactly as it would have kept.
     Without the survivor in the assignment the drain is never made: Horovod would then find no
     host of the previous set at its next reset (horovod/runner/elastic/driver.py
     `_update_host_assignments`: "No hosts from previous set remaining") and stop the job, where

@@ -83,7 +83,10 @@ class NoticeDirectory:
         if posted or withdrawn:
             log.info("notice_dir_changed", posted=posted, withdrawn=withdrawn)
         # as a notice: else no fast path, and the one full pass drains but, workers leaving, does
-        # not refill; the refill waited for the next tick (tick_interval)
+        # not refill; the refill waited for the next tick (tick_interval). Written ms apart, the
+        # drain and the refill reach Horovod in one discovery call (horovod/runner/elastic/
+        # driver.py `_discover_hosts`, every 1 s), so one reset removes the hosts and starts the
+        # replacement's join: with every host noticed, its only way to the state before they die
         for host in posted:
             self._wake(notice_wake(found[host][1]))
         if withdrawn:
