@@ -33,7 +33,7 @@ def test_example_config_is_valid_and_typed() -> None:
     assert config.policy_set.policies[2].scale_out.quantum == Quantum(mode="multiple_of", n=1)
     due = config.policy_set.policies[1]
     assert (due.on_demand.min_on_demand, due.on_demand.max_on_demand) == (1, 8)
-    assert due.deadline is not None and due.deadline.rule == "paced"
+    assert due.deadline is not None and due.deadline.rule == "uniform_progress"
     assert due.deadline.due(datetime(2026, 12, 1, tzinfo=UTC)) == datetime(2026, 12, 4, tzinfo=UTC)
     assert research.windows[0].duration == timedelta(hours=10)
     assert config.prices.for_node("p3.2xlarge", spot=False) == 3.06

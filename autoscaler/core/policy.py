@@ -253,7 +253,7 @@ class DeadlineRules(StrictModel):
     # uniform_progress (Can't Be Late's rule, the baseline): behind the line, fill to max with
     # on-demand; once ahead of the line 2 d̂ on, on-demand leaves only for spot. paced: behind
     # the line, only the on-demand workers that catch up with it; let go once ahead
-    rule: Literal["paced", "uniform_progress"] = "paced"
+    rule: Literal["paced", "uniform_progress"] = "uniform_progress"
     # the least a changeover d̂ is taken to cost (node provisioning, pod start-up, Horovod's
     # reset, the training since the last commit): the job's own history raises it
     changeover: Duration = timedelta(minutes=5)
