@@ -8,24 +8,30 @@ from pathlib import Path
 from support.waiting import wait_for
 from test_daemon_support import http_get, metric, wired_daemon
 
-from autoscaler.config import parse_config
+from autoscaler.config import Config, parse_config
 from autoscaler.daemon.leader import AlwaysLeader
+
+
+def standalone(tmp_path: Path, hosts: str, max_workers: int) -> Config:
+    """A standalone daemon over `hosts` (YAML), its discovery file and notice directory in
+    `tmp_path`; a 30 s tick, so what happens sooner was woken by a notice."""
+    return parse_config(f"""
+policies: [{{name: default, scale_out: {{min_idle: 0s, cooldown: 0s}}}}]
+daemon: {{mode: standalone, tick_interval: 30s, wake_coalesce: 0.02s, metrics_port: 0,
+          metrics_bind_address: 127.0.0.1}}
+standalone:
+  hosts: {hosts}
+  job: {{name: bert, min_workers: 1, max_workers: {max_workers}}}
+  discovery_file: {tmp_path / "hosts"}
+  notice_dir: {tmp_path / "notices"}
+  notice_poll: 0.05s
+""")
 
 
 def test_a_notice_file_drains_its_host_from_the_discovery_file(tmp_path: Path) -> None:
     (tmp_path / "notices").mkdir()
     hosts = tmp_path / "hosts"
-    cfg = parse_config(f"""
-policies: [{{name: default, scale_out: {{min_idle: 0s, cooldown: 0s}}}}]
-daemon: {{mode: standalone, tick_interval: 30s, wake_coalesce: 0.02s, metrics_port: 0,
-          metrics_bind_address: 127.0.0.1}}
-standalone:
-  hosts: [{{name: host-a, slots: 2}}, {{name: host-b, slots: 2}}]
-  job: {{name: bert, min_workers: 1, max_workers: 4}}
-  discovery_file: {hosts}
-  notice_dir: {tmp_path / "notices"}
-  notice_poll: 0.05s
-""")
+    cfg = standalone(tmp_path, "[{name: host-a, slots: 2}, {name: host-b, slots: 2}]", 4)
     d, _ = wired_daemon(cfg, None)
     assert d.parts.lock is None  # one process owns the file: no Lease, no API server
     assert isinstance(d.leadership, AlwaysLeader)
@@ -57,17 +63,7 @@ def test_a_noticed_hosts_replacement_joins_right_after_its_drain(tmp_path: Path)
     (tmp_path / "notices").mkdir()
     (tmp_path / "notices" / "host-c.json").write_text("")  # not up yet
     hosts = tmp_path / "hosts"
-    cfg = parse_config(f"""
-policies: [{{name: default, scale_out: {{min_idle: 0s, cooldown: 0s}}}}]
-daemon: {{mode: standalone, tick_interval: 30s, wake_coalesce: 0.02s, metrics_port: 0,
-          metrics_bind_address: 127.0.0.1}}
-standalone:
-  hosts: [{{name: host-a}}, {{name: host-b}}, {{name: host-c}}]
-  job: {{name: bert, min_workers: 1, max_workers: 2}}
-  discovery_file: {hosts}
-  notice_dir: {tmp_path / "notices"}
-  notice_poll: 0.05s
-""")
+    cfg = standalone(tmp_path, "[{name: host-a}, {name: host-b}, {name: host-c}]", 2)
     d, _ = wired_daemon(cfg, None)
     d.start()
     try:
