@@ -174,10 +174,12 @@ class Outcome:
     takeovers: list[Takeover] = field(default_factory=list)
     decision_lines: list[str] = field(default_factory=list)  # every replica's, for evidence
 
-    def steady(self, notice: Notice) -> bool:
+    def steady(self, notice: Notice, latency: float | None) -> bool:
         """Not open during a leader's loss: from the kill or pause until a second after the other
-        replica took the Lease nobody acts, by design (docs/reliability.md)."""
-        done = notice.t + (notice.latency or 0.0)
+        replica took the Lease nobody acts, by design (docs/reliability.md). `latency`: of what
+        is measured (the drain, or the ScaleIn: one drained before the pause may wait out the
+        takeover for its ScaleIn; until 2026-11-26 the drain's end judged both)."""
+        done = notice.t + (latency or 0.0)
         return not any(
             done >= t.at and notice.t <= t.at + (t.seconds or 30.0) + 1.0 for t in self.takeovers
         )
@@ -214,7 +216,9 @@ class Outcome:
                     [
                         n.scale_in_latency
                         for n in r.notices
-                        if n.scale_in_latency is not None and self.steady(n) and not n.queued
+                        if n.scale_in_latency is not None
+                        and self.steady(n, n.scale_in_latency)
+                        and not n.queued
                     ],
                     0.99,
                 )
@@ -224,14 +228,19 @@ class Outcome:
                     [
                         n.scale_in_latency
                         for n in r.notices
-                        if n.scale_in_latency is not None and self.steady(n)
+                        if n.scale_in_latency is not None and self.steady(n, n.scale_in_latency)
                     ],
                     0.99,
                 )
             ),
             "drain_p99_steady_s": _round(
                 percentile(
-                    [n.latency for n in r.notices if n.latency is not None and self.steady(n)], 0.99
+                    [
+                        n.latency
+                        for n in r.notices
+                        if n.latency is not None and self.steady(n, n.latency)
+                    ],
+                    0.99,
                 )
             ),
             "takeovers": [{"what": t.what, "s": _round(t.seconds)} for t in self.takeovers],
