@@ -46,7 +46,16 @@ def test_a_notice_file_drains_its_host_from_the_discovery_file(tmp_path: Path) -
         wait_for(lambda: "host-a" not in hosts.read_text(), what="host-a to leave discovery")
         assert time.monotonic() - noticed < 1.5  # poll 0.05 s + one pass; the tick is 30 s
         assert hosts.read_text().split() == ["host-b:2"]
-        text = http_get(d.endpoints.port, "/metrics")[1]  # type: ignore[union-attr]
+
+        def metrics() -> str:
+            return http_get(d.endpoints.port, "/metrics")[1]  # type: ignore[union-attr]
+
+        # the latency is observed once the pass has acted, after the file was written
+        wait_for(
+            lambda: (metric(metrics(), "spot_autoscaler_reaction_latency_seconds_count") or 0) >= 1,
+            what="the notice's reaction latency to be observed",
+        )
+        text = metrics()
         assert (
             metric(text, "spot_autoscaler_notices_total", source="notice-dir", kind="interruption")
             == 1
