@@ -249,6 +249,17 @@ class Outcome:
                 for n in sorted(r.notices, key=lambda n: -(n.latency or 0))[:3]
                 if n.latency
             ],
+            # every notice, for a p99 over many runs (a run's 8-40 notices make its p99 its max)
+            "per_notice": [
+                {
+                    "drain_s": _round(n.latency),
+                    "scale_in_s": _round(n.scale_in_latency),
+                    "steady_drain": self.steady(n, n.latency),
+                    "steady_scale_in": self.steady(n, n.scale_in_latency),
+                    "queued": n.queued,
+                }
+                for n in r.notices
+            ],
             "notices_not_fully_drained": sum(1 for n in r.notices if n.timed and n.latency is None),
             "workers_kept_as_last_host": sum(len(n.kept) for n in r.notices),
             "violations": r.by_kind(),
