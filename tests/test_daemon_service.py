@@ -51,10 +51,24 @@ def test_a_wake_reconciles_at_once_and_notices_are_measured(
     )
     acted = next(t for dec, t in recorder.applied if dec.action.value == "scale_in")
     assert acted - woke < 1.0  # the tick interval is 30 s: only the wake can explain this
-    assert d.loop.passes == passes + 1
+    scale_in = {"action": "scale_in", "reason": "preemption_notice"}
 
-    status, text = http_get(d.endpoints.port, "/metrics")  # type: ignore[union-attr]
-    assert status == 200
+    def scraped() -> str:
+        status, text = http_get(d.endpoints.port, "/metrics")  # type: ignore[union-attr]
+        assert status == 200
+        return text
+
+    # the pass is counted, and its decisions too, once it has applied them all
+    wait_for(
+        lambda: (
+            d.loop.passes > passes
+            and metric(scraped(), "spot_autoscaler_decisions_total", **scale_in) is not None
+        ),
+        timeout=2,
+        what="the woken pass to complete",
+    )
+    assert d.loop.passes == passes + 1
+    text = scraped()
     assert (
         metric(text, "spot_autoscaler_decisions_total", action="scale_out", reason="below_min") == 1
     )
@@ -62,7 +76,6 @@ def test_a_wake_reconciles_at_once_and_notices_are_measured(
         metric(text, "spot_autoscaler_decisions_total", action="drain", reason="preemption_notice")
         == 1
     )
-    scale_in = {"action": "scale_in", "reason": "preemption_notice"}
     assert metric(text, "spot_autoscaler_decisions_total", **scale_in) == 1
     assert metric(text, "spot_autoscaler_notices_total", source="test", kind="interruption") == 1
     assert metric(text, "spot_autoscaler_reaction_latency_seconds_count") == 1
