@@ -83,7 +83,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
-T = TypeVar("T")
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -753,6 +752,9 @@ def main(argv: list[str] | None = None) -> int:
                 )
     print(results.text())
     return 0
+
+
+T = TypeVar("T")
 
 
 def unpaused(what: str, top: str, run: Callable[[Path], T]) -> T:

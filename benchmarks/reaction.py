@@ -655,34 +655,32 @@ class RealBench:
 
         pods = f"/api/v1/namespaces/{NS}/pods"
 
-        def pending() -> dict[int, list[str]]:
-            out = {}
+        def pending() -> tuple[list[str], int]:
+            """The fresh workers not running yet, and how many are not even listed."""
+            waiting, missing = [], 0
             for slot in slots:
                 on = f"fieldSelector=spec.nodeName%3D{self.cluster.node_name(slot)}"
                 listed = self.rest.list_all(pods, on)
-                out[slot] = [p["metadata"]["name"] for p in listed if not pod_running(p)]
-                if len(listed) < 2 * PER_JOB_ON_NODE:
-                    out[slot].append("(not created)")
-            return {slot: names for slot, names in out.items() if names}
+                waiting += [p["metadata"]["name"] for p in listed if not pod_running(p)]
+                missing += max(0, 2 * PER_JOB_ON_NODE - len(listed))
+            return waiting, missing
 
         self.cluster.replace_all(slots)
         started = nudged = time.monotonic()
-        while waiting := pending():
+        while (state := pending()) != ([], 0):
+            waiting, missing = state
             now = time.monotonic()
             if now - started > 60:
-                raise TimeoutError(f"fresh workers not running after 60 s: {waiting}")
+                raise TimeoutError(
+                    f"fresh workers not running after 60 s: {waiting}, {missing} not listed"
+                )
             if now - nudged > NUDGE_EVERY:
                 nudged = now
-                self.nudges += sum(map(len, waiting.values()))
+                self.nudges += len(waiting)
                 touch = {"metadata": {"annotations": {"spot-autoscaler.test/nudged": str(now)}}}
                 self.rest.parallel(
                     partial(self.rest.call, "PATCH", body=touch, merge=True, missing_ok=True),
-                    [
-                        f"{pods}/{pod}"
-                        for names in waiting.values()
-                        for pod in names
-                        if "(" not in pod
-                    ],
+                    [f"{pods}/{pod}" for pod in waiting],
                 )
             time.sleep(0.2)
 
