@@ -24,3 +24,12 @@ def write_if_changed(path: Path, text: str, mode: int = 0o644) -> bool:
         f.write(text)
         os.fchmod(f.fileno(), mode)
     return True
+
+
+def remove_if_present(path: Path) -> bool:
+    """Remove `path`; False when it was not there (removing is atomic: readers see it or not)."""
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    return True

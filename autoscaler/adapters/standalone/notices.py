@@ -116,6 +116,15 @@ def _entries(path: str) -> list[os.DirEntry[str]]:
         return []
 
 
+def read_notice(directory: os.PathLike[str] | str, host: str) -> Notice | None:
+    """The notice `<host>.json` in `directory` stands for, or None without the file."""
+    path = os.path.join(directory, f"{host}{_SUFFIX}")
+    try:
+        return _read(path, host, datetime.fromtimestamp(os.stat(path).st_mtime, UTC))
+    except OSError:  # gone meanwhile, unreadable: no deadline from it
+        return None
+
+
 def _read(path: str, host: str, mtime: datetime) -> Notice | None:
     try:
         with open(path, encoding="utf-8") as f:
