@@ -179,6 +179,7 @@ def test_every_reason_and_notice_kind_carries_its_rules_metadata() -> None:
         Reason.DEADLINE_INFEASIBLE,
         Reason.NO_PROGRESS,
         Reason.UNKNOWN_POLICY,
+        Reason.NOT_SCALABLE,
     ]
     assert Reason.CLAMP_MAX.info.message == "at max workers" and Reason.STEADY == "steady"
     hardness = {k: k.hardness for k in NoticeKind}

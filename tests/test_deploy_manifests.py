@@ -106,13 +106,14 @@ def test_the_configmap_config_passes_the_loader_and_check_config(
 
 RULES = {  # (apiGroup, resource) -> verbs, exactly what the daemon does
     ("", "nodes"): {"get", "list", "watch", "patch"},
-    ("", "pods"): {"get", "list", "watch"},
+    ("", "pods"): {"get", "list", "watch", "patch"},  # patch: the checkpoint signal
     ("", "events"): {"create"},  # each Event is created once, never patched
     # kubernetes.guard_evictions: our own budgets only, read from the watch cache (no get)
     ("policy", "poddisruptionbudgets"): {"list", "watch", "create", "patch", "delete"},
-    # and what each job kind declares it needs (adapters/kube/kinds)
-    **{(r.group, r.plural): set(verbs) for kind in KINDS for r, verbs in kind.rbac.items()},
 }
+for _kind in KINDS:  # and what each job kind declares it needs (adapters/kube/kinds)
+    for _r, _verbs in _kind.rbac.items():
+        RULES.setdefault((_r.group, _r.plural), set()).update(_verbs)
 
 
 def granted(kind: str) -> dict[tuple[str, str], set[str]]:

@@ -144,6 +144,17 @@ def _plan_job(
     pin_problem: str = "",
 ) -> _Plan:
     """One job: who leaves, whether it may grow (a claim on idle GPUs), its spend per hour."""
+    if problem := _unscalable(job, policy):  # left alone: one noop says why, nothing else
+        return _Plan(
+            job,
+            policy,
+            Departures(),
+            len(job.workers),
+            len(job.workers),
+            _spend(job, list(job.workers), nodes),
+            Reason.NOT_SCALABLE,
+            note=problem,
+        )
     lo, hi = policy.bounds(job)
     departures = plan_departures(job, policy, risk, nodes, (lo, hi), now)
     ceiling = hi - (departures.kept is not None)
@@ -162,6 +173,21 @@ def _plan_job(
         holds = len(staying) < lo and blocked not in _NOT_SOON and policy.scale_out.enabled
     spend = _spend(job, staying, nodes)
     return _Plan(job, policy, departures, ceiling, len(staying), spend, blocked, holds, pin_problem)
+
+
+def _unscalable(job: Job, policy: Policy) -> str:
+    """Why the job cannot be scaled as it is ("" when it can): what its kind says, or a min
+    that the policy's max cannot hold (the job would be taken below its own min or above the
+    policy's max, whichever way it moved)."""
+    if job.unscalable:
+        return job.unscalable
+    most = policy.limits.max_workers
+    if most is not None and job.min_workers > most:
+        return (
+            f"the job's min ({job.min_workers} workers) is above policy {policy.name!r}'s max "
+            f"({most}): not scaled until one of them changes"
+        )
+    return ""
 
 
 def _replan_at(job: Job, policy: Policy, risk: NodeRisk, now: datetime) -> datetime | None:

@@ -61,14 +61,21 @@ def plan_departures(
         out.decisions.append(_kept_noop(job, policy, leaving))
     if not leaving.workers or leaving.reason is None:
         return out
-    drain = _drain(job, policy, leaving)
+    deadline = _deadline(leaving.workers, risk)
+    drain = _drain(job, policy, leaving, deadline)
     if drain is not None:
         out.decisions.append(drain)
     out.blocks_scale_out = leaving.reason
     victims = _removable(job, leaving.workers)
     if victims:
-        _scale_in_or_wait(job, policy, leaving, victims, now, out)
+        _scale_in_or_wait(job, policy, leaving, victims, now, out, deadline)
     return out
+
+
+def _deadline(leaving: tuple[Worker, ...], risk: NodeRisk) -> datetime | None:
+    """The earliest deadline the notices on the leaving workers' nodes gave, if any did."""
+    known = [risk.deadlines[w.node] for w in leaving if w.node in risk.deadlines]
+    return min(known, default=None)
 
 
 def _who_leaves(
@@ -115,7 +122,9 @@ def _nodes_of(workers: tuple[Worker, ...]) -> tuple[str, ...]:
     return tuple(sorted({w.node for w in workers if w.node}))
 
 
-def _drain(job: Job, policy: Policy, leaving: _Leaving) -> Decision | None:
+def _drain(
+    job: Job, policy: Policy, leaving: _Leaving, deadline: datetime | None
+) -> Decision | None:
     """Hide the leaving workers' hosts not hidden yet."""
     assert leaving.reason is not None
     draining = tuple(w for w in leaving.workers if w.host not in job.drained_hosts)
@@ -134,6 +143,7 @@ def _drain(job: Job, policy: Policy, leaving: _Leaving) -> Decision | None:
         nodes=_nodes_of(leaving.workers),
         tags=leaving.tags,
         message=f"hide {len(hosts)} host(s) from discovery before the pods go",
+        deadline=deadline,
     )
 
 
@@ -144,6 +154,7 @@ def _scale_in_or_wait(
     victims: tuple[str, ...],
     now: datetime,
     out: Departures,
+    deadline: datetime | None,
 ) -> None:
     """A ScaleIn naming exactly `victims`, or (a scaler in flight, a stuck one) why it waits."""
     assert leaving.reason is not None
@@ -176,6 +187,7 @@ def _scale_in_or_wait(
             nodes=nodes,
             tags=leaving.tags,
             message=f"remove exactly {', '.join(victims)}",
+            deadline=deadline,
         )
     )
 
@@ -189,9 +201,10 @@ def _removable(job: Job, leaving: tuple[Worker, ...]) -> tuple[str, ...]:
     """The leaving pods a scale-in removes. A pod already being deleted leaves by itself; naming
     it could leave a ScaleIn whose pods are all gone by the time et-operator reads it (see
     _cancel). A job whose operator removes the highest indices can lose only the leaving pods
-    at the top; the others are drained and die with their nodes."""
+    at the top; the others are drained and die with their nodes, unless the job's scale-in
+    deletes its victims by name (its clamp victims are the top ones: _leaving_with_reasons)."""
     going = {w.pod for w in leaving if not w.terminating}
-    if not job.removes_highest_first:
+    if not job.removes_highest_first or job.deletes_victims:
         return tuple(w.pod for w in leaving if w.pod in going)
     top: list[str] = []
     for w in sorted((w for w in job.workers if not w.terminating), key=lambda w: -w.index):

@@ -143,6 +143,12 @@ class Reason(_Carrying):
         "unknown_policy",
         ReasonInfo("the job's policy label names no policy: no scale-out", alert=True),
     )
+    # the job cannot be scaled as it is (e.g. a PyTorchJob without elasticPolicy, or its min
+    # above the policy's max): left alone, and a person is told why (Job.unscalable)
+    NOT_SCALABLE = (
+        "not_scalable",
+        ReasonInfo("the job cannot be scaled as it is: left alone", alert=True),
+    )
 
 
 class ScalerKind(StrEnum):
@@ -224,6 +230,13 @@ class Job:
     # its operator removes the highest indices when replicas drop (mpi-operator): a scale-in
     # cannot name a victim, so only doomed workers at the top can be scaled in
     removes_highest_first: bool = False
+    # a scale-in deletes its victims by name wherever they are (PyTorchJob: the pod's SIGTERM is
+    # torchrun's checkpoint signal; the operator makes a middle index again, as a replacement),
+    # while other shrinking still takes the highest indices (`removes_highest_first`)
+    deletes_victims: bool = False
+    # why the job cannot be scaled as it is ("" when it can): it gets no decision but a
+    # not_scalable noop that says this
+    unscalable: str = ""
     workers: tuple[Worker, ...] = ()
     running: bool = True  # phase allows scalers (et-operator runs them only while Running)
     scaler: Scaler | None = None  # the outstanding scaler, if any
@@ -295,6 +308,9 @@ class Decision:
     message: str = ""
     # scale_out: how long the new workers may take to run before the operator rolls them back
     timeout: timedelta | None = None
+    # drain / scale_in for a notice: the earliest deadline the notices gave (the checkpoint
+    # signal passes it on to the training job); None when no notice said
+    deadline: datetime | None = None
 
     @classmethod
     def about(

@@ -58,6 +58,7 @@ class Parts:
     # asked by the mode's writers before each write; the daemon binds it to the leadership
     fence: Fence | None = None
     watch_errors: Callable[[], int] = lambda: 0  # failed lists/watches, retried by the caches
+    signal_failures: Callable[[], int] = lambda: 0  # pods the checkpoint signal did not reach
     # what a mode takes live from a reloaded config besides the policies (e.g. prices)
     reconfigure: Callable[[Config], None] = lambda _: None
     # why the outside system cannot be reached after trying for so many seconds; None: it can
@@ -86,6 +87,7 @@ class Daemon:
             parts.fence.bind(self.leadership.is_leader)
         self.metrics.track_leader(self.leadership.is_leader)
         self.metrics.count_errors_from("watch", parts.watch_errors)
+        self.metrics.count_errors_from("checkpoint_signal", parts.signal_failures)
         self.metrics.track_backends(parts.backends)
         self.metrics.count_rejected(parts.rejected)
         tracker = NoticeTracker(self.metrics)

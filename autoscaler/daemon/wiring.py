@@ -119,6 +119,7 @@ def _kubernetes(
         lock=lock,
         fence=fence,
         watch_errors=cache.errors,
+        signal_failures=lambda: actuator.signal_failures,
         reachable=lambda within: unreachable(api, within),
     )
 

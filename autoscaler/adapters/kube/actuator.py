@@ -23,10 +23,12 @@ from autoscaler.adapters.kube.kinds.base import JobKind, KindActuator
 from autoscaler.adapters.kube.objects import ObjectApi
 from autoscaler.adapters.kube.outcomes import refuse, summary
 from autoscaler.adapters.kube.rejects import Rejections
-from autoscaler.adapters.kube.resources import NODES, Obj, Resource
+from autoscaler.adapters.kube.resources import NODES, Obj
+from autoscaler.adapters.kube.signal import CheckpointSignal
 from autoscaler.config import Config
 from autoscaler.core.model import Action, Decision, Job, Notice
 from autoscaler.fencing import Fence, Stale
+from autoscaler.notice import ANNOTATION
 
 log = structlog.get_logger()
 # seconds a server check holds for the write that rests on it, counted from before the reads it
@@ -62,6 +64,7 @@ class KubeActuator:
         self._kinds = {kind.jobs: kind.actuator(self._objects, cache, recorder) for kind in KINDS}
         # reads for the server's word before a removal (confirm.py): not fenced, reads
         self._check = ServerCheck(self._notices, cache, config.kubernetes, notices)
+        self._signal = CheckpointSignal(self._objects, recorder)
         guarded = config.kubernetes.guard_evictions
         self._guard = EvictionGuard(self._objects, cache) if guarded else None
 
@@ -106,7 +109,7 @@ class KubeActuator:
                 namespace = job["metadata"]["namespace"]
                 decision = self._check.drain(decision, partial(self._check.node_of, namespace), now)
             if decision.pods or decision.action is Action.UNDRAIN:
-                self._drain(resource, job, decision, now)
+                self._drain(kind, job, decision, now)
 
     def _scale_in(
         self, kind: JobKind, backend: KindActuator, job: Obj, decision: Decision, now: datetime
@@ -132,6 +135,11 @@ class KubeActuator:
                     raise
                 log.info("scale_in_checked_again", job=decision.job, attempt=attempt, why=str(exc))
 
+    @property
+    def signal_failures(self) -> int:
+        """Pods the checkpoint signal did not reach (annotation or POST)."""
+        return self._signal.failures
+
     def persist_notice(self, node: str, notice: Notice) -> bool:
         """Keep a cloud notice on its Node (NOTICE_ANNOTATION) so a restart still knows it.
         False when nothing was written: the node is gone, or already holds it or a harder one."""
@@ -153,15 +161,22 @@ class KubeActuator:
         self._notice_recorder.record(patched, "PreemptionNotice", message, when, warning=True)
         return True
 
-    def _drain(self, resource: Resource, job: Obj, decision: Decision, now: datetime) -> None:
-        """Hide hosts from (or show them again to) the job's Horovod discovery."""
+    def _drain(self, kind: JobKind, job: Obj, decision: Decision, now: datetime) -> None:
+        """Hide hosts from (or show them again to) the job's Horovod discovery. A drain tells
+        the job first (the checkpoint signal: its pods behind, its own annotation in the same
+        patch); the last undrain takes the signal back."""
         hosts = frozenset(decision.hosts)
         drain = decision.action is Action.DRAIN
+        resource = kind.jobs
+        if drain:
+            self._signal.tell_pods(kind, job, decision, now)
+            told = self._signal.annotations(job, decision, now)
         result = update_drained(
             self._objects,
             resource,
             job,
             (lambda held: held | hosts) if drain else (lambda held: held - hosts),
+            (lambda _: told) if drain else (lambda after: {} if after else {ANNOTATION: None}),
         )
         if result is None:
             log.info(
@@ -190,6 +205,7 @@ class DryRunActuator:
     """Read-only: the reconciler already logs each decision with dry_run=true; writes nothing."""
 
     dry_run = True
+    signal_failures = 0  # it signals nobody
 
     def apply(self, decision: Decision, now: datetime) -> None:
         log.debug("dry_run_skipped", job=decision.job, action=decision.action.value)

@@ -27,12 +27,14 @@ def update_drained(
     resource: Resource,
     held: Obj,
     change: Callable[[frozenset[str]], frozenset[str]],
+    extra: Callable[[frozenset[str]], dict[str, str | None]] | None = None,
 ) -> tuple[Obj, frozenset[str], frozenset[str]] | None:
     """Read-modify-write the job's drained hosts under optimistic concurrency: the patch carries
     the resourceVersion it was computed from, so a change made since (by anyone, or by our own
     write whose reply was lost) makes the server answer 409 and we read again. The first try
     starts from `held`, the watch cache's copy: one round trip while the cache is current, which
-    is what a drain racing a node's death needs. Returns (job, before, after), None if unchanged."""
+    is what a drain racing a node's death needs. `extra(after)`: more annotations for the same
+    patch (the checkpoint signal). Returns (job, before, after), None if unchanged."""
     ident = held.get("metadata") or {}
     namespace, name = str(ident.get("namespace") or ""), str(ident.get("name") or "")
     job, conflicts = held, 0
@@ -41,7 +43,8 @@ def update_drained(
         after = change(before)
         if after == before:
             return None
-        meta: Obj = {"annotations": {DRAINED_ANNOTATION: encode_drained(after) if after else None}}
+        annotations = {DRAINED_ANNOTATION: encode_drained(after) if after else None}
+        meta: Obj = {"annotations": annotations | (extra(after) if extra else {})}
         if rv := (job.get("metadata") or {}).get("resourceVersion"):
             meta["resourceVersion"] = rv
         try:

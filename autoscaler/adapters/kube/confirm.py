@@ -79,7 +79,7 @@ class ServerCheck:
             room = live() - decision.to_workers - len(meant)
             plain = plain[: max(0, room)]
         kept = tuple(p for p in decision.pods if p in by_notice or p in plain)
-        if kind.removes_highest_first and kept != decision.pods:
+        if not kind.names_victims and kept != decision.pods:
             kept = ()  # a replicas decrease names no victim: all of them hold up, or nothing
         if kept != decision.pods:
             log.info(

@@ -93,6 +93,8 @@ def build_job(
         next_index=kind.next_index(job),
         reuses_names=kind.reuses_names,
         removes_highest_first=kind.removes_highest_first,
+        deletes_victims=kind.deletes_victims,
+        unscalable=kind.unscalable(job),
         started_at=parse_time(meta.get("creationTimestamp")),
         progress=decode_progress(annotations.get(PROGRESS_ANNOTATION)),
     )

@@ -75,6 +75,16 @@ class ObjectApi:
             return self._write(
                 f"patch node {name}", self._core.patch_node, name, patch, _content_type=MERGE_PATCH
             )
+        if resource is PODS:
+            return self._write(
+                f"patch pod {namespace}/{name}",
+                self._core.patch_namespaced_pod,
+                name,
+                namespace,
+                patch,
+                _content_type=MERGE_PATCH,
+                urgent=urgent,
+            )
         return self._write(
             f"patch {resource.plural} {namespace}/{name}",
             self._custom.patch_namespaced_custom_object,
@@ -101,6 +111,18 @@ class ObjectApi:
             resource.plural,
             name,
             body=options,
+        )
+
+    def delete_pod(self, namespace: str, name: str, uid: str) -> Obj:
+        """Delete the very pod we decided on: a uid precondition makes the server answer 409
+        if a new pod took its name meanwhile (the operator makes a deleted index again)."""
+        return self._write(
+            f"delete pod {namespace}/{name}",
+            self._core.delete_namespaced_pod,
+            name,
+            namespace,
+            body={"preconditions": {"uid": uid}},
+            urgent=True,
         )
 
     def _call(self, what: str, fn: Any, *args: Any, urgent: bool = False, **kwargs: Any) -> Obj:

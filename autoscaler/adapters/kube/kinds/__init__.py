@@ -6,12 +6,12 @@ that is); the cache, pod index, observer, actuator, RBAC check and docs iterate 
 
 from __future__ import annotations
 
-from autoscaler.adapters.kube.kinds import cce, et_operator, mpi_operator
+from autoscaler.adapters.kube.kinds import cce, et_operator, mpi_operator, pytorch
 from autoscaler.adapters.kube.kinds.base import JobKind
 from autoscaler.adapters.kube.resources import Obj, Resource
 from autoscaler.adapters.kube.view import WatchedJobs, Watchlist
 
-KINDS: tuple[JobKind, ...] = (et_operator.KIND, cce.KIND, mpi_operator.KIND)
+KINDS: tuple[JobKind, ...] = (et_operator.KIND, cce.KIND, mpi_operator.KIND, pytorch.KIND)
 
 JOB_RESOURCES: tuple[Resource, ...] = tuple(k.jobs for k in KINDS)
 # every kind a kind needs: a backend acts only while the API server serves all of them

@@ -45,6 +45,17 @@ def status_phase(job: Obj) -> str:
     return str((job.get("status") or {}).get("phase") or "")
 
 
+def condition_phase(job: Obj, states: tuple[str, ...]) -> str:
+    """The newest of `states` whose condition holds, as a phase: Kubeflow's jobs (MPIJob,
+    PyTorchJob) report conditions, no phase, and append each new state's condition last."""
+    held = [
+        c.get("type")
+        for c in (job.get("status") or {}).get("conditions") or ()
+        if isinstance(c, dict) and c.get("status") == "True" and c.get("type") in states
+    ]
+    return str(held[-1]) if held else ""
+
+
 def count(spec: Mapping[str, object], key: str) -> int | None:
     """An integer field of a spec; None when absent or not an integer."""
     value = spec.get(key)
@@ -106,6 +117,10 @@ def _no_index(_: Obj) -> int | None:
     return None
 
 
+def _scalable(_: Obj) -> str:
+    return ""
+
+
 @dataclass(frozen=True)
 class JobKind:
     backend: str  # the operator's name in logs, metrics and /readyz
@@ -124,10 +139,19 @@ class JobKind:
     next_index: Callable[[Obj], int | None] = _no_index  # the index of the next worker made
     reuses_names: bool = False  # a new worker may get a removed one's name (Horovod blacklists)
     removes_highest_first: bool = False  # lowering replicas removes the top indices, no victims
+    # a scale-in deletes its victims by name wherever they are (core.model.Job.deletes_victims)
+    deletes_victims: bool = False
+    # why a job cannot be scaled as it is ("" when it can): the core leaves it alone and says so
+    unscalable: Callable[[Obj], str] = _scalable
     # job name -> the labels of its worker pods, for a PodDisruptionBudget over them (guard.py);
     # None: evictions are not held for this kind
     guard_labels: Callable[[str], dict[str, str]] | None = None
     docs: str = field(default="", compare=False)  # one line for docs/kubernetes.md
+
+    @property
+    def names_victims(self) -> bool:
+        """A scale-in removes exactly the pods it names (else: the top indices, all or none)."""
+        return not self.removes_highest_first or self.deletes_victims
 
     @property
     def resources(self) -> tuple[Resource, ...]:

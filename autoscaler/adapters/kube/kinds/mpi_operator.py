@@ -27,7 +27,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from autoscaler.adapters.kube.kinds.base import JobKind, ReplicaSpec, count, scaled_by_replicas
+from autoscaler.adapters.kube.kinds.base import (
+    JobKind,
+    ReplicaSpec,
+    condition_phase,
+    count,
+    scaled_by_replicas,
+)
 from autoscaler.adapters.kube.kinds.replicas import ReplicasActuator
 from autoscaler.adapters.kube.outcomes import refuse
 from autoscaler.adapters.kube.pods import name_index
@@ -121,13 +127,7 @@ def _dead(job: Obj) -> int:
 
 
 def _phase(job: Obj) -> str:
-    """The newest condition that holds, as a phase (the MPIJob has conditions, no phase)."""
-    held = [
-        c.get("type")
-        for c in (job.get("status") or {}).get("conditions") or ()
-        if isinstance(c, dict) and c.get("status") == "True" and c.get("type") in _STATES
-    ]
-    return str(held[-1]) if held else ""
+    return condition_phase(job, _STATES)
 
 
 def _next_index(job: Obj) -> int | None:
