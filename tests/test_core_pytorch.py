@@ -68,3 +68,18 @@ def test_drain_and_scale_in_carry_the_earliest_notice_deadline() -> None:
     # no deadline given: none invented
     ds = run(snapshot([node(n) for n in "abc"], [job(placement=["a", "b"])], [notice("a")]))
     assert only(ds, Action.DRAIN)[0].deadline is None
+
+
+def test_a_notice_deletes_at_once_even_while_a_scale_is_in_flight() -> None:
+    """Deleting by name queues nothing behind the scale in flight (e.g. the operator still making
+    a replacement): the second doomed worker's SIGTERM must not wait for it."""
+    from autoscaler.core import Scaler, ScalerKind
+
+    flight = Scaler(ScalerKind.SCALE_OUT, "bert-replicas")
+    j = torch_job(placement=["a", "b", "c"], scaler=flight)
+    ds = run(snapshot([node(n) for n in "abc"], [j], [notice("b")]))
+    assert only(ds, Action.SCALE_IN)[0].pods == ("bert-worker-1",)
+    # a kind whose scale-in is a scaler object waits for the one in flight (drains meanwhile)
+    hvd = job(placement=["a", "b", "c"], scaler=flight)
+    ds = run(snapshot([node(n) for n in "abc"], [hvd], [notice("b")]))
+    assert only(ds, Action.SCALE_IN) == [] and only(ds, Action.DRAIN)

@@ -160,7 +160,9 @@ def _scale_in_or_wait(
     assert leaving.reason is not None
     hosts = tuple(dict.fromkeys(w.host for w in leaving.workers))
     nodes = _nodes_of(leaving.workers)
-    deferred = _scale_in_deferred(job, policy, victims, now)
+    deferred = (
+        None if _deleted_now(job, leaving.reason) else _scale_in_deferred(job, policy, victims, now)
+    )
     if deferred is not None:
         out.blocks_scale_out = deferred[0]
         if deferred[1]:
@@ -399,6 +401,13 @@ def _cancel(job: Job, policy: Policy) -> Decision | None:
         message=f"delete {scaler.kind}/{scaler.name}: none of its pods is left, and et-operator"
         " would delete every worker of the job",
     )
+
+
+def _deleted_now(job: Job, reason: Reason) -> bool:
+    """A notice's victims of a job whose scale-in deletes them by name go at once: deleting a pod
+    queues nothing behind a scale in flight (there is no scaler object to order), and its SIGTERM
+    is the worker's checkpoint signal, which must not wait out another worker's grace period."""
+    return job.deletes_victims and reason is not Reason.CLAMP_MAX
 
 
 def _scale_in_deferred(
