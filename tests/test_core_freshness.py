@@ -41,13 +41,35 @@ def test_a_clamp_to_max_on_a_stale_view_removes_nobody() -> None:
     assert {t for d in decisions for t in d.tags} >= {Reason.CLAMP_MAX}
 
 
+def on_stale(decisions: list[Decision]) -> list[Decision]:
+    """As a stale view lets them out: tagged `stale_view`."""
+    return [replace(d, tags=(*d.tags, Reason.STALE_VIEW)) for d in decisions]
+
+
 def test_a_notice_still_drains_and_scales_in_its_own_workers_at_once() -> None:
     j = job(placement=["a", "b", "a"])
     fresh = run(snapshot([node("a"), node("b")], [j], [notice("a")]))
     held = run(stale(snapshot([node("a"), node("b")], [j], [notice("a")])))
-    assert only(held, Action.DRAIN) == only(fresh, Action.DRAIN)
-    assert only(held, Action.SCALE_IN) == only(fresh, Action.SCALE_IN)
+    assert only(held, Action.DRAIN) == on_stale(only(fresh, Action.DRAIN))
+    assert only(held, Action.SCALE_IN) == on_stale(only(fresh, Action.SCALE_IN))
     assert only(held, Action.SCALE_IN)[0].pods == ("bert-worker-0", "bert-worker-2")
+
+
+@pytest.mark.parametrize("views", [{"Node"}, {"Pod"}, {"et-operator"}])
+def test_a_departure_let_out_on_a_stale_view_says_so(views: set[str]) -> None:
+    """The actuator reads the tag: every worker such a drain names is on a noticed node, and
+    the notice may be one the server no longer has, so it confirms each node's notice there
+    first (adapters/kube/confirm.py). A fresh view's departures carry no such tag: a clamp's
+    worker in them needs no notice."""
+    j = job(hi=2, placement=["b", "c", "a", "d"])
+    snap = snapshot([node(n) for n in "abcd"], [j], [notice("a")])
+    fresh = run(snap)
+    assert not any(Reason.STALE_VIEW in d.tags for d in fresh)
+    held = run(replace(snap, stale=frozenset(views)))
+    departures = only(held, Action.DRAIN) + only(held, Action.SCALE_IN)
+    assert [d.action for d in departures] == [Action.DRAIN, Action.SCALE_IN]
+    assert all(d.tags.count(Reason.STALE_VIEW) == 1 for d in departures)
+    assert all(d.pods == ("bert-worker-2",) and d.nodes == ("a",) for d in departures)
 
 
 def test_a_departure_for_a_notice_and_a_clamp_keeps_only_the_noticed_workers() -> None:

@@ -7,14 +7,29 @@ core holds what can wait (core/freshness.py), and a removal asks the server firs
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
-from kube_fixtures import NS, Kube, node, now, scaler, training_job, worker
+from kube_fixtures import (
+    NS,
+    Kube,
+    ai_training_job,
+    node,
+    now,
+    scaler,
+    stamp,
+    trainer,
+    training_job,
+    worker,
+)
 from support.waiting import wait_for
 
-from autoscaler.adapters.kube.kinds.et_operator import SCALE_INS
+from autoscaler.adapters.kube.kinds.et_operator import SCALE_INS, SCALE_OUTS
 from autoscaler.adapters.kube.resources import NODES, PODS
+from autoscaler.adapters.kube.scalers import scaler_facts
 from autoscaler.annotations import DRAINED_ANNOTATION
-from autoscaler.core import Action, Decision, Reason
+from autoscaler.core import Action, Decision, Reason, decide
 
 NTH_ITN = {"key": "aws-node-termination-handler/spot-itn", "value": "evt-1", "effect": "NoSchedule"}
 POD_WATCH = "/api/v1/pods?allowWatchBookmarks"  # the pod watch; lists carry no bookmarks
@@ -191,3 +206,245 @@ def test_a_finished_scale_in_ahead_of_the_pod_view_takes_its_pods_out(kube: Kube
     wait_for(lambda: cache.items(SCALE_INS), 5, "ScaleIn not seen")
     [job] = kube.observer(cache).snapshot(now()).jobs
     assert sorted(w.pod for w in job.workers) == ["bert-worker-0", "bert-worker-1"]
+
+
+# --- issue 34: a drain only for a notice the view is sure of; never a ScaleOut above max --------
+BOTH = pytest.mark.servers("emulator", "real")
+NODE_GETS = "/api/v1/nodes/a"
+
+
+def node_gets(kube: Kube) -> int:
+    return len(kube.server.requests("GET", NODE_GETS, watch=False))
+
+
+def test_a_drain_decided_on_a_stale_view_is_confirmed_after_the_view_caught_up(kube: Kube) -> None:
+    """The drain was decided while the node view was behind (a withdrawn notice still in it);
+    by the time it is applied the watch is open again and the withdrawal has arrived, so the
+    node view is not behind any more. The decision says it rests on a stale view (`stale_view`):
+    its nodes are asked on the server, and nobody is drained."""
+    kube.server.seed(node("a", taints=[NTH_ITN]), node("b"), *bert("a", "a", "b"))
+    cache = kube.cache()
+    observer = kube.observer(cache)
+    kube.server.fail_next(1_000_000, 500, path_contains=NODE_WATCH)
+    kube.server.drop_watches()
+    wait_for(lambda: NODES in cache.behind(), 5, "the node view never fell behind")
+    kube.server.patch("Node", "a", {"spec": {"taints": []}})  # withdrawn: the view has not seen it
+    snap = observer.snapshot(now())
+    assert snap.notices and "Node" in snap.stale
+    [drain] = [d for d in decide(snap, kube.config.policy_set, now()) if d.action is Action.DRAIN]
+    assert Reason.STALE_VIEW in drain.tags
+    kube.server.clear_faults()
+    wait_for(lambda: NODES not in cache.behind(), 5, "the node watch never opened again")
+    wait_for(lambda: not observer.snapshot(now()).notices, 5, "the withdrawal never arrived")
+    kube.actuator(cache).apply(drain, now())
+    assert drained(kube) == "" and node_gets(kube) == 1
+
+
+def test_a_notice_held_from_before_a_break_is_confirmed_on_the_server(
+    kube: Kube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The node watch broke, the notice was withdrawn, and the watch is open again but its
+    replay of the withdrawal has not been read yet (the view is live from the moment the server
+    answers): the node the view holds is from before the break. The snapshot counts the node
+    view as behind, its drain says so, and the actuator asks the server, which says no."""
+    monkeypatch.setattr("autoscaler.adapters.kube.reflector.SETTLE", 60.0)
+    kube.server.seed(node("a", taints=[NTH_ITN]), node("b"), *bert("a", "a", "b"))
+    cache = kube.cache()
+    observer = kube.observer(cache)
+    reflector = cache._reflectors[NODES][None]
+    apply, replayed = reflector._apply, threading.Event()
+
+    def slow_replay(kind: str, obj: dict, report: bool = True) -> None:
+        if obj["metadata"]["name"] == "a" and not obj["spec"].get("taints"):
+            replayed.wait(10)  # the withdrawal, read late
+        apply(kind, obj, report)
+
+    reflector._apply = slow_replay  # type: ignore[method-assign]
+    try:
+        cut(kube, NODE_WATCH)
+        wait_for(lambda: NODES in cache.behind(), 5, "the node view never fell behind")
+        kube.server.patch("Node", "a", {"spec": {"taints": []}})
+        kube.server.clear_faults()
+        wait_for(lambda: cache.behind() == frozenset(), 5, "the watches never opened again")
+        assert not cache.current(NODES, "a")
+        snap = observer.snapshot(now())
+        assert snap.notices and snap.stale == frozenset({"Node"})
+        [drain] = [
+            d for d in decide(snap, kube.config.policy_set, now()) if d.action is Action.DRAIN
+        ]
+        assert Reason.STALE_VIEW in drain.tags
+        kube.server.clear_requests()
+        kube.actuator(cache).apply(drain, now())
+        assert drained(kube) == "" and node_gets(kube) == 1
+    finally:
+        replayed.set()
+    wait_for(lambda: not observer.snapshot(now()).notices, 5, "the withdrawal never arrived")
+
+
+def test_a_notice_seen_since_the_last_break_drains_without_a_read(kube: Kube) -> None:
+    """The common case stays one PATCH: a notice that arrived on the open watch needs no GET."""
+    kube.server.seed(node("a"), node("b"), *bert("a", "a", "b"))
+    cache = kube.cache()
+    observer = kube.observer(cache)
+    kube.server.drop_watches()  # a break before the notice: the notice comes after it
+    kube.server.patch("Node", "a", {"spec": {"taints": [NTH_ITN]}})
+    wait_for(lambda: observer.snapshot(now()).notices, 5, "the notice never arrived")
+    wait_for(lambda: cache.behind() == frozenset(), 5, "the watches never opened again")
+    assert cache.current(NODES, "a")
+    snap = observer.snapshot(now())
+    assert snap.stale == frozenset()
+    [drain] = [d for d in decide(snap, kube.config.policy_set, now()) if d.action is Action.DRAIN]
+    assert Reason.STALE_VIEW not in drain.tags
+    kube.server.clear_requests()
+    kube.actuator(cache).apply(drain, now())
+    assert drained(kube) != "" and node_gets(kube) == 0
+
+
+@BOTH
+def test_a_scale_out_sized_on_a_view_missing_pods_is_refused(kube: Kube) -> None:
+    """The server has the last ScaleOut's pods, the view did not when the ScaleOut was sized:
+    the server's count of live workers plus the ScaleOut's would pass the target (max), so no
+    ScaleOut goes. One that fits the server's count goes as decided."""
+    kube.server.seed(node("a"), node("b"), *bert("a", "a", "b", "b"))
+    cache = kube.cache()
+    actuator = kube.actuator(cache)
+    # sized on a view with workers 0 and 1 only: 2 -> 4, but the job has 4 already
+    blind = Decision(
+        "ml/bert", Action.SCALE_OUT, Reason.IDLE_CAPACITY, "default", 2, 4, count=2
+    )  # fmt: skip
+    actuator.apply(blind, now())
+    assert kube.objects("ScaleOut") == []
+    kube.server.delete("Pod", "bert-worker-3", NS)
+    fits = Decision(
+        "ml/bert", Action.SCALE_OUT, Reason.IDLE_CAPACITY, "default", 3, 4, count=1
+    )  # fmt: skip
+    actuator.apply(fits, now())
+    [made] = kube.objects("ScaleOut")
+    assert made["spec"]["toAdd"]["count"] == 1
+
+
+@BOTH
+def test_our_scaler_the_cache_lost_is_asked_of_the_server(kube: Kube) -> None:
+    """Expectations for our own writes: a re-list served before our create replaces what the
+    cache held, our ScaleOut with it, until its watch event comes. The next ScaleOut of the job
+    waits for the first to finish on the server, not for the cache to show it."""
+    kube.server.seed(node("a"), node("b"), *bert("a", "b", max_workers=6))
+    cache = kube.cache()
+    actuator = kube.actuator(cache)
+    first = Decision("ml/bert", Action.SCALE_OUT, Reason.IDLE_CAPACITY, "default", 2, 3, count=1)
+    actuator.apply(first, now())
+    [made] = kube.objects("ScaleOut")
+    version = int(made["metadata"]["resourceVersion"])
+    wait_for(lambda: cache.seen_rv(SCALE_OUTS) >= version, 10, "the ScaleOut's watch event")
+    cache.forget(SCALE_OUTS, made)  # as a re-list served before the create leaves it
+    second = Decision("ml/bert", Action.SCALE_OUT, Reason.IDLE_CAPACITY, "default", 2, 4, count=2)
+    actuator.apply(second, now())
+    assert [s["metadata"]["name"] for s in kube.objects("ScaleOut")] == [made["metadata"]["name"]]
+    # it ran: its pod is there and it succeeded; the cache sees it finish, the next one goes
+    kube.server.seed(worker("bert", 2, "a"))
+    done = {
+        "conditions": [{"type": "ScaleSucceeded", "status": "True", "lastTransitionTime": stamp()}],
+        "addPods": ["bert-worker-2"],
+        "replicaStatuses": {},
+        "restartCount": 0,
+    }
+    kube.server.patch("ScaleOut", made["metadata"]["name"], {"status": done}, NS)
+
+    def finished() -> bool:
+        return any(scaler_facts(SCALE_OUTS, o).outcome for o in cache.items(SCALE_OUTS))
+
+    wait_for(finished, 10, "the finished ScaleOut never reached the cache")
+    third = Decision("ml/bert", Action.SCALE_OUT, Reason.IDLE_CAPACITY, "default", 3, 4, count=1)
+    actuator.apply(third, now())
+    assert len(kube.objects("ScaleOut")) == 2
+
+
+def test_a_relist_landing_mid_snapshot_does_not_hide_a_scale_outs_pods(kube: Kube) -> None:
+    """The pod view catches up between the read of the pod index and the read of its freshness
+    (a re-list, a resumed watch): read afterwards, the view would count as fresh and complete
+    past the finished ScaleOut while the index lacks its pods, and the core would size a
+    ScaleOut past max. Read before, the snapshot holds growth (or counts the pods as pending)."""
+    kube.server.seed(node("a"), node("b"), *bert("a", "a"))
+    cache = kube.cache()
+    rec = kube.reconciler(cache)
+    kube.server.fail_next(1_000_000, 500, path_contains=POD_WATCH)
+    kube.server.drop_watches()
+    wait_for(lambda: PODS in cache.behind(), 5, "the pod view never fell behind")
+    kube.server.seed(worker("bert", 2, "b"), worker("bert", 3, "b"))
+    out = scaler("ScaleOut", "bert-out-1", "bert", outcome="ScaleSucceeded", at=now(),
+                 pods=["bert-worker-2", "bert-worker-3"])  # fmt: skip
+    out["status"]["addPods"] = ["bert-worker-2", "bert-worker-3"]
+    kube.server.seed(out)
+    # and a pod changes after it: the pod view, once caught up, is complete past the ScaleOut
+    kube.server.patch("Pod", "bert-worker-0", {"metadata": {"labels": {"touched": "yes"}}}, NS)
+    wait_for(lambda: cache.items(SCALE_OUTS), 5, "ScaleOut not seen")
+    index = rec.observer._pods
+    refresh = index.refresh
+
+    def then_catch_up() -> set[str | None]:
+        held = refresh()
+        kube.server.clear_faults()  # the pod watch opens again, after the index was read
+        wait_for(lambda: PODS not in cache.behind(), 5, "the pod watch never opened again")
+        wait_for(lambda: cache.seen_rv(PODS) > scaler_rv, 5, "the pod view never caught up")
+        return held
+
+    scaler_rv = int(kube.server.get("ScaleOut", "bert-out-1", NS)["metadata"]["resourceVersion"])
+    index.refresh = then_catch_up  # type: ignore[method-assign]
+    decisions = rec.tick(now())
+    assert not [d for d in decisions if d.action is Action.SCALE_OUT]
+    assert [o["metadata"]["name"] for o in kube.objects("ScaleOut")] == ["bert-out-1"]
+
+
+def test_an_object_held_across_a_break_is_current_again_only_when_it_comes_again() -> None:
+    """Reflector.current on plain data: what the view holds from before a break is not current
+    once the view is live again, until it comes from the server again or SETTLE has passed; an
+    object that came after the break is; nothing is while the view is behind."""
+    import structlog
+
+    from autoscaler.adapters.kube.reflector import SETTLE, Reflector
+
+    r = Reflector(
+        lambda **_: None, lambda _: True, dict, lambda _: None, threading.Event(),
+        structlog.get_logger(), track_current=True,
+    )  # fmt: skip
+    a = {"metadata": {"name": "a", "resourceVersion": "1"}}
+    b = {"metadata": {"name": "b", "resourceVersion": "2"}}
+    r._apply("ADDED", a)
+    r._live_again()
+    r.synced.set()
+    assert r.current("a")
+    r._broke()  # the watch broke: nothing is current, not even what came before
+    assert not r.current("a") and not r.current("b")
+    r._live_again()  # open again; the replay not read yet
+    now = time.monotonic()
+    assert not r.current("a", now)
+    r._apply("ADDED", b)  # came after the break
+    assert r.current("b", now) and not r.current("a", now)
+    r._apply("MODIFIED", {"metadata": {"name": "a", "resourceVersion": "3"}})
+    assert r.current("a", now)
+    r._broke()
+    r._live_again()
+    now = time.monotonic()
+    assert not r.current("a", now) and r.current("a", now + SETTLE)
+    r.assume({"metadata": {"name": "c", "resourceVersion": "4"}})  # our own write: no news
+    assert not r.current("c", now) and r.get("c") is not None
+
+
+@BOTH
+def test_a_replicas_scale_out_on_a_view_missing_workers_never_lowers_replicas(kube: Kube) -> None:
+    """A kind scaled by its replica count (CCE) takes the decision's target as it is, so it is
+    never above max; but sized on a view that misses workers the job already asks for, the
+    target is below what the job has, and the operator would remove workers."""
+    kube.server.seed(
+        node("a"),
+        ai_training_job("ernie", replicas=4, max_workers=4),
+        trainer("ernie", 0, "a"),
+        trainer("ernie", 1, "a"),
+    )
+    cache = kube.cache()
+    blind = Decision(
+        "ml/ernie", Action.SCALE_OUT, Reason.IDLE_CAPACITY, "default", 2, 3, count=1
+    )  # fmt: skip
+    kube.actuator(cache).apply(blind, now())
+    spec = kube.server.get("AITrainingJob", "ernie", NS)["spec"]["replicaSpecs"]["trainer"]
+    assert spec["replicas"] == 4

@@ -4,11 +4,11 @@ wait.
 After a broken watch, until the re-list, the cache may still hold pods that are gone, notices
 that were withdrawn and scalers that finished: a clamp to max would count ghosts, a surplus would
 remove healthy workers, growth would go past max. So while `Snapshot.stale` names a kind, only
-the departures a notice forces go out, and only for workers on noticed nodes (the actuator then
-confirms each notice on the server before anything irreversible); the rest is a noop
-`stale_view` that the next pass on a synced view decides again. client-go's informers answer the
-same question with HasSynced; cancelling a scaler of ours stays allowed: it only ever prevents
-a removal.
+the departures a notice forces go out, and only for workers on noticed nodes, tagged `stale_view`
+(the actuator then confirms each notice on the server, before the drain too); the rest is a
+noop `stale_view` that the next pass on a synced view decides again. client-go's informers
+answer the same question with HasSynced; cancelling a scaler of ours stays allowed: it only
+ever prevents a removal.
 """
 
 from __future__ import annotations
@@ -52,9 +52,9 @@ def _supported(
     if decision.action in _NOTICE_DEPARTURES:
         pods = tuple(p for p in decision.pods if p in on_noticed)
         if pods == decision.pods:
-            return decision
+            return _on_stale(decision)
         if pods:
-            return _narrowed(decision, job, pods)
+            return _on_stale(_narrowed(decision, job, pods))
     return Decision.noop(
         job,
         Reason.STALE_VIEW,
@@ -63,6 +63,16 @@ def _supported(
         message=f"{decision.action.value} held: the view of {', '.join(sorted(behind))} is "
         "behind the server",
     )
+
+
+def _on_stale(decision: Decision) -> Decision:
+    """A departure let out on a stale view says so (tag `stale_view`): the notice it rests on
+    may be gone on the server (a withdrawal the view has not seen), and every worker it names
+    is one on a noticed node, so the actuator may confirm each node's notice on the server and
+    drop the workers of those that have none (adapters/kube/confirm.py)."""
+    if Reason.STALE_VIEW in decision.tags:
+        return decision
+    return replace(decision, tags=(*decision.tags, Reason.STALE_VIEW))
 
 
 def _narrowed(decision: Decision, job: Job, pods: tuple[str, ...]) -> Decision:

@@ -331,6 +331,11 @@ class KubeApiServer(PodWorkloads):
         with self._lock:
             self._faults.append(_Fault(n, status, path_contains, method))
 
+    def clear_faults(self) -> None:
+        """Forget the failures `fail_next` still has to give."""
+        with self._lock:
+            self._faults.clear()
+
     def drop_watches(self, abrupt: bool = True) -> None:
         """End open watches: abruptly (socket shut, no final chunk: the client raises) or
         cleanly (like a server-side timeout: the client's Watch re-watches by itself)."""

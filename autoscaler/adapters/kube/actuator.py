@@ -7,7 +7,6 @@ the next pass, seeing the cluster again, decides afresh.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from functools import partial
 
 import structlog
 from kubernetes import client
@@ -105,9 +104,8 @@ class KubeActuator:
         elif decision.action is Action.SCALE_IN:
             self._scale_in(kind, backend, job, decision, now)
         elif decision.action in (Action.DRAIN, Action.UNDRAIN):
-            if decision.action is Action.DRAIN and NODES in self._cache.behind():
-                namespace = job["metadata"]["namespace"]
-                decision = self._check.drain(decision, partial(self._check.node_of, namespace), now)
+            if decision.action is Action.DRAIN:  # only for notices the view is sure of
+                decision = self._check.drain(decision, job, now, self._cache)
             if decision.pods or decision.action is Action.UNDRAIN:
                 self._drain(kind, job, decision, now)
 

@@ -89,6 +89,8 @@ class KubeCache:
                     is_served=partial(is_served, api_client, resource) if resource.group else None,
                     rediscover=settings.discovery_interval.total_seconds(),
                     on_served=self._served_looked_up,
+                    # a drain rests on a node's notice: is the copy held as current as the watch?
+                    track_current=resource is NODES,
                 )
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -125,6 +127,14 @@ class KubeCache:
             for res, scopes in self._reflectors.items()
             if not all(r.fresh for r in scopes.values())
         )
+
+    def current(self, resource: Resource, key: str) -> bool:
+        """Whether what the cache holds of `key` is as current as its watch: the view is fresh
+        and the object came after the view's last break, or the view has been live again long
+        enough for a resumed watch to have replayed what it missed (reflector.SETTLE). Kinds
+        other than Node count every object from before a break until then."""
+        reflector = self._owner(resource, key)
+        return reflector is not None and reflector.current(key)
 
     # --- reads ---------------------------------------------------------------------------------
     def items(self, resource: Resource) -> list[Obj]:

@@ -12,8 +12,9 @@ server (or the cloud source's own record, the notice board, has it); any other g
 the job, as the server has it, still has more live workers than the decision aims at (a clamp
 to max, an on-demand surplus).
 Victims that are gone or already Terminating are dropped.
-Drains are reversible and race the node's death: they are confirmed only while the node view is
-behind (`KubeCache.behind`), one GET per noticed node.
+Drains are reversible and race the node's death: a notice the node view has held since its last
+break (a re-list, a resumed watch) needs no read; one held from before it, or any while the view
+is behind or the decision was made on a stale one, is confirmed first, one GET per node.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import datetime
+from typing import Protocol
 
 import structlog
 from kubernetes.client.exceptions import ApiException
@@ -32,10 +34,10 @@ from autoscaler.adapters.kube.kinds.base import JobKind
 from autoscaler.adapters.kube.nodes import node_notices
 from autoscaler.adapters.kube.objects import ObjectApi
 from autoscaler.adapters.kube.pods import TERMINATED_PHASES
-from autoscaler.adapters.kube.resources import NODES, PODS, Obj, labels_of
+from autoscaler.adapters.kube.resources import NODES, PODS, Obj, Resource, labels_of
 from autoscaler.adapters.kube.view import CacheView
 from autoscaler.config.kubernetes import KubernetesSettings
-from autoscaler.core.model import Decision, Notice
+from autoscaler.core.model import Decision, Notice, Reason
 
 log = structlog.get_logger()
 
@@ -43,6 +45,14 @@ log = structlog.get_logger()
 BoardNotices = Callable[[datetime], tuple[Notice, ...]]
 # the victims' GETs of every check (several ScaleIns may be checked at once)
 _READS = ThreadPoolExecutor(16, thread_name_prefix="server-check")
+
+
+class Freshness(Protocol):
+    """How far the watch cache can be trusted (cache.KubeCache)."""
+
+    def behind(self) -> frozenset[Resource]: ...
+
+    def current(self, resource: Resource, key: str) -> bool: ...
 
 
 class ServerCheck:
@@ -91,16 +101,40 @@ class ServerCheck:
             )
         return narrowed(decision, kept), since
 
-    def drain(
-        self, decision: Decision, node_of: Callable[[str], str | None], now: datetime
-    ) -> Decision:
-        """`decision` with the workers (`node_of` a pod) whose node the server says has a
-        notice: a pod's node never changes, so the cache may tell it."""
-        noticed = self._noticed(set(decision.nodes), now)
-        if noticed == set(decision.nodes):
+    def drain(self, decision: Decision, job: Obj, now: datetime, view: Freshness) -> Decision:
+        """`decision` without the workers whose node's notice may be gone (a pod's node never
+        changes, so the cache may tell it): a drain goes only for a notice the node view has
+        held since its last break (`view.current`: the view saw it after its last re-list or
+        resumed watch, which may still be replaying a withdrawal), or one the server (or the
+        board) confirms. Decided on a stale view (`stale_view`: every worker it names is on a
+        noticed node) or with the node view behind now, every node is confirmed; otherwise
+        only those the view holds a notice for and has not confirmed (a worker on a node
+        without one is a clamp's, which needs no notice). One GET per node confirmed."""
+        nodes = set(decision.nodes)
+        if NODES in view.behind() or Reason.STALE_VIEW in decision.tags:
+            unsure = nodes
+        else:
+            board = self._board_nodes(now)
+            unsure = {
+                n
+                for n in nodes
+                if n not in board and self._noticed_in_view(n, now) and not view.current(NODES, n)
+            }
+        if not unsure:
             return decision
-        log.info("drain_narrowed_by_server", job=decision.job, nodes=list(decision.nodes))
-        return narrowed(decision, tuple(p for p in decision.pods if node_of(p) in noticed))
+        keep = (nodes - unsure) | self._noticed(unsure, now)
+        if keep == nodes:
+            return decision
+        log.info(
+            "drain_narrowed_by_server",
+            job=decision.job,
+            nodes=sorted(nodes),
+            without_notice=sorted(nodes - keep),
+        )
+        namespace = job["metadata"]["namespace"]
+        return narrowed(
+            decision, tuple(p for p in decision.pods if self.node_of(namespace, p) in keep)
+        )
 
     def _workers(
         self, job: Obj, kind: JobKind, victims: tuple[str, ...], now: datetime
@@ -142,6 +176,9 @@ class ServerCheck:
                 return None
             raise
 
+    def _board_nodes(self, now: datetime) -> set[str]:
+        return {n.node for n in self._board(now)} if self._board is not None else set()
+
     def _noticed_in_view(self, node: str, now: datetime) -> bool:
         if self._board is not None and any(n.node == node for n in self._board(now)):
             return True
@@ -151,7 +188,7 @@ class ServerCheck:
     def _noticed(self, nodes: set[str], now: datetime) -> set[str]:
         """Those of `nodes` the server (or the cloud source's record) says carry a notice; a
         node that is gone counts: its workers are no healthy ones."""
-        board = {n.node for n in self._board(now)} if self._board is not None else set()
+        board = self._board_nodes(now)
         out = set()
         for node in nodes:
             if node in board:

@@ -108,20 +108,31 @@ class KubeObserver:
         self._prices = prices
 
     def snapshot(self, now: datetime) -> Snapshot:
+        before = self._as_of()
         view, notices = self._view(now)
-        jobs = self._jobs(view.memory_per_gpu)
+        jobs = self._jobs(view.memory_per_gpu, before[1])
         for gone in self._failed.keys() - {j.key for j in jobs}:
             del self._failed[gone]  # the job finished or was deleted
         self._rates.forget_except({j.key for j in jobs})
-        return self._snapshot(view, notices, jobs, now)
+        return self._snapshot(view, notices, jobs, now, before[0])
 
     def noticed(self, now: datetime) -> Snapshot:
         """The fast path's view: every node and notice, and only the jobs with a pod on a noticed
         node (all a notice's departures read). Building every job's was most of the fast path's
         CPU at 2,000 jobs on a real control plane (py-spy of benchmarks/reaction.py)."""
+        before = self._as_of()
         view, notices = self._view(now)
         keys = self._pods.jobs_on({n.node for n in notices})
-        return self._snapshot(view, notices, self._jobs(view.memory_per_gpu, keys), now)
+        jobs = self._jobs(view.memory_per_gpu, before[1], keys)
+        return self._snapshot(view, notices, jobs, now, before[0])
+
+    def _as_of(self) -> tuple[frozenset[Resource], int]:
+        """What the views were before anything is read from them: the kinds behind, and the
+        resourceVersion the pod view is complete up to. Read after, they could be newer than
+        what was read (a re-list landing mid-snapshot: a pod view counted fresh, or complete
+        past a ScaleOut whose pods the pod index had not taken in yet: `with_unseen` would not
+        add them, and a ScaleOut sized on that count goes past max)."""
+        return self._cache.behind(), self._cache.seen_rv(PODS)
 
     def _view(self, now: datetime) -> tuple[NodeView, list[Notice]]:
         held_changed = self._pods.refresh()
@@ -130,14 +141,31 @@ class KubeObserver:
         return view, [*view.notices, *self._board.active(now)]
 
     def _snapshot(
-        self, view: NodeView, notices: list[Notice], jobs: list[Job], now: datetime
+        self,
+        view: NodeView,
+        notices: list[Notice],
+        jobs: list[Job],
+        now: datetime,
+        behind: frozenset[Resource],
     ) -> Snapshot:
         alive = view.alive
         lost = self._pods.jobs_on(self._pods.nodes() - alive)
         jobs = [self._with_failures(j, alive, j.key in lost) for j in jobs]
         jobs = [self._rates.with_rate(j, now) for j in jobs]
-        stale = frozenset(self._read[r] for r in self._cache.behind() if r in self._read)
+        behind |= self._cache.behind()  # before or after the reads: either way, not trusted
+        if self._unconfirmed(view.notices, notices[len(view.notices) :]):
+            behind |= {NODES}
+        stale = frozenset(self._read[r] for r in behind if r in self._read)
         return Snapshot(nodes=view.gpu_nodes, notices=tuple(notices), jobs=tuple(jobs), stale=stale)
+
+    def _unconfirmed(self, on_nodes: list[Notice], on_board: list[Notice]) -> bool:
+        """Whether a notice read from a Node may be gone on the server: the node view holds the
+        node from before its last break, and the resumed watch may not have replayed the
+        change yet (KubeCache.current). The core then lets out only the notices' own
+        departures (core/freshness.py), and the actuator confirms their drains on the server.
+        A notice the cloud source's board holds as well is no ghost."""
+        board = {n.node for n in on_board}
+        return any(n.node not in board and not self._cache.current(NODES, n.node) for n in on_nodes)
 
     def _with_failures(self, job: Job, alive: frozenset[str], lost: bool) -> Job:
         """`lost`: the job has a pod on a node that is not alive, the only way to a new failure."""
@@ -154,12 +182,14 @@ class KubeObserver:
         price = self._price_book.spot_price(itype, zone) if spot else None
         return price if price is not None else self._prices.for_node(itype, spot, gpus)
 
-    def _jobs(self, memory_per_gpu: float | None, only: set[str] | None = None) -> list[Job]:
-        """Every job, or those of the keys `only` (which then leaves the others' memo be)."""
+    def _jobs(
+        self, memory_per_gpu: float | None, pods_seen: int, only: set[str] | None = None
+    ) -> list[Job]:
+        """Every job, or those of the keys `only` (which then leaves the others' memo be);
+        `pods_seen`: the pod view's resourceVersion from before the pod index was read."""
         helpers = (r for kind in KINDS for r in kind.helpers)
         facts = [f for r in helpers for f in self._scalers[r](self._cache.items(r))]
         scalers = by_job(f for f in facts if f is not None)
-        pods_seen = self._cache.seen_rv(PODS)
         built: _Built = {} if only is None else self._built
         jobs: list[Job] = []
         for kind in KINDS:

@@ -43,6 +43,10 @@ _PAGE = 500
 _CONNECT_TIMEOUT = 10.0
 _READ_GRACE = 15.0  # client read timeout = server watch timeout + this
 _RESUME_EVERY = 1.0  # at most one immediate resume of a broken watch per this many seconds
+# An object held from before a break (a broken watch, a re-list) counts as current again this
+# long after the view is live again: a resumed watch replays what it missed at once, but the
+# view is live from the moment the server answers, before the replay has been read (`current`).
+SETTLE = 1.0
 
 
 def _rv(obj: Obj) -> str:
@@ -91,6 +95,7 @@ class Reflector:
         is_served: Callable[[], bool] | None = None,  # None: the kind is always served
         rediscover: float = 60.0,
         on_served: OnServed | None = None,
+        track_current: bool = False,  # keep what `current` needs (one int per object)
     ) -> None:
         self._list_fn = lister
         self._keep = keep  # client-side filter: servers (and emulators) may ignore selectors
@@ -121,6 +126,11 @@ class Reflector:
         # the newest resourceVersion this view is complete up to (list or watch, bookmarks
         # included): how fresh it is against objects from other watches (numeric in practice)
         self.seen_rv = 0
+        # breaks so far (a watch that broke or expired, a failed list), the break each held
+        # object was last received from the server after, and when the view was last live again
+        self._breaks = 0
+        self._received: dict[str, int] | None = {} if track_current else None
+        self._live_since = 0.0
         self._log = log
 
     # --- reads (any thread) --------------------------------------------------------------------
@@ -128,6 +138,21 @@ class Reflector:
     def fresh(self) -> bool:
         """Listed and watching: the view lags the server by no more than its stream does."""
         return self.synced.is_set() and self.live
+
+    def current(self, key: str, now: float | None = None) -> bool:
+        """Whether what the view holds of `key` (or that it holds nothing) is as current as the
+        stream: the view is fresh, and the object came from the server after the last break, or
+        the view has been live for SETTLE since. An object held across a break may be one whose
+        change the resumed watch is still replaying (a notice withdrawn meanwhile): with
+        `track_current` off, nothing held across a break counts until SETTLE has passed."""
+        if not self.fresh:
+            return False
+        with self._lock:
+            received = self._received.get(key) if self._received is not None else None
+            breaks, since = self._breaks, self._live_since
+        if received == breaks:
+            return True
+        return (time.monotonic() if now is None else now) - since >= SETTLE
 
     def items(self) -> list[Obj]:
         with self._lock:
@@ -171,7 +196,7 @@ class Reflector:
                 rv = self._watch_once(rv)
                 backoff.reset()
             except ApiException as exc:
-                self.live = False
+                self._broke()
                 if exc.status == 410:  # expired: our resourceVersion is older than the server keeps
                     self._log.info("watch_expired_relisting")
                     rv = None
@@ -184,7 +209,7 @@ class Reflector:
                 continue
             except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
                 # a dropped connection, an unreachable server, a cut-off body
-                self.live = False
+                self._broke()
                 now = time.monotonic()
                 stopping = self._stop.is_set()  # stop_watch() broke it on purpose
                 if self._opened and rv and not stopping and now - resumed > _RESUME_EVERY:
@@ -197,9 +222,21 @@ class Reflector:
                     continue
                 self._failed(exc, backoff)
             except Exception as exc:  # an odd object (or a bug): never end the thread, list again
-                self.live = False
+                self._broke()
                 rv = None
                 self._failed(exc, backoff, unexpected=True)
+
+    def _broke(self) -> None:
+        """The view may miss changes from here until it is live again (see `current`)."""
+        with self._lock:
+            self.live = False
+            self._breaks += 1
+
+    def _live_again(self) -> None:
+        with self._lock:
+            if not self.live:
+                self._live_since = time.monotonic()
+            self.live = True
 
     def stop_watch(self) -> None:
         """Unblock a watch waiting for data (the stop event must be set first)."""
@@ -225,7 +262,7 @@ class Reflector:
         changed = served != self.served
         self.served = served
         if not served:
-            self.live = True  # nothing of it exists to fall behind on
+            self._live_again()  # nothing of it exists to fall behind on
             with self._lock:
                 old, self._items = self._items, {}
                 self._touched(old)
@@ -262,12 +299,14 @@ class Reflector:
         rv = str(meta["resourceVersion"])  # without one, nothing could be watched: apply nothing
         with self._lock:
             old, self._items = self._items, items
+            if self._received is not None:  # every object as current as the list
+                self._received = dict.fromkeys(items, self._breaks)
             self._touched([k for k in old.keys() | items.keys() if old.get(k) is not items.get(k)])
         # every list reports what it changed (a relist: what changed while we were not
         # watching), the first too: a reader following one object learns whether it exists
         self._on_change(_diff(old, items))
         self._seen(rv)
-        self.live = True  # as fresh as the list; the watch from its resourceVersion misses nothing
+        self._live_again()  # as fresh as the list; the watch from its rv misses nothing
         self.synced.set()
         return rv
 
@@ -279,7 +318,9 @@ class Reflector:
         def opened(**kwargs: Any) -> Any:
             response = self._list_fn(**kwargs)
             # the server answered: the stream is established, and it replays what we missed
-            self._opened = self.live = True
+            # (objects held from before a break count as current only after SETTLE: `current`)
+            self._opened = True
+            self._live_again()
             return response
 
         try:
@@ -315,10 +356,16 @@ class Reflector:
         return held if held is not None and _rv(obj) and _rv(held) == _rv(obj) else None
 
     def _apply(self, kind: str, obj: Obj, report: bool = True) -> None:
-        """Store or remove `obj`, an object `_transform` made."""
+        """Store or remove `obj`, an object `_transform` made; `report`: it came from the
+        server's stream (not our own write, which is no news)."""
         key = key_of(obj)
         keep = kind != "DELETED" and self._keep(obj)
         with self._lock:
+            if report and self._received is not None:
+                if keep:
+                    self._received[key] = self._breaks
+                else:  # holding nothing of it is as current as the view (and keeps this small)
+                    self._received.pop(key, None)
             old = self._items.get(key)
             if keep:
                 if old is not None and _older(obj, old):

@@ -17,6 +17,7 @@ from autoscaler.adapters.kube.kinds.base import (
     status_phase,
 )
 from autoscaler.adapters.kube.kinds.replicas import ReplicasActuator
+from autoscaler.adapters.kube.outcomes import refuse
 from autoscaler.adapters.kube.resources import Obj, Resource
 from autoscaler.core.model import Decision, Scaler, ScalerKind, Worker
 
@@ -28,7 +29,9 @@ WORKER_REPLICA = "trainer"
 
 
 class CceActuator(ReplicasActuator):
-    """A scale-in also names its victims in `scaleInpods`: the operator removes those pods."""
+    """A scale-in also names its victims in `scaleInpods`: the operator removes those pods. The
+    target is absolute (never above max: the core's target is not); a scale-out never lowers
+    it, and the patch carries the resourceVersion it was decided on."""
 
     resource = AI_TRAINING_JOBS
     replicas_name = "trainer replicas"
@@ -42,10 +45,18 @@ class CceActuator(ReplicasActuator):
         return current.replicas == decision.to_workers and same_victims
 
     def patch(self, job: Obj, decision: Decision, victims: tuple[str, ...]) -> Obj | None:
+        replicas = _worker_spec(job).replicas
+        if not victims and replicas is not None and replicas > decision.to_workers:
+            # a scale-out sized on a view that misses workers the job already asks for: its
+            # target would lower replicas, and the operator would remove workers
+            refuse(decision, "replicas_above_target", replicas=replicas)
+            return None
         # the operator never clears scaleInpods: a scale-out clears it, so old victims named
         # there cannot be taken for the next scale-in's
         trainer: Obj = {"replicas": decision.to_workers, "scaleInpods": list(victims) or None}
-        return {"spec": {"replicaSpecs": {WORKER_REPLICA: trainer}}}
+        # decided on the job as it was: one changed meanwhile (the cache behind) gets 409
+        version = {"resourceVersion": job["metadata"].get("resourceVersion")}
+        return {"metadata": version, "spec": {"replicaSpecs": {WORKER_REPLICA: trainer}}}
 
 
 # --- reading AITrainingJobs and their trainers ---------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -26,7 +27,7 @@ from autoscaler.adapters.kube.kinds.base import (
     status_phase,
 )
 from autoscaler.adapters.kube.outcomes import already_done, refuse, summary
-from autoscaler.adapters.kube.pods import name_index, pod_alive, pod_created
+from autoscaler.adapters.kube.pods import TERMINATED_PHASES, name_index, pod_alive, pod_created
 from autoscaler.adapters.kube.resources import (
     MANAGED_BY_LABEL,
     MANAGER,
@@ -34,6 +35,7 @@ from autoscaler.adapters.kube.resources import (
     Obj,
     Resource,
     key_of,
+    labels_of,
 )
 from autoscaler.adapters.kube.scalers import (
     FAILED,
@@ -80,13 +82,29 @@ class _Request:
     spec: Obj
     event_reason: str
     message: str
+    # asked last, right before the create: False (after `refuse`) writes nothing
+    confirm: Callable[[Obj, Decision], bool] | None = None
 
 
 class EtOperatorActuator:
+    """A ScaleOut adds a COUNT of workers to whatever the job has, so it is sized on the server's
+    word, not the view's, and never while a scaler of ours may still run. This is what the
+    ReplicaSet controller's expectations are for (kubernetes pkg/controller/controller_utils.go
+    `ControllerExpectations`, used by pkg/controller/replicaset/replica_set.go `syncReplicaSet`:
+    after creating pods it does not act on the ReplicaSet again until its informer has observed
+    them, because a watch cache lags its own writes). Here: our last scaler of each job is
+    remembered until the cache has it finished; a cache that lost it (a re-list served before
+    the create replaces everything held) is not trusted, the server is asked for it; and the
+    job's live workers are counted on the server before the ScaleOut goes (`_room_on_server`).
+    The pods a finished ScaleOut added but the pod view has not shown yet are counted by the
+    observer (`with_unseen`), so the core sizes the next ScaleOut right in the first place."""
+
     def __init__(self, objects: ObjectApi, cache: CacheView, recorder: EventRecorder) -> None:
         self._objects = objects
         self._cache = cache
         self._recorder = recorder
+        # job key -> (kind, name) of the last scaler we made for it, until seen finished
+        self._ours: dict[str, tuple[Resource, str]] = {}
 
     def scale_out(self, job: Obj, decision: Decision, now: datetime) -> None:
         if decision.count <= 0:
@@ -110,8 +128,37 @@ class EtOperatorActuator:
             "timeout": max(1, int((decision.timeout or ScaleOutRules().timeout).total_seconds())),
         }
         message = f"ScaleOut {name}: add {decision.count} worker(s), {summary(decision)}"
-        request = _Request(SCALE_OUTS, name, spec, "ScaleOutCreated", message)
+        request = _Request(
+            SCALE_OUTS, name, spec, "ScaleOutCreated", message, confirm=self._room_on_server
+        )
         self._create(job, state, decision, request, now)
+
+    def _room_on_server(self, job: Obj, decision: Decision) -> bool:
+        """Whether the job's live workers on the server (not the watch cache: it may miss the
+        pods of the last ScaleOut), plus the ScaleOut's count, stay within the decision's
+        target (never above max: the core's target is). A consistent list of the job's
+        workers by their labels; a view that missed some is refused: the next pass, on a view
+        that has caught up, decides again (by name: a deterministic ScaleOut keeps its count)."""
+        meta = job["metadata"]
+        name, namespace = meta["name"], meta["namespace"]
+        selector = f"{JOB_LABEL}={name},{ROLE_LABEL}=worker"
+        live = sum(
+            1
+            for pod in self._objects.pods(namespace, selector)
+            if _worker_of(pod["metadata"], pod["metadata"]["name"], labels_of(pod)) == name
+            and _alive(pod)
+        )
+        if live + decision.count <= decision.to_workers:
+            return True
+        refuse(
+            decision,
+            "view_behind_server",
+            live_on_server=live,
+            in_view=decision.from_workers,
+            count=decision.count,
+            target=decision.to_workers,
+        )
+        return False
 
     def scale_in(self, job: Obj, decision: Decision, now: datetime) -> None:
         namespace = job["metadata"]["namespace"]
@@ -189,6 +236,31 @@ class EtOperatorActuator:
     def _state(self, job: Obj) -> ScalerState:
         return scaler_state(job, key_of(job), self._facts(job))
 
+    def _unfinished_elsewhere(self, job: Obj) -> str | None:
+        """The name of our last scaler for `job` if it has not finished though the cache holds
+        no unfinished copy of it: it lost the copy (a re-list replaces what it held, our own
+        writes too) or has not seen it yet. The server's copy tells; gone or finished, it is
+        forgotten (the ReplicaSet controller's expectations, but asked of the server instead of
+        waiting out a timeout)."""
+        key = key_of(job)
+        ours = self._ours.get(key)
+        if ours is None:
+            return None
+        resource, name = ours
+        namespace = job["metadata"]["namespace"]
+        obj = self._cache.get(resource, f"{namespace}/{name}")
+        if obj is None:
+            try:
+                obj = self._objects.get(resource, namespace, name)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        if obj is None or scaler_facts(resource, obj).outcome is not None:
+            self._ours.pop(key, None)
+            return None
+        log.info("scaler_not_in_cache", job=key, scaler=name)
+        return name
+
     def _named_before(self, namespace: str, facts: list[ScalerFacts]) -> list[str]:
         """Pods an earlier ScaleIn of ours already names (in flight, or done: the cache may
         still hold a pod it deleted). Naming one again could make a ScaleIn whose pods are all
@@ -216,6 +288,11 @@ class EtOperatorActuator:
             return
         if status_phase(job) != "Running":  # scalers run only while Running; a queued one goes LIFO
             refuse(decision, "job_not_running", phase=status_phase(job))
+            return
+        if (unseen := self._unfinished_elsewhere(job)) is not None:
+            refuse(decision, "scaler_in_flight_on_server", scalers=[unseen])
+            return
+        if request.confirm is not None and not request.confirm(job, decision):
             return
         namespace = job["metadata"]["namespace"]
         body = {
@@ -247,9 +324,11 @@ class EtOperatorActuator:
                     "one this decision asks for"
                 ) from exc
             self._cache.assume(resource, existing)
+            self._ours[key_of(job)] = (resource, name)
             already_done(decision, name)
             return
         self._cache.assume(resource, created)
+        self._ours[key_of(job)] = (resource, name)
         self._recorder.record(job, request.event_reason, request.message, now)
         log.info(
             "scaler_created",
@@ -259,6 +338,13 @@ class EtOperatorActuator:
             count=decision.count,
             pods=list(decision.pods),
         )
+
+
+def _alive(pod: Obj) -> bool:
+    """Neither Terminating nor ended: a worker that counts against max."""
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    return (pod.get("status") or {}).get("phase") not in TERMINATED_PHASES
 
 
 # --- reading TrainingJobs and their workers ------------------------------------------------------
