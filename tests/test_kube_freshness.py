@@ -7,6 +7,7 @@ core holds what can wait (core/freshness.py), and a removal asks the server firs
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -221,7 +222,7 @@ def test_a_drain_decided_on_a_stale_view_is_confirmed_after_the_view_caught_up(k
     """The drain was decided while the node view was behind (a withdrawn notice still in it);
     by the time it is applied the watch is open again and the withdrawal has arrived, so the
     node view is not behind any more. The decision says it rests on a stale view (`stale_view`):
-    its nodes are asked on the server, and nobody is drained."""
+    a node whose current copy has no notice lost it, and nobody is drained (no read needed)."""
     kube.server.seed(node("a", taints=[NTH_ITN]), node("b"), *bert("a", "a", "b"))
     cache = kube.cache()
     observer = kube.observer(cache)
@@ -237,7 +238,7 @@ def test_a_drain_decided_on_a_stale_view_is_confirmed_after_the_view_caught_up(k
     wait_for(lambda: NODES not in cache.behind(), 5, "the node watch never opened again")
     wait_for(lambda: not observer.snapshot(now()).notices, 5, "the withdrawal never arrived")
     kube.actuator(cache).apply(drain, now())
-    assert drained(kube) == "" and node_gets(kube) == 1
+    assert drained(kube) == "" and node_gets(kube) == 0
 
 
 def test_a_notice_held_from_before_a_break_is_confirmed_on_the_server(
@@ -448,3 +449,35 @@ def test_a_replicas_scale_out_on_a_view_missing_workers_never_lowers_replicas(ku
     kube.actuator(cache).apply(blind, now())
     spec = kube.server.get("AITrainingJob", "ernie", NS)["spec"]["replicaSpecs"]["trainer"]
     assert spec["replicas"] == 4
+
+
+def test_a_scale_out_the_server_cannot_check_now_waits_for_the_next_pass(kube: Kube) -> None:
+    """The check is asked once: a 429 (Retry-After: 1) would hold the pass, and a notice that
+    arrives meanwhile waits for it. The ScaleOut is not sent; the next pass sends it."""
+    kube.server.seed(node("a"), *bert("a", "a"))
+    cache = kube.cache()
+    actuator = kube.actuator(cache)
+    grow = Decision("ml/bert", Action.SCALE_OUT, Reason.IDLE_CAPACITY, "default", 2, 3, count=1)
+    kube.server.fail_next(1, 429, path_contains="/pods?labelSelector", method="GET")
+    started = time.monotonic()
+    actuator.apply(grow, now())
+    assert time.monotonic() - started < 1.0 and kube.objects("ScaleOut") == []
+    actuator.apply(grow, now())
+    [made] = kube.objects("ScaleOut")
+    assert made["spec"]["toAdd"]["count"] == 1
+
+
+def test_a_clamps_worker_in_a_notices_drain_needs_no_notice(kube: Kube) -> None:
+    """Above max with a notice on a fresh view: one drain names the noticed worker and the
+    clamp's; the clamp's node has no notice, and needs none."""
+    kube.server.seed(node("a", taints=[NTH_ITN]), node("b"), *bert("a", "b", "b", max_workers=1))
+    cache = kube.cache()
+    observer = kube.observer(cache)
+    snap = observer.snapshot(now())
+    assert snap.stale == frozenset() and cache.current(NODES, "a")
+    [drain] = [d for d in decide(snap, kube.config.policy_set, now()) if d.action is Action.DRAIN]
+    assert drain.nodes == ("a", "b") and len(drain.pods) == 2
+    kube.server.clear_requests()
+    kube.actuator(cache).apply(drain, now())
+    assert sorted(json.loads(drained(kube))) == sorted(drain.hosts)
+    assert node_gets(kube) == 0

@@ -12,9 +12,9 @@ server (or the cloud source's own record, the notice board, has it); any other g
 the job, as the server has it, still has more live workers than the decision aims at (a clamp
 to max, an on-demand surplus).
 Victims that are gone or already Terminating are dropped.
-Drains are reversible and race the node's death: a notice the node view has held since its last
-break (a re-list, a resumed watch) needs no read; one held from before it, or any while the view
-is behind or the decision was made on a stale one, is confirmed first, one GET per node.
+Drains are reversible and race the node's death: a notice the node view has received since its
+last break (a re-list, a resumed watch) needs no read; one held from before it (or while the view
+is behind) is confirmed first, one GET per node.
 """
 
 from __future__ import annotations
@@ -48,9 +48,7 @@ _READS = ThreadPoolExecutor(16, thread_name_prefix="server-check")
 
 
 class Freshness(Protocol):
-    """How far the watch cache can be trusted (cache.KubeCache)."""
-
-    def behind(self) -> frozenset[Resource]: ...
+    """Whether the watch cache's copy is as current as its watch (cache.KubeCache)."""
 
     def current(self, resource: Resource, key: str) -> bool: ...
 
@@ -103,33 +101,31 @@ class ServerCheck:
 
     def drain(self, decision: Decision, job: Obj, now: datetime, view: Freshness) -> Decision:
         """`decision` without the workers whose node's notice may be gone (a pod's node never
-        changes, so the cache may tell it): a drain goes only for a notice the node view has
-        held since its last break (`view.current`: the view saw it after its last re-list or
-        resumed watch, which may still be replaying a withdrawal), or one the server (or the
-        board) confirms. Decided on a stale view (`stale_view`: every worker it names is on a
-        noticed node) or with the node view behind now, every node is confirmed; otherwise
-        only those the view holds a notice for and has not confirmed (a worker on a node
-        without one is a clamp's, which needs no notice). One GET per node confirmed."""
-        nodes = set(decision.nodes)
-        if NODES in view.behind() or Reason.STALE_VIEW in decision.tags:
-            unsure = nodes
-        else:
-            board = self._board_nodes(now)
-            unsure = {
-                n
-                for n in nodes
-                if n not in board and self._noticed_in_view(n, now) and not view.current(NODES, n)
-            }
-        if not unsure:
-            return decision
-        keep = (nodes - unsure) | self._noticed(unsure, now)
-        if keep == nodes:
+        changes, so the cache may tell it). A drain goes only for a notice the node view has
+        received since its last break (`view.current`: after its last re-list or resumed
+        watch, which may still be replaying a withdrawal) or one the server (or the board)
+        confirms: one GET per node that needs it. Decided on a stale view (`stale_view`), every
+        worker it names is on a node the view had a notice for: one whose current copy has none
+        now lost it. Otherwise a worker on a node without a notice is a clamp's: it needs none."""
+        strict = Reason.STALE_VIEW in decision.tags
+        board = self._board_nodes(now)
+        keep, ask = set(), set()
+        for node in decision.nodes:
+            noticed, current = self._noticed_in_cache(node), view.current(NODES, node)
+            if node in board or (noticed and current):
+                keep.add(node)
+            elif noticed or (strict and not current):
+                ask.add(node)
+            elif not strict:
+                keep.add(node)
+        keep |= self._noticed(ask, now) if ask else set()
+        if keep == set(decision.nodes):
             return decision
         log.info(
             "drain_narrowed_by_server",
             job=decision.job,
-            nodes=sorted(nodes),
-            without_notice=sorted(nodes - keep),
+            nodes=list(decision.nodes),
+            without_notice=sorted(set(decision.nodes) - keep),
         )
         namespace = job["metadata"]["namespace"]
         return narrowed(
@@ -182,6 +178,9 @@ class ServerCheck:
     def _noticed_in_view(self, node: str, now: datetime) -> bool:
         if self._board is not None and any(n.node == node for n in self._board(now)):
             return True
+        return self._noticed_in_cache(node)
+
+    def _noticed_in_cache(self, node: str) -> bool:
         obj = self._cache.get(NODES, node)
         return obj is not None and bool(node_notices(obj, self._settings))
 

@@ -48,11 +48,16 @@ class ObjectApi:
             urgent=urgent,
         )
 
-    def pods(self, namespace: str, label_selector: str) -> list[Obj]:
-        """The pods of `namespace` that match `label_selector`, as the server has them now."""
+    def pods(self, namespace: str, label_selector: str, once: bool = False) -> list[Obj]:
+        """The pods of `namespace` that match `label_selector`, as the server has them now;
+        `once`: no retry (trouble goes to the caller at once, a 429's Retry-After too)."""
         what = f"list pods {namespace} {label_selector}"
         listed = self._call(
-            what, self._core.list_namespaced_pod, namespace, label_selector=label_selector
+            what,
+            self._core.list_namespaced_pod,
+            namespace,
+            label_selector=label_selector,
+            retries=0 if once else None,
         )
         return list(listed.get("items") or [])
 
@@ -125,11 +130,21 @@ class ObjectApi:
             urgent=True,
         )
 
-    def _call(self, what: str, fn: Any, *args: Any, urgent: bool = False, **kwargs: Any) -> Obj:
+    def _call(
+        self,
+        what: str,
+        fn: Any,
+        *args: Any,
+        urgent: bool = False,
+        retries: int | None = None,
+        **kwargs: Any,
+    ) -> Obj:
         def once() -> Obj:
             response = fn(*args, _preload_content=False, _request_timeout=_TIMEOUT, **kwargs)
             return json.loads(response.data)
 
+        if retries is not None:
+            return with_retries(once, what, retries)
         return self._retrying(once, what, urgent)
 
     def _write(self, what: str, fn: Any, *args: Any, urgent: bool = False, **kwargs: Any) -> Obj:

@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 import structlog
+import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from autoscaler.adapters.kube.kinds.base import (
@@ -138,13 +139,19 @@ class EtOperatorActuator:
         pods of the last ScaleOut), plus the ScaleOut's count, stay within the decision's
         target (never above max: the core's target is). A consistent list of the job's
         workers by their labels; a view that missed some is refused: the next pass, on a view
-        that has caught up, decides again (by name: a deterministic ScaleOut keeps its count)."""
+        that has caught up, decides again (by name: a deterministic ScaleOut keeps its count).
+        Asked once: a ScaleOut that cannot be checked now waits for the next pass."""
         meta = job["metadata"]
         name, namespace = meta["name"], meta["namespace"]
         selector = f"{JOB_LABEL}={name},{ROLE_LABEL}=worker"
+        try:  # one try: a pass that waits out retries (a 429's second) holds the next notice
+            listed = self._objects.pods(namespace, selector, once=True)
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+            refuse(decision, "server_unsure", error=f"{type(exc).__name__}: {exc}"[:200])
+            return False
         live = sum(
             1
-            for pod in self._objects.pods(namespace, selector)
+            for pod in listed
             if _worker_of(pod["metadata"], pod["metadata"]["name"], labels_of(pod)) == name
             and _alive(pod)
         )
