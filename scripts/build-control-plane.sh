@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build (once, cached) the binaries of a local Kubernetes control plane for the real-cluster
 # tests (tests/support/control_plane.py): kube-apiserver, kube-controller-manager,
-# kube-scheduler, etcd, kwok and mpi-operator, from source through the Go module proxy.
+# kube-scheduler, etcd, kwok, mpi-operator and training-operator, from source through the Go
+# module proxy.
 #
 # Usage: scripts/build-control-plane.sh [--print-bin-dir]
 #   (no argument)    build what is missing; the last stdout line is the bin dir
@@ -15,10 +16,11 @@
 # wrapper Go modules (go.mod/go.sum as resolved) and the build logs stay in <key>/src and
 # <key>/logs. GOCACHE and GOMODCACHE are Go's own (outside the clone).
 #
-# How: one wrapper module per upstream (kubernetes, etcd, kwok, mpi-operator), so that each
-# keeps its own dependency versions. k8s.io/kubernetes requires its staging modules (31 in
-# 1.37) at v0.0.0 with relative replaces, which only work inside its repository: the wrapper
-# replaces each one its go.mod requires with the published v0.<minor>.<patch>.
+# How: one wrapper module per upstream (kubernetes, etcd, kwok, mpi-operator, training-operator),
+# so that each keeps its own dependency versions (training-operator v1.9.3 is on client-go
+# v0.31 and controller-runtime v0.19, not 1.37's). k8s.io/kubernetes requires its staging
+# modules (31 in 1.37) at v0.0.0 with relative replaces, which only work inside its repository:
+# the wrapper replaces each one its go.mod requires with the published v0.<minor>.<patch>.
 # GOTOOLCHAIN=local: a dependency that needs a newer Go fails instead of downloading one.
 # Cold, on 2 cores: about 25 min (docs/testing.md); one binary at a time (-p 2) to bound memory.
 set -euo pipefail
@@ -28,7 +30,7 @@ RECIPE=1 # bump when the build flags below change: it is part of the cache key
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VERSIONS_FILE=$REPO_ROOT/scripts/control-plane.versions
 CACHE_ROOT=${SPOT_AUTOSCALER_CACHE:-$HOME/.cache/spot-autoscaler}/control-plane
-BINARIES=(kube-apiserver kube-controller-manager kube-scheduler etcd kwok mpi-operator)
+BINARIES=(kube-apiserver kube-controller-manager kube-scheduler etcd kwok mpi-operator training-operator)
 
 log() { printf '[build-control-plane] %s\n' "$*"; }
 die() { printf '[build-control-plane] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -48,7 +50,7 @@ esac
 PINS=$(grep -E '^[A-Z_]+=' "$VERSIONS_FILE" | sort)
 # shellcheck source=control-plane.versions
 . "$VERSIONS_FILE"
-for var in KUBERNETES ETCD KWOK MPI_OPERATOR; do
+for var in KUBERNETES ETCD KWOK MPI_OPERATOR TRAINING_OPERATOR; do
     [ -n "${!var:-}" ] || die "$var is not set in $VERSIONS_FILE"
 done
 [[ $KUBERNETES =~ ^v1\.([0-9]+)\.([0-9]+)$ ]] || die "KUBERNETES=$KUBERNETES is not a v1.<minor>.<patch> release"
@@ -162,11 +164,12 @@ build() { # name module-dir package extra-ldflags
 }
 
 missing() { local b; for b in "$@"; do [ -x "$BIN_DIR/$b" ] || return 0; done; return 1; }
-NEED_KUBE=0; NEED_ETCD=0; NEED_KWOK=0; NEED_MPI=0
+NEED_KUBE=0; NEED_ETCD=0; NEED_KWOK=0; NEED_MPI=0; NEED_TRAINING=0
 missing kube-apiserver kube-controller-manager kube-scheduler && NEED_KUBE=1
 missing etcd && NEED_ETCD=1
 missing kwok && NEED_KWOK=1
 missing mpi-operator && NEED_MPI=1
+missing training-operator && NEED_TRAINING=1
 
 # --- preflight: every module@version the proxy must serve, before any build ---------
 MODULES=()
@@ -174,6 +177,7 @@ MODULES=()
 [ "$NEED_ETCD" = 1 ] && MODULES+=("go.etcd.io/etcd/server/v3@$ETCD")
 [ "$NEED_KWOK" = 1 ] && MODULES+=("sigs.k8s.io/kwok@$KWOK")
 [ "$NEED_MPI" = 1 ] && MODULES+=("github.com/kubeflow/mpi-operator@$MPI_OPERATOR")
+[ "$NEED_TRAINING" = 1 ] && MODULES+=("github.com/kubeflow/training-operator@$TRAINING_OPERATOR")
 PREFLIGHT_DIR=$(new_module preflight)
 check_modules "$PREFLIGHT_DIR" "${MODULES[@]}"
 if [ "$NEED_KUBE" = 1 ]; then
@@ -222,6 +226,12 @@ if [ "$NEED_MPI" = 1 ]; then
     (cd "$MPI_DIR" && "$GO" mod edit -require="github.com/kubeflow/mpi-operator@$MPI_OPERATOR")
     build mpi-operator "$MPI_DIR" github.com/kubeflow/mpi-operator/cmd/mpi-operator \
         "-X github.com/kubeflow/mpi-operator/pkg/version.Version=$MPI_OPERATOR"
+fi
+
+if [ "$NEED_TRAINING" = 1 ]; then # PyTorchJob (kubeflow.org/v1); no version package to stamp
+    TRAINING_DIR=$(new_module training-operator)
+    (cd "$TRAINING_DIR" && "$GO" mod edit -require="github.com/kubeflow/training-operator@$TRAINING_OPERATOR")
+    build training-operator "$TRAINING_DIR" github.com/kubeflow/training-operator/cmd/training-operator.v1 ""
 fi
 
 complete_bin_dir "$BIN_DIR" || die "binaries missing after the build in $BIN_DIR"

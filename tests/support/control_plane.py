@@ -1,5 +1,6 @@
 """A real Kubernetes control plane on loopback for tests: etcd, kube-apiserver,
-kube-controller-manager, kube-scheduler and kwok (fake kubelets), optionally mpi-operator.
+kube-controller-manager, kube-scheduler and kwok (fake kubelets), optionally mpi-operator and
+the Kubeflow training-operator (PyTorchJob only).
 
 The binaries come from ``scripts/build-control-plane.sh`` (``make control-plane``); the pytest
 fixture is in ``real_cluster.py``. What it sets up, as a real cluster has it:
@@ -31,6 +32,7 @@ exception in ``start()``, at exit, and on SIGINT/SIGTERM (the previous handler i
 from __future__ import annotations
 
 import atexit
+import base64
 import contextlib
 import datetime
 import ipaddress
@@ -55,7 +57,7 @@ from typing import Any, TypeVar
 import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from kubernetes import client
 from kubernetes.client import ApiClient
@@ -68,6 +70,7 @@ BINARIES = (
     "kube-scheduler",
     "kwok",
     "mpi-operator",
+    "training-operator",
 )
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 SERVICE_CIDR = "10.96.0.0/16"
@@ -78,6 +81,67 @@ MPI_OPERATOR_HEALTH_PORT = 8080
 LOG_TAIL_LINES = 40
 HERE = Path(__file__).resolve().parent
 MPIJOB_CRD = HERE / "crds" / "kubeflow.org_mpijobs.yaml"  # equals mpi-operator v0.8.2's
+# training-operator v1.9.3's manifests/base/crds/kubeflow.org_pytorchjobs.yaml, alone: its
+# kubeflow.org_mpijobs.yaml (v1) would replace mpi-operator's v2beta1 CRD of the same name.
+PYTORCHJOB_CRD = HERE / "crds" / "kubeflow.org_pytorchjobs.yaml"
+# training-operator's webhook certificates (cmd/training-operator.v1/main.go, pkg/cert/cert.go
+# at v1.9.3): the Secret (--webhook-secret-name) in $MY_POD_NAMESPACE, the server name
+# <--webhook-service-name>.<namespace>.svc, and the directory cert-controller's rotator waits on,
+# a constant with no flag or env (certDir).
+TRAINING_OPERATOR_NAMESPACE = "kubeflow"
+TRAINING_OPERATOR_SECRET = "training-operator-webhook-cert"
+TRAINING_OPERATOR_DNS_NAME = f"training-operator.{TRAINING_OPERATOR_NAMESPACE}.svc"
+TRAINING_OPERATOR_CA_NAME = "training-operator-ca"  # pkg/cert/cert.go caName
+ROTATOR_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")
+# start_training_operator's readiness probe (group, version, namespace, plural, name)
+_PROBE = ("kubeflow.org", "v1", TRAINING_OPERATOR_NAMESPACE, "pytorchjobs", "readiness-probe")
+READINESS_PROBE_JOB = {
+    "apiVersion": "kubeflow.org/v1",
+    "kind": "PyTorchJob",
+    "metadata": {"name": _PROBE[-1], "namespace": TRAINING_OPERATOR_NAMESPACE},
+    "spec": {
+        "runPolicy": {"suspend": True},
+        "pytorchReplicaSpecs": {
+            "Worker": {
+                "replicas": 1,
+                "template": {
+                    "spec": {"containers": [{"name": "pytorch", "image": "example.invalid/t:1"}]}
+                },
+            }
+        },
+    },
+}
+# The rules of training-operator v1.9.3's manifests/base/rbac/role.yaml (ClusterRole
+# `training-operator`), rule for rule: (apiGroups, resources, verbs).
+_CRUD = ("create", "delete", "get", "list", "patch", "update", "watch")
+TRAINING_OPERATOR_RULES: tuple[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]], ...] = (
+    (("",), ("configmaps",), ("create", "list", "update", "watch")),
+    (("",), ("events",), _CRUD),
+    (("",), ("pods",), _CRUD),
+    (("",), ("pods/exec",), ("create",)),
+    (("",), ("secrets",), ("get", "list", "update", "watch")),
+    (("",), ("serviceaccounts",), ("create", "get", "list", "watch")),
+    (("",), ("services",), ("create", "delete", "get", "list", "watch")),
+    (
+        ("admissionregistration.k8s.io",),
+        ("validatingwebhookconfigurations",),
+        ("get", "list", "update", "watch"),
+    ),
+    (("autoscaling",), ("horizontalpodautoscalers",), _CRUD),
+    *(
+        rule
+        for kind in ("jaxjobs", "mpijobs", "paddlejobs", "pytorchjobs", "tfjobs", "xgboostjobs")
+        for rule in (
+            (("kubeflow.org",), (kind,), _CRUD),
+            (("kubeflow.org",), (f"{kind}/finalizers",), ("update",)),
+            (("kubeflow.org",), (f"{kind}/status",), ("get", "patch", "update")),
+        )
+    ),
+    (("rbac.authorization.k8s.io",), ("rolebindings",), ("create", "list", "update", "watch")),
+    (("rbac.authorization.k8s.io",), ("roles",), ("create", "list", "update", "watch")),
+    (("scheduling.volcano.sh",), ("podgroups",), _CRUD),
+    (("scheduling.x-k8s.io",), ("podgroups",), _CRUD),
+)
 
 T = TypeVar("T")
 
@@ -234,6 +298,100 @@ class _CertAuthority:
         pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         _write_key(key, pair.key)
         return pair
+
+
+def webhook_certificates(
+    dns_name: str, ca_name: str = TRAINING_OPERATOR_CA_NAME
+) -> dict[str, bytes]:
+    """A CA and a serving certificate that cert-controller v0.12.0's rotator keeps as they are,
+    as the Secret keys it uses (ca.crt, ca.key, tls.crt, tls.key). Read in its
+    pkg/rotator/rotator.go: `refreshCertIfNeeded` leaves a Secret alone ("no cert refresh
+    needed") when `validCACert` and `validServerCert` pass, which verify the CA against its own
+    name and the server certificate against `DNSName` with ExtKeyUsageServerAuth, both at now +
+    LookaheadInterval (90 days); and `ReconcileWH.Reconcile` (the step that marks the CA injected,
+    without which the rotator never signals ready) parses ca.key with
+    x509.ParsePKCS1PrivateKey (`buildArtifactsFromSecret`). So, as its `CreateCACert` and
+    `CreateCertPEM` make them: RSA 2048 in PKCS#1 PEM, the names as DNS SANs, valid 10 years
+    (CA) and 1 year (server) from an hour ago."""
+    now = datetime.datetime.now(datetime.UTC)
+    begin = now - datetime.timedelta(hours=1)
+
+    def pem_key(key: rsa.RSAPrivateKey) -> bytes:
+        return key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.TraditionalOpenSSL,  # "RSA PRIVATE KEY": PKCS#1
+            serialization.NoEncryption(),
+        )
+
+    def usage(*, cert_sign: bool) -> x509.KeyUsage:
+        return x509.KeyUsage(
+            digital_signature=True,
+            content_commitment=False,
+            key_encipherment=True,
+            data_encipherment=False,
+            key_agreement=False,
+            key_cert_sign=cert_sign,
+            crl_sign=False,
+            encipher_only=False,
+            decipher_only=False,
+        )
+
+    ca_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    ca_subject = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "training-operator"),
+            x509.NameAttribute(NameOID.COMMON_NAME, ca_name),
+        ]
+    )
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_subject)
+        .issuer_name(ca_subject)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(begin)
+        .not_valid_after(now + datetime.timedelta(days=3650))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(usage(cert_sign=True), critical=True)
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(ca_name)]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, dns_name)]))
+        .issuer_name(ca_subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(begin)
+        .not_valid_after(now + datetime.timedelta(days=365))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(usage(cert_sign=False), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(dns_name)]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    return {
+        "ca.crt": ca_cert.public_bytes(serialization.Encoding.PEM),
+        "ca.key": pem_key(ca_key),
+        "tls.crt": cert.public_bytes(serialization.Encoding.PEM),
+        "tls.key": pem_key(key),
+    }
+
+
+def _mark_rotator_cert_dir(cert: bytes) -> None:
+    """Give cert-controller's rotator the file it waits for. `ensureCertsMounted`
+    (pkg/rotator/rotator.go) only os.Stat()s <CertDir>/tls.crt, 10 tries over ~8-17 min, and
+    training-operator fixes CertDir at /tmp/k8s-webhook-server/serving-certs (pkg/cert/cert.go,
+    `certDir`: no flag, no env). That path is shared by every session on the host, so the file
+    is written only if absent and never removed (another session's operator may be waiting on
+    it); its content is never read. The webhook server reads its own copy, from $TMPDIR."""
+    try:
+        ROTATOR_CERT_DIR.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError), open(ROTATOR_CERT_DIR / "tls.crt", "xb") as f:
+            f.write(cert)
+    except OSError as e:
+        raise ControlPlaneError(f"training-operator: cannot write {ROTATOR_CERT_DIR}: {e}") from e
 
 
 # --- processes -----------------------------------------------------------------------------
@@ -595,6 +753,9 @@ class ControlPlane:
             "mpi-operator": lambda: self._get_ok(
                 f"http://127.0.0.1:{MPI_OPERATOR_HEALTH_PORT}/healthz"
             ),
+            "training-operator": lambda: self._get_ok(
+                f"http://127.0.0.1:{self.ports.get('training-operator-probe')}/readyz"
+            ),
         }
         return {
             name: proc.popen.poll() is None and probes[name]()
@@ -623,6 +784,8 @@ class ControlPlane:
             "admin": ca.issue("admin", "admin", organizations=["system:masters"]),
             "controller-manager": ca.issue("controller-manager", "system:kube-controller-manager"),
             "scheduler": ca.issue("scheduler", "system:kube-scheduler"),
+            # bound to TRAINING_OPERATOR_RULES by start_training_operator
+            "training-operator": ca.issue("training-operator", "training-operator"),
         }
         # The front proxy (aggregation layer): its own CA, as a kubeadm cluster has it. Without
         # it the controller-manager and scheduler log "missing content for CA bundle
@@ -867,6 +1030,165 @@ class ControlPlane:
                 return bool(lease.spec and lease.spec.holder_identity)
 
             self._wait_healthy("mpi-operator", leading, timeout)
+
+    # --- training-operator ---------------------------------------------------------------
+
+    @property
+    def training_operator_cert_dir(self) -> Path:
+        """Where training-operator's webhook server reads tls.crt/tls.key: controller-runtime
+        v0.19's default, os.TempDir()/k8s-webhook-server/serving-certs (pkg/webhook/server.go,
+        `setDefaults`), with TMPDIR set to this run's directory."""
+        return self.dir / "training-operator" / "k8s-webhook-server" / "serving-certs"
+
+    def start_training_operator(self, timeout: float | None = None) -> None:
+        """Install the PyTorchJob CRD, then start the Kubeflow training-operator v1.9.3 for
+        PyTorchJobs only and wait until its PyTorchJob controller runs.
+
+        Its webhooks cannot be turned off: it starts its controllers only once cert-controller's
+        rotator says the certificates are ready (cmd/training-operator.v1/main.go,
+        `setupControllers` waits on `certsReady`). The rotator needs the Secret
+        `training-operator-webhook-cert` to exist in namespace `kubeflow` and a tls.crt in a
+        fixed directory. Here the namespace and the Secret are created with certificates the
+        rotator accepts as they are (`webhook_certificates`), its directory gets a tls.crt
+        (`_mark_rotator_cert_dir`) and the webhook server its pair in this run's temp dir (env
+        TMPDIR). No ValidatingWebhookConfiguration is made: the rotator only logs that it is
+        missing (`ReconcileWH.ensureCerts`), and the API server never calls the webhook.
+
+        It runs as user `training-operator` (a client certificate) bound to the rules of its
+        manifests/base/rbac/role.yaml; no leader election; metrics, health and webhook on free
+        ports (its defaults :8080 and :8081 would clash with mpi-operator's health port).
+        Ready: /readyz answers (certificates ready, webhook server listening) and a suspended
+        PyTorchJob in `kubeflow` got its Suspended condition (so the PyTorchJob controller runs
+        with its pod and Service caches synced); the probe job is deleted then. Its "Starting
+        workers" log line is no such sign: it comes before the Pod and Service watches start.
+        """
+        timeout = self.timeout if timeout is None else timeout
+        name = "training-operator"
+        binary = self.bin_dir / name
+        if not os.access(binary, os.X_OK):
+            raise ControlPlaneError(f"missing in {self.bin_dir}: {name} (run `make control-plane`)")
+        if name in self.processes:
+            return
+        certs = webhook_certificates(TRAINING_OPERATOR_DNS_NAME)
+        serving = self.training_operator_cert_dir
+        serving.mkdir(mode=0o700, parents=True, exist_ok=True)
+        (serving / "tls.crt").write_bytes(certs["tls.crt"])
+        (serving / "tls.key").write_bytes(certs["tls.key"])
+        (serving / "tls.key").chmod(0o600)
+        _mark_rotator_cert_dir(certs["tls.crt"])
+        ports = {port: free_port() for port in ("metrics", "probe", "webhook")}
+        self.ports.update({f"{name}-{port}": number for port, number in ports.items()})
+        # no KUBEFLOW_NAMESPACE: --namespace defaults to it, and "" watches every namespace
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("KUBECONFIG", "KUBEFLOW_NAMESPACE", "MY_POD_NAMESPACE", "TMPDIR")
+        }
+        kubeconfig = self.dir / f"{name}.kubeconfig"
+        env["KUBECONFIG"] = str(kubeconfig)
+        env["MY_POD_NAMESPACE"] = TRAINING_OPERATOR_NAMESPACE  # pkg/cert getOperatorNamespace
+        env["TMPDIR"] = str(self.dir / name)  # the webhook server's cert dir (Go's os.TempDir)
+        with self._admin() as api:
+            t0 = time.monotonic()
+            self.apply_crd(api, PYTORCHJOB_CRD, timeout)
+            self.startup_seconds["PyTorchJob CRD"] = time.monotonic() - t0
+            self._install_training_operator_objects(api, certs)
+            self._spawn(
+                name,
+                [
+                    str(binary),
+                    f"--kubeconfig={kubeconfig}",
+                    "--enable-scheme=pytorchjob",
+                    "--leader-elect=false",
+                    f"--metrics-bind-address=127.0.0.1:{ports['metrics']}",
+                    f"--health-probe-bind-address=127.0.0.1:{ports['probe']}",
+                    f"--webhook-server-port={ports['webhook']}",
+                    "--zap-log-level=info",
+                ],
+                env,
+            )
+            custom = client.CustomObjectsApi(api)
+            readyz = f"http://127.0.0.1:{ports['probe']}/readyz"
+
+            def reconciled() -> bool:
+                if not self._get_ok(readyz):
+                    return False
+                job = custom.get_namespaced_custom_object(*_PROBE)
+                conditions = (job.get("status") or {}).get("conditions") or []
+                return any(c["type"] == "Suspended" and c["status"] == "True" for c in conditions)
+
+            try:
+                self._wait_healthy(name, reconciled, timeout)
+            finally:
+                with contextlib.suppress(ApiException):
+                    custom.delete_namespaced_custom_object(*_PROBE)
+
+    def _install_training_operator_objects(
+        self, api: ApiClient, certs: Mapping[str, bytes]
+    ) -> None:
+        """The namespace `kubeflow` with the webhook Secret holding `certs`, the ClusterRole of
+        its role.yaml bound to user `training-operator`, and the readiness probe: a suspended
+        PyTorchJob. For that one ReconcileJobs (pkg/controller.v1/common/job.go) lists the
+        job's pods and Services from the operator's caches (blocking until they synced) before
+        it writes the Suspended condition, and makes no pod."""
+        core = client.CoreV1Api(api)
+        with contextlib.suppress(ApiException):  # exists
+            core.create_namespace(
+                client.V1Namespace(metadata=client.V1ObjectMeta(name=TRAINING_OPERATOR_NAMESPACE))
+            )
+        secret = client.V1Secret(
+            metadata=client.V1ObjectMeta(
+                name=TRAINING_OPERATOR_SECRET, namespace=TRAINING_OPERATOR_NAMESPACE
+            ),
+            data={k: base64.b64encode(v).decode() for k, v in certs.items()},
+        )
+        try:
+            core.create_namespaced_secret(TRAINING_OPERATOR_NAMESPACE, secret)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            core.replace_namespaced_secret(
+                TRAINING_OPERATOR_SECRET, TRAINING_OPERATOR_NAMESPACE, secret
+            )
+        self._grant_training_operator_rbac(api)
+        custom = client.CustomObjectsApi(api)
+        with contextlib.suppress(ApiException):  # left by an earlier start: made again
+            custom.delete_namespaced_custom_object(*_PROBE)
+        custom.create_namespaced_custom_object(*_PROBE[:-1], READINESS_PROBE_JOB)
+
+    def _grant_training_operator_rbac(self, api: ApiClient) -> None:
+        rbac = client.RbacAuthorizationV1Api(api)
+        rules = [
+            {"apiGroups": list(groups), "resources": list(resources), "verbs": list(verbs)}
+            for groups, resources, verbs in TRAINING_OPERATOR_RULES
+        ]
+        role_ref = {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": "training-operator",
+        }
+        subject = {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "User",
+            "name": "training-operator",
+        }
+        for create in (
+            lambda: rbac.create_cluster_role(
+                {"metadata": {"name": "training-operator"}, "rules": rules}
+            ),
+            lambda: rbac.create_cluster_role_binding(
+                {
+                    "metadata": {"name": "training-operator"},
+                    "roleRef": role_ref,
+                    "subjects": [subject],
+                }
+            ),
+        ):
+            try:
+                create()
+            except ApiException as e:
+                if e.status != 409:
+                    raise
 
     @staticmethod
     def apply_crd(api: ApiClient, path: Path, timeout: float = 30) -> None:

@@ -6,6 +6,10 @@ or else where ``scripts/build-control-plane.sh --print-bin-dir`` says the pinned
 cached. Without them the tests using it are skipped with one line saying how to build them
 (``make control-plane``), unless ``REQUIRE_REAL_CLUSTER=1``: then they fail. Tests using the
 fixture get the ``real_cluster`` marker (``-m "not real_cluster"`` leaves them out).
+
+``training_operator`` is the same plane with the Kubeflow training-operator (PyTorchJob only)
+started on first use (``ControlPlane.start_training_operator``); mpi-operator is started by its
+test modules (``start_mpi_operator``), as its fixed health port needs waiting for.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from .control_plane import BINARIES, ControlPlane
 ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = ROOT / "scripts" / "build-control-plane.sh"
 BIN_ENV = "SPOT_AUTOSCALER_CONTROL_PLANE_BIN"
-REQUIRED = BINARIES[:5]  # mpi-operator is optional (start_mpi_operator)
+REQUIRED = BINARIES[:5]  # mpi-operator and training-operator are optional (started on demand)
 
 
 def find_bin_dir() -> tuple[Path | None, str]:
@@ -97,3 +101,19 @@ def control_plane() -> Iterator[ControlPlane]:
         yield plane
     leftover = plane.leftover_processes()
     assert not leftover, f"control-plane processes still alive after stop(): {leftover}"
+
+
+@pytest.fixture(scope="session")
+def training_operator(control_plane: ControlPlane) -> ControlPlane:
+    """The session's plane with training-operator running PyTorchJobs: started on first use,
+    stopped with the plane. Its ports are free ones, so sessions never wait for each other. A bin
+    dir without the binary (an override built before it was pinned) skips the test, or fails it
+    with REQUIRE_REAL_CLUSTER=1."""
+    binary = control_plane.bin_dir / "training-operator"
+    if not os.access(binary, os.X_OK):
+        message = f"no training-operator in {control_plane.bin_dir} (`make control-plane`)"
+        if os.environ.get("REQUIRE_REAL_CLUSTER") == "1":
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    control_plane.start_training_operator()
+    return control_plane
