@@ -21,9 +21,6 @@ time; `mpi_operator` waits (bounded) while another holds the port.
 from __future__ import annotations
 
 import contextlib
-import json
-import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -32,12 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kube_fixtures import Kube, now
 from kubernetes import client, watch
 from kubernetes.client import ApiClient
 from kubernetes.client.rest import ApiException
-from support.cli import run_cli
 from support.control_plane import (
     MPI_OPERATOR_HEALTH_PORT,
     MPIJOB_CRD,
@@ -47,6 +42,7 @@ from support.control_plane import (
 )
 from support.mpi_operator import discover_hosts, hostfile, overlay_hosts
 from support.real_api import RealApi
+from support.real_daemon import daemon, forbidden, grant_deploy_rbac, json_lines, write_kubeconfig
 from support.sidecar import sidecar_thread
 from support.waiting import wait_for
 
@@ -584,13 +580,13 @@ def test_the_daemon_grows_to_max_and_a_clamp_drains_then_mpi_operator_deletes_th
     cluster.add_nodes("grow", 2, gpus=2)
     cluster.create(mpi_job("grow", "grow", replicas=1, lo=1, hi=3, policy="grow"))
     cluster.wait_settled("grow", 1)
-    token = grant_deploy_rbac(cluster, "spot-autoscaler-e2e")
-    write_kubeconfig(cluster.plane, tmp_path / "kubeconfig", token)
+    token = grant_deploy_rbac(cluster.api, cluster.plane, NS, "spot-autoscaler-e2e")
+    write_kubeconfig(cluster.plane, tmp_path / "kubeconfig", token, NS)
     (tmp_path / "config.yaml").write_text(CONFIG)
     with (
         open(tmp_path / "out.log", "w") as out,
         open(tmp_path / "err.log", "w") as err,
-        daemon(tmp_path, out, err) as proc,
+        daemon(tmp_path, out, err, identity="mpi-e2e") as proc,
     ):
         # 4 idle GPUs on our nodes (and maybe more elsewhere): max 3 bounds it
         wait_for(lambda: cluster.replicas("grow") == 3, SETTLE, "replicas raised to 3")
@@ -617,12 +613,7 @@ def test_the_daemon_grows_to_max_and_a_clamp_drains_then_mpi_operator_deletes_th
     assert decisions.index(("drain", 3, 2, "clamp_max", ["grow-worker-2"])) < decisions.index(
         ("scale_in", 3, 2, "clamp_max", ["grow-worker-2"])
     )
-    problems = [
-        e
-        for e in json_lines(tmp_path / "err.log")
-        if e.get("level") in ("error", "warning") and "forbidden" in json.dumps(e).lower()
-    ]
-    assert problems == []  # deploy/rbac.yaml's verbs were enough
+    assert forbidden(tmp_path / "err.log") == []  # deploy/rbac.yaml's verbs were enough
     reasons = [
         e.reason
         for e in cluster.core.list_namespaced_event(NS).items
@@ -824,80 +815,3 @@ def test_a_worker_pod_that_failed_stays_dead_and_the_job_grows_around_it(
 
 
 # --- the daemon under deploy/rbac.yaml's rules ------------------------------------------------
-def grant_deploy_rbac(cluster: Cluster, account: str) -> str:
-    """The ClusterRole and the leader-election Role of deploy/rbac.yaml (rules verbatim, names of
-    our own), bound to a ServiceAccount of our namespace; its token."""
-    rbac = client.RbacAuthorizationV1Api(cluster.api)
-    docs = [d for d in yaml.safe_load_all((ROOT / "deploy" / "rbac.yaml").read_text()) if d]
-    cluster_rules = next(d for d in docs if d["kind"] == "ClusterRole")["rules"]
-    lease_rules = next(d for d in docs if d["kind"] == "Role")["rules"]
-    subject = [{"kind": "ServiceAccount", "name": account, "namespace": NS}]
-    name = f"{account}-{NS}"
-
-    def ref(kind: str) -> Obj:
-        return {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": name}
-
-    made: list[Callable[[], Any]] = [
-        lambda: rbac.create_cluster_role({"metadata": {"name": name}, "rules": cluster_rules}),
-        lambda: rbac.create_cluster_role_binding(
-            {"metadata": {"name": name}, "roleRef": ref("ClusterRole"), "subjects": subject}
-        ),
-        lambda: rbac.create_namespaced_role(NS, {"metadata": {"name": name}, "rules": lease_rules}),
-        lambda: rbac.create_namespaced_role_binding(
-            NS, {"metadata": {"name": name}, "roleRef": ref("Role"), "subjects": subject}
-        ),
-    ]
-    for create in made:
-        try:
-            create()
-        except ApiException as e:
-            if e.status != 409:
-                raise
-    return cluster.plane.token_for(account, NS)
-
-
-def write_kubeconfig(plane: ControlPlane, path: Path, token: str) -> None:
-    conf = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "real",
-                "cluster": {
-                    "server": plane.server,
-                    "certificate-authority": str(plane.dir / "pki" / "ca.crt"),
-                },
-            }
-        ],
-        "users": [{"name": "daemon", "user": {"token": token}}],
-        "contexts": [
-            {"name": "real", "context": {"cluster": "real", "user": "daemon", "namespace": NS}}
-        ],
-        "current-context": "real",
-    }
-    path.write_text(yaml.safe_dump(conf))
-    path.chmod(0o600)
-
-
-@contextlib.contextmanager
-def daemon(tmp_path: Path, out: Any, err: Any) -> Iterator[subprocess.Popen[str]]:
-    """`spot-autoscaler run`; SIGTERM on the way out (it must stop cleanly), killed if not."""
-    proc = run_cli(tmp_path, identity="mpi-e2e", stdout=out, stderr=err)
-    try:
-        yield proc
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=SETTLE)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
-def json_lines(path: Path) -> list[Obj]:
-    lines = []
-    for line in path.read_text().splitlines():
-        with contextlib.suppress(ValueError):
-            event = json.loads(line)
-            if isinstance(event, dict):
-                lines.append(event)
-    return lines

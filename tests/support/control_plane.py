@@ -1224,8 +1224,13 @@ class ControlPlane:
         pods: str = "110",
         wait_ready: bool = True,
         timeout: float = 30,
+        pod_cidrs: Sequence[str] = (),
     ) -> list[str]:
         """Create kwok-managed Nodes with `gpus` nvidia.com/gpu in capacity and allocatable.
+
+        `pod_cidrs`, one per node: its `spec.podCIDR`, from which kwok gives its pods their IPs
+        (pod_controller.go: a node's podCIDRs before its --cidr); e.g. a loopback range, for a
+        test that must reach a pod's IP on this machine.
 
         The status is set on creation (the API server keeps a Node's status on create) and
         kwok's node-initialize stage keeps it. No kwok taint: ordinary pods schedule here. With
@@ -1234,6 +1239,7 @@ class ControlPlane:
         """
         names = list(names)
         resources = {"cpu": cpu, "memory": memory, "pods": pods, "nvidia.com/gpu": str(gpus)}
+        cidrs = {n: {"podCIDR": c, "podCIDRs": [c]} for n, c in zip(names, pod_cidrs, strict=False)}
         with self._admin() as api:
             core = client.CoreV1Api(api)
             for name in names:
@@ -1255,7 +1261,7 @@ class ControlPlane:
                             "labels": node_labels,
                             "annotations": {KWOK_ANNOTATION: "fake"},
                         },
-                        "spec": {"providerID": f"kwok://{name}"},
+                        "spec": {"providerID": f"kwok://{name}", **cidrs.get(name, {})},
                         "status": {"capacity": resources, "allocatable": resources},
                     }
                 )

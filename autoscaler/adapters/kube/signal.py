@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
 import structlog
+from kubernetes.client.exceptions import ApiException
 
 from autoscaler.adapters.kube.events import EventRecorder
 from autoscaler.adapters.kube.kinds.base import JobKind
@@ -89,10 +90,15 @@ class CheckpointSignal:
         except Exception as exc:  # the pool's thread: log it, never lose it silently
             self._failed(decision.job, "", "list", exc)
             return
-        for pod in pods:
-            self._annotate(decision.job, pod, body)
-            if target is not None:
-                self._post(decision.job, pod, body, target)
+        # the doomed first, each pod on its own: one that hangs holds up no other
+        doomed = set(decision.pods)
+        for pod in sorted(pods, key=lambda p: (p.get("metadata") or {}).get("name") not in doomed):
+            self._pool.submit(self._tell_pod, decision.job, pod, body, target)
+
+    def _tell_pod(self, job: str, pod: Obj, body: str, target: tuple[int, str] | None) -> None:
+        self._annotate(job, pod, body)
+        if target is not None:
+            self._post(job, pod, body, target)
 
     def _pods(self, kind: JobKind, job: Obj, decision: Decision) -> list[Obj]:
         meta = job["metadata"]
@@ -106,6 +112,11 @@ class CheckpointSignal:
         patch = {"metadata": {"annotations": {ANNOTATION: body}}}
         try:
             self._objects.merge_patch(PODS, meta.get("namespace", ""), meta.get("name", ""), patch)
+        except ApiException as exc:
+            if exc.status == 404:  # gone already (a doomed pod deleted meanwhile): nobody to tell
+                log.info("checkpoint_signal_pod_gone", job=job, pod=meta.get("name", ""))
+                return
+            self._failed(job, meta.get("name", ""), "annotate", exc)
         except Exception as exc:
             self._failed(job, meta.get("name", ""), "annotate", exc)
 

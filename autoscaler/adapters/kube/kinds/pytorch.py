@@ -97,7 +97,7 @@ class PyTorchJobActuator(ReplicasActuator):
             self._cache.assume(PYTORCH_JOBS, patched)
             job = patched
         for name, pod in live.items():
-            self._delete(namespace, name, str(pod["metadata"].get("uid") or ""))
+            self._delete(namespace, name, pod["metadata"].get("creationTimestamp"))
         replaced = sorted(set(live) - _top(spec, tuple(live)))
         what = f"delete {', '.join(sorted(live))}"
         if replaced:
@@ -109,9 +109,16 @@ class PyTorchJobActuator(ReplicasActuator):
     def removable(self, job: Obj, decision: Decision, victims: Sequence[str]) -> bool:
         return True  # any worker, by name (scale_in)
 
-    def _delete(self, namespace: str, name: str, uid: str) -> None:
+    def _delete(self, namespace: str, name: str, created: object) -> None:
+        """Delete the very pod decided on: the watch cache keeps no uid (lean.py), so the
+        server's copy gives it, and one created at another time is the operator's new pod
+        under the old name (the replacement), left alone; the uid precondition holds the rest."""
         try:
-            self._objects.delete_pod(namespace, name, uid)
+            meta = self._objects.get(PODS, namespace, name, urgent=True)["metadata"]
+            if meta.get("creationTimestamp") != created or meta.get("deletionTimestamp"):
+                log.info("worker_already_replaced_or_going", pod=f"{namespace}/{name}")
+                return
+            self._objects.delete_pod(namespace, name, str(meta.get("uid") or ""))
         except ApiException as exc:
             # 404: gone already (a retry after a lost reply); 409: the name holds a new pod
             if exc.status not in (404, 409):
