@@ -43,7 +43,10 @@ def test_once_acts_on_a_cluster_without_the_cce_crd(tmp_path: Path) -> None:
         assert proc.returncode == 0, err
         assert len(api.objects("scaleouts")) == 1
         [line] = [e for e in json_lines(err) if e.get("event") == "backends"]
-        assert (line["live"], line["not_served"]) == (["et-operator"], ["cce", "mpi-operator"])
+        assert (line["live"], line["not_served"]) == (
+            ["et-operator"],
+            ["cce", "mpi-operator", "training-operator"],
+        )
 
 
 def test_readyz_and_metrics_say_which_backends_live_and_a_later_crd_is_picked_up(
@@ -67,7 +70,10 @@ def test_readyz_and_metrics_say_which_backends_live_and_a_later_crd_is_picked_up
             assert daemon.endpoints is not None
             port = daemon.endpoints.port
             code, body = http_get(port, "/readyz")
-            not_served = "cce=not-served et-operator=not-served mpi-operator=not-served"
+            not_served = (
+                "cce=not-served et-operator=not-served mpi-operator=not-served"
+                " training-operator=not-served"
+            )
             assert code == 200 and f"backends: {not_served}" in body
             _, text = http_get(port, "/metrics")
             assert metric(text, "spot_autoscaler_backend_live", backend="et-operator") == 0.0
