@@ -165,8 +165,9 @@ class Watch:
     ) -> ThreadingHTTPServer:
         """Accept the daemon's POST of a notice on `port` (0: any free one; the server's
         `server_address` says which) and `path`, in a daemon thread: 200 for a notice, 400 for
-        anything else. A notice with no hosts withdraws the last one posted."""
-        server = _Server((bind, port), _Handler)
+        anything else. A notice with no hosts withdraws the last one posted. `bind`: an IPv4
+        or IPv6 address ("::" for an IPv6 pod network)."""
+        server = (_Server6 if ":" in bind else _Server)((bind, port), _Handler)
         server.watch, server.hook_path = self, "/" + path.strip("/")
         with self._lock:
             self._servers.append(server)
@@ -361,6 +362,12 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     watch: Watch
     hook_path: str
+
+
+class _Server6(_Server):
+    """An IPv6 address to bind ("::" also takes IPv4, where the system allows it)."""
+
+    address_family = socket.AF_INET6
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -289,6 +289,20 @@ def test_the_path_is_configurable(watch: Watch) -> None:
     assert post(port, b"{}", path=DEFAULT_HOOK_PATH)[0] == 404
 
 
+def test_the_listener_takes_ipv6(watch: Watch) -> None:
+    try:
+        server = watch.serve(0, bind="::1")
+    except OSError as exc:  # no IPv6 on this machine
+        pytest.skip(f"no IPv6 loopback: {exc}")
+    conn = http.client.HTTPConnection("::1", server.server_address[1], timeout=5)
+    try:
+        conn.request("POST", DEFAULT_HOOK_PATH, body=a_notice("worker-1").encode().encode())
+        assert conn.getresponse().status == 200
+    finally:
+        conn.close()
+    assert watch.pending() is not None
+
+
 # --- on_notice(): callbacks --------------------------------------------------------------------
 
 
