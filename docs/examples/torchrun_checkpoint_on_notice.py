@@ -1,4 +1,4 @@
-"""torchrun + spot-autoscaler's checkpoint signal: save at the next step, then leave cleanly.
+"""torchrun + spot-autoscaler's checkpoint signal: save at the next step, then leave (non-zero).
 
 A torchrun job cannot lose a worker without restarting all of them from the last checkpoint. With
 the signal, the last checkpoint is the step the notice arrived at: nothing is lost.
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import torch
 import torch.distributed as dist
@@ -29,12 +30,26 @@ from autoscaler import notice  # stdlib only: `pip install spot-autoscaler`, or 
 
 CKPT = os.environ.get("CKPT", "/checkpoints/model.pt")
 STEPS = int(os.environ.get("STEPS", "100000"))
-leaving = False
+# Never 0 when leaving on a notice: an elastic PyTorchJob is Succeeded as soon as ANY worker pod
+# succeeds (training-operator v1.9.3 pytorchjob_controller.go `UpdateJobStatus`), and an agent
+# whose workers all exited 0 waits in torchrun's exit barrier, then exits 0 (docs/pytorch.md).
+LEFT = 143  # 128 + SIGTERM
+terminated = False
 
 
 def on_sigterm(signum: int, frame: object) -> None:
-    global leaving
-    leaving = True  # only a flag: the step in flight finishes, the next boundary saves
+    global terminated
+    terminated = True  # only a flag: the step in flight finishes, the next boundary saves
+
+
+def leave(deadline: float) -> None:
+    """After the checkpoint: go now if the pod is being deleted (SIGTERM came), else wait for
+    that SIGTERM (spot-autoscaler deletes the doomed pod right after it drains it) until the
+    notice's deadline. The others block in their next collective meanwhile: no step is lost."""
+    while not terminated and time.monotonic() < deadline:
+        time.sleep(0.1)
+    # at once: an interpreter shutdown can take seconds, its sockets open meanwhile
+    os._exit(LEFT)
 
 
 def main() -> None:
@@ -57,7 +72,8 @@ def main() -> None:
 
     while step < STEPS:
         # the signal: one cheap check per step; all ranks agree on one step through the MAX
-        leaving = leaving or notice.pending() is not None
+        told = notice.pending()
+        leaving = terminated or told is not None
         flag = torch.tensor([float(leaving)])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         if flag.item() > 0:
@@ -66,11 +82,9 @@ def main() -> None:
                 torch.save({**state, "step": step}, f"{CKPT}.tmp")
                 os.replace(f"{CKPT}.tmp", CKPT)
             dist.barrier()  # on disk before anyone leaves
-            if leaving:
-                # the doomed worker leaves at once (an interpreter shutdown can take seconds,
-                # its sockets open meanwhile); the others fail at their next collective and
-                # torchrun restarts them from this step
-                os._exit(0)
+            if leaving:  # the others fail at their next collective and restart from this step
+                left = (told.deadline.timestamp() - time.time()) if told and told.deadline else 30
+                leave(time.monotonic() + max(left, 0.0))
         x, y = torch.randn(64, 32), torch.randn(64, 1)
         optimizer.zero_grad()
         torch.nn.functional.mse_loss(ddp(x), y).backward()
