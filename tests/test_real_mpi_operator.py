@@ -42,7 +42,8 @@ from support.control_plane import (
 )
 from support.mpi_operator import discover_hosts, hostfile, overlay_hosts
 from support.real_api import RealApi
-from support.real_daemon import daemon, forbidden, grant_deploy_rbac, json_lines, write_kubeconfig
+from support.real_daemon import deployed, forbidden, json_lines
+from support.real_namespace import POOL, RealNamespace, daemon_config, isolated
 from support.sidecar import sidecar_thread
 from support.waiting import wait_for
 
@@ -60,8 +61,7 @@ Obj = dict[str, Any]
 ROOT = Path(__file__).resolve().parents[1]
 NS = "mpi-e2e"
 GROUP, VERSION, PLURAL = "kubeflow.org", "v2beta1", "mpijobs"
-POOL = "spot-autoscaler.test/pool"
-ISOLATED = {"key": "spot-autoscaler.test/mpi-e2e", "value": "only", "effect": "NoSchedule"}
+ISOLATED = isolated(NS)
 NTH_ITN = {"key": "aws-node-termination-handler/spot-itn", "value": "evt-1", "effect": "NoSchedule"}
 WORKER_SELECTOR = "training.kubeflow.org/job-role=worker,training.kubeflow.org/job-name={}"
 FINISH = "spot-autoscaler.test/finish"  # kwok_stages.yaml: a pod finishes only when told
@@ -71,27 +71,7 @@ SETTLE = 30.0  # the real plane on a shared 2-core machine: generous, never slep
 # One config for the daemon and the in-process product: `grow` scales out at once, `hold` never
 # grows (departures still apply). join_grace 0s: a worker counts as settled in Horovod as soon as
 # it is Ready (there is no launcher reporting its assignment here).
-CONFIG = f"""
-kubernetes:
-  namespaces: [{NS}]
-  label_selector: spot-autoscaler.io/enabled=true
-  watch_timeout: 30s
-  watch_backoff_max: 1s
-policies:
-  - {{name: grow, scale_out: {{min_idle: 0s, cooldown: 0s}}, preemption: {{join_grace: 0s}}}}
-  - {{name: hold, scale_out: {{enabled: false}}, preemption: {{join_grace: 0s}}}}
-default_policy: hold
-daemon:
-  tick_interval: 2s
-  wake_coalesce: 0.02s
-  config_reload_interval: 0s
-  metrics_port: 0
-  metrics_bind_address: 127.0.0.1
-  log_format: json
-  sync_timeout: 20s
-  leader_election:
-    {{lease_namespace: {NS}, lease_duration: 4s, renew_deadline: 3s, retry_period: 0.5s}}
-"""
+CONFIG = daemon_config(NS)
 
 
 # --- mpi-operator, once per module --------------------------------------------------------------
@@ -132,49 +112,7 @@ def _healthy(plane: ControlPlane) -> ControlPlane:
 
 # --- a test's cluster: namespace, nodes, jobs; cleaned up after -------------------------------
 @dataclass
-class Cluster:
-    plane: ControlPlane
-    api: ApiClient
-    nodes: list[str] = field(default_factory=list)
-    jobs: list[str] = field(default_factory=list)
-
-    @property
-    def core(self) -> client.CoreV1Api:
-        return client.CoreV1Api(self.api)
-
-    @property
-    def custom(self) -> client.CustomObjectsApi:
-        return client.CustomObjectsApi(self.api)
-
-    def add_nodes(self, pool: str, count: int, gpus: int) -> list[str]:
-        """kwok GPU nodes of our pool, tainted so only our pods land there."""
-        names = [f"{pool}-{i}" for i in range(count)]
-        self.nodes += names
-        self.plane.add_gpu_nodes(names, gpus=gpus, labels={POOL: pool}, timeout=SETTLE)
-        for name in names:
-            self.core.patch_node(name, {"spec": {"taints": [ISOLATED]}})
-        return names
-
-    def taint(self, node: str, taint: Obj) -> None:
-        taints = [t.to_dict() for t in self.core.read_node(node).spec.taints or []]
-        taints = [{k: v for k, v in t.items() if v is not None} for t in taints]
-        self.core.patch_node(node, {"spec": {"taints": [*taints, taint]}})
-
-    def create(self, job: Obj) -> Obj:
-        self.jobs.append(job["metadata"]["name"])
-        made: Obj = self.custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, job)
-        return made
-
-    def job(self, name: str) -> Obj:
-        got: Obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name)
-        return got
-
-    def patch_job(self, name: str, patch: Obj) -> Obj:
-        got: Obj = self.custom.patch_namespaced_custom_object(
-            GROUP, VERSION, NS, PLURAL, name, patch
-        )
-        return got
-
+class Cluster(RealNamespace):
     def replicas(self, name: str) -> int:
         return int(self.job(name)["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"])
 
@@ -251,7 +189,7 @@ class Cluster:
 @pytest.fixture
 def cluster(mpi_operator: ControlPlane) -> Iterator[Cluster]:
     api = mpi_operator.api_client()
-    c = Cluster(mpi_operator, api)
+    c = Cluster(mpi_operator, api, NS, (GROUP, VERSION, PLURAL))
     with contextlib.suppress(ApiException):  # 409: made by an earlier test
         c.core.create_namespace({"metadata": {"name": NS}})
     try:
@@ -580,14 +518,7 @@ def test_the_daemon_grows_to_max_and_a_clamp_drains_then_mpi_operator_deletes_th
     cluster.add_nodes("grow", 2, gpus=2)
     cluster.create(mpi_job("grow", "grow", replicas=1, lo=1, hi=3, policy="grow"))
     cluster.wait_settled("grow", 1)
-    token = grant_deploy_rbac(cluster.api, cluster.plane, NS, "spot-autoscaler-e2e")
-    write_kubeconfig(cluster.plane, tmp_path / "kubeconfig", token, NS)
-    (tmp_path / "config.yaml").write_text(CONFIG)
-    with (
-        open(tmp_path / "out.log", "w") as out,
-        open(tmp_path / "err.log", "w") as err,
-        daemon(tmp_path, out, err, identity="mpi-e2e") as proc,
-    ):
+    with deployed(cluster.api, cluster.plane, NS, tmp_path, CONFIG) as proc:
         # 4 idle GPUs on our nodes (and maybe more elsewhere): max 3 bounds it
         wait_for(lambda: cluster.replicas("grow") == 3, SETTLE, "replicas raised to 3")
         cluster.wait_settled("grow", 3)

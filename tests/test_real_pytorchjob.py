@@ -29,7 +29,8 @@ from support.pytorch_cluster import (
     pytorch_job,
 )
 from support.real_api import RealApi
-from support.real_daemon import daemon, forbidden, grant_deploy_rbac, json_lines, write_kubeconfig
+from support.real_daemon import deployed, forbidden, json_lines
+from support.real_namespace import daemon_config
 from support.waiting import wait_for
 
 from autoscaler.adapters.kube.resources import MANAGER
@@ -43,30 +44,8 @@ pytestmark = pytest.mark.real_cluster
 __all__ = ["cluster"]  # the fixture
 
 NTH_ITN = {"key": "aws-node-termination-handler/spot-itn", "value": "evt-1", "effect": "NoSchedule"}
-# `grow` scales out at once, `hold` never grows (departures still apply), `capped` allows one
-# worker at most
-CONFIG = f"""
-kubernetes:
-  namespaces: [{NS}]
-  label_selector: spot-autoscaler.io/enabled=true
-  watch_timeout: 30s
-  watch_backoff_max: 1s
-policies:
-  - {{name: grow, scale_out: {{min_idle: 0s, cooldown: 0s}}, preemption: {{join_grace: 0s}}}}
-  - {{name: hold, scale_out: {{enabled: false}}, preemption: {{join_grace: 0s}}}}
-  - {{name: capped, limits: {{max_workers: 1}}}}
-default_policy: hold
-daemon:
-  tick_interval: 2s
-  wake_coalesce: 0.02s
-  config_reload_interval: 0s
-  metrics_port: 0
-  metrics_bind_address: 127.0.0.1
-  log_format: json
-  sync_timeout: 20s
-  leader_election:
-    {{lease_namespace: {NS}, lease_duration: 4s, renew_deadline: 3s, retry_period: 0.5s}}
-"""
+# `grow` scales out at once, `hold` never grows, `capped` allows one worker at most
+CONFIG = daemon_config(NS, "{name: capped, limits: {max_workers: 1}}")
 
 
 # --- the product in-process: cache, observer, reconciler, actuator over the real API -------------
@@ -118,9 +97,7 @@ def annotations(obj: dict) -> dict[str, str]:
 
 
 def taint(cluster: Cluster, node: str) -> None:
-    taints = [t.to_dict() for t in cluster.core.read_node(node).spec.taints or []]
-    taints = [{k: v for k, v in t.items() if v is not None} for t in taints]
-    cluster.core.patch_node(node, {"spec": {"taints": [*taints, NTH_ITN]}})
+    cluster.taint(node, NTH_ITN)
 
 
 def signalled(cluster: Cluster, job: str) -> bool:
@@ -382,14 +359,7 @@ def test_the_daemon_under_the_shipped_rbac_grows_a_pytorchjob_and_answers_a_noti
     cluster.add_nodes("rbac", 3, gpus=1)
     cluster.create(pytorch_job("rbac", "rbac", replicas=1, lo=1, hi=3, policy="grow"))
     cluster.wait_settled("rbac", 1)
-    token = grant_deploy_rbac(cluster.api, cluster.plane, NS, "spot-autoscaler-pt")
-    write_kubeconfig(cluster.plane, tmp_path / "kubeconfig", token, NS)
-    (tmp_path / "config.yaml").write_text(CONFIG)
-    with (
-        open(tmp_path / "out.log", "w") as out,
-        open(tmp_path / "err.log", "w") as err,
-        daemon(tmp_path, out, err, identity="pytorch-e2e") as proc,
-    ):
+    with deployed(cluster.api, cluster.plane, NS, tmp_path, CONFIG) as proc:
         wait_for(lambda: replicas(cluster, "rbac") == 3, SETTLE, "replicas raised to 3")
         cluster.wait_settled("rbac", 3)
         # the policy would grow it again at once: hold it to see the notice alone

@@ -12,71 +12,33 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from kubernetes import client, watch
-from kubernetes.client import ApiClient
 from kubernetes.client.rest import ApiException
 
 from support.control_plane import ControlPlane
+from support.real_namespace import POOL, SETTLE, RealNamespace, isolated
 from support.waiting import wait_for
 
 Obj = dict[str, Any]
 NS = "pytorch-e2e"
 GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "pytorchjobs"
-POOL = "spot-autoscaler.test/pool"
-ISOLATED = {"key": "spot-autoscaler.test/pytorch-e2e", "value": "only", "effect": "NoSchedule"}
+ISOLATED = isolated(NS)
 LABEL = "training.kubeflow.org/"
 WORKER_SELECTOR = f"{LABEL}job-name={{}},{LABEL}replica-type=worker"
 MANAGED = "spot-autoscaler.io/enabled"  # the label selector of the product's test config
 POLICY_LABEL = "spot-autoscaler.io/policy"
-SETTLE = 30.0  # the real plane on a shared 2-core machine: generous, never slept
 
 
 # --- a test's cluster: namespace, nodes, jobs; cleaned up after -------------------------------
 @dataclass
-class Cluster:
-    plane: ControlPlane
-    api: ApiClient
-    nodes: list[str] = field(default_factory=list)
-    jobs: list[str] = field(default_factory=list)
-
-    @property
-    def core(self) -> client.CoreV1Api:
-        return client.CoreV1Api(self.api)
-
-    @property
-    def custom(self) -> client.CustomObjectsApi:
-        return client.CustomObjectsApi(self.api)
-
-    def add_nodes(
-        self, pool: str, count: int, gpus: int = 1, pod_cidrs: Sequence[str] = ()
-    ) -> list[str]:
-        """kwok GPU nodes of our pool, tainted so only our pods land there."""
-        names = [f"pt-{pool}-{i}" for i in range(count)]
-        self.nodes += names
-        self.plane.add_gpu_nodes(
-            names, gpus=gpus, labels={POOL: pool}, timeout=SETTLE, pod_cidrs=pod_cidrs
-        )
-        for name in names:
-            self.core.patch_node(name, {"spec": {"taints": [ISOLATED]}})
-        return names
-
-    def create(self, job: Obj) -> Obj:
-        self.jobs.append(job["metadata"]["name"])
-        made: Obj = self.custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, job)
-        return made
-
-    def job(self, name: str) -> Obj:
-        got: Obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name)
-        return got
-
+class Cluster(RealNamespace):
     def set_replicas(self, name: str, replicas: int) -> None:
-        patch = {"spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": replicas}}}}
-        self.custom.patch_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name, patch)
+        self.patch_job(name, {"spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": replicas}}}})
 
     def worker_status(self, name: str) -> Obj:
         status = self.job(name).get("status") or {}
@@ -153,7 +115,7 @@ def cluster(training_operator: ControlPlane) -> Iterator[Cluster]:
     except AssertionError as e:
         pytest.fail(f"{e}; its log:\n{training_operator.processes['training-operator'].tail()}")
     api = training_operator.api_client()
-    c = Cluster(training_operator, api)
+    c = Cluster(training_operator, api, NS, (GROUP, VERSION, PLURAL), node_prefix="pt-")
     with contextlib.suppress(ApiException):  # 409: made by an earlier test
         c.core.create_namespace({"metadata": {"name": NS}})
     try:

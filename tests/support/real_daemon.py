@@ -98,6 +98,23 @@ def daemon(tmp_path: Path, out: Any, err: Any, identity: str) -> Iterator[subpro
             proc.wait()
 
 
+@contextlib.contextmanager
+def deployed(
+    api: ApiClient, plane: ControlPlane, namespace: str, tmp_path: Path, config: str
+) -> Iterator[subprocess.Popen[str]]:
+    """`spot-autoscaler run` as deploy/ runs it (its own ServiceAccount under deploy/rbac.yaml's
+    rules) with `config`; its stdout and stderr in tmp_path's out.log and err.log."""
+    token = grant_deploy_rbac(api, plane, namespace, f"spot-autoscaler-{namespace}")
+    write_kubeconfig(plane, tmp_path / "kubeconfig", token, namespace)
+    (tmp_path / "config.yaml").write_text(config)
+    with (
+        open(tmp_path / "out.log", "w") as out,
+        open(tmp_path / "err.log", "w") as err,
+        daemon(tmp_path, out, err, identity=namespace) as proc,
+    ):
+        yield proc
+
+
 def json_lines(path: Path) -> list[Obj]:
     lines = []
     for line in path.read_text().splitlines():
