@@ -42,6 +42,7 @@ DAEMON_FILES = (
     "namespace.yaml",
     "serviceaccount.yaml",
     "rbac.yaml",
+    "flowschema.yaml",
     "configmap.yaml",
     "deployment.yaml",
     "service.yaml",
@@ -134,6 +135,56 @@ def test_rbac_is_least_privilege() -> None:
         ]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert one("ClusterRoleBinding")["roleRef"]["name"] == one("ClusterRole")["metadata"]["name"]
+
+
+# The bootstrap API Priority and Fairness objects of kube-apiserver v1.37 that matter here
+# (k8s.io/apiserver pkg/apis/flowcontrol/bootstrap/default.go): every ServiceAccount outside
+# kube-system falls to `service-accounts` at precedence 9000 (priority level workload-low), the
+# controllers' Leases to `system-leader-election` at 100.
+BOOTSTRAP_LEVELS = {"exempt", "catch-all", "system", "node-high", "leader-election"}
+BOOTSTRAP_LEVELS |= {"workload-high", "workload-low", "global-default"}
+SERVICE_ACCOUNTS_PRECEDENCE = 9000
+
+
+def test_the_flowschemas_take_the_daemons_requests_out_of_workload_low() -> None:
+    """deploy/flowschema.yaml: the daemon's Lease to `leader-election`, everything else to
+    `workload-high` (as Karpenter's chart does), both matching before the bootstrap
+    `service-accounts`, for exactly the ServiceAccount deploy/rbac.yaml binds; no priority level
+    of our own."""
+    schemas = {d["metadata"]["name"]: d for d in docs() if d["kind"] == "FlowSchema"}
+    assert set(schemas) == {"spot-autoscaler", "spot-autoscaler-leader-election"}
+    assert not [d for d in docs() if d["kind"] == "PriorityLevelConfiguration"]
+    account = one("ClusterRoleBinding")["subjects"]
+    for fs in schemas.values():
+        assert fs["apiVersion"] == "flowcontrol.apiserver.k8s.io/v1"
+        assert "namespace" not in fs["metadata"]  # cluster-scoped
+        spec = fs["spec"]
+        assert spec["priorityLevelConfiguration"]["name"] in BOOTSTRAP_LEVELS
+        assert spec["distinguisherMethod"] == {"type": "ByUser"}
+        assert 100 < spec["matchingPrecedence"] < SERVICE_ACCOUNTS_PRECEDENCE
+        [rule] = spec["rules"]
+        assert [
+            {"kind": "ServiceAccount", **s["serviceAccount"]} for s in rule["subjects"]
+        ] == account
+        assert [s["kind"] for s in rule["subjects"]] == ["ServiceAccount"]
+    lease, rest = schemas["spot-autoscaler-leader-election"], schemas["spot-autoscaler"]
+    assert lease["spec"]["matchingPrecedence"] < rest["spec"]["matchingPrecedence"]
+    assert lease["spec"]["priorityLevelConfiguration"]["name"] == "leader-election"
+    [lease_rule] = lease["spec"]["rules"][0]["resourceRules"]
+    assert (lease_rule["apiGroups"], lease_rule["resources"]) == (
+        ["coordination.k8s.io"],
+        ["leases"],
+    )
+    assert set(lease_rule["verbs"]) == granted("Role")[("coordination.k8s.io", "leases")]
+    assert rest["spec"]["priorityLevelConfiguration"]["name"] == "workload-high"
+    [everything] = rest["spec"]["rules"][0]["resourceRules"]
+    assert everything == {
+        "apiGroups": ["*"],
+        "resources": ["*"],
+        "verbs": ["*"],
+        "clusterScope": True,
+        "namespaces": ["*"],
+    }
 
 
 def test_every_request_of_a_working_daemon_is_allowed_by_rbac(tmp_path: Path) -> None:
