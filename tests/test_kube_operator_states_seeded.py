@@ -1,4 +1,7 @@
-"""The Kubernetes adapter against et-operator's and CCE's real semantics, over real HTTP.
+"""The Kubernetes adapter against the states et-operator and CCE leave behind, seeded in the API
+emulator and read over real HTTP. No operator runs here, neither the real ones nor the
+et-operator stand-in (support/et_operator.py: test_et_operator_scenarios.py); each seeded state
+follows the operators' source:
 
 et-operator (AliyunContainerService/et-operator, pkg/controllers): a ScaleIn whose named pods are
 all gone deletes EVERY worker (scalein.go `setsSaleInToDelete` + worker.go `DeleteWorkerPods`);
