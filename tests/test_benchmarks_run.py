@@ -42,28 +42,55 @@ def test_notice_delay_runs() -> None:
 
 @pytest.mark.real_cluster
 def test_reaction_runs_on_a_real_control_plane(tmp_path: Path) -> None:
-    """reaction.py --cluster real at a tiny size, two runs on one cluster: kwok nodes, real
-    pods, each run's daemon and figures, the spread line."""
+    """reaction.py --cluster real at a tiny size, two runs on one cluster: kwok nodes, workers
+    the scheduler binds, the daemon as deploy/ runs it (its ServiceAccount, RBAC and
+    FlowSchemas), notices by every path with no wait between rounds, each run's figures, the
+    aggregate over both runs."""
     require_bin_dir()
-    out = tmp_path / "reaction.json"
-    args = ("--cluster", "real", "--sizes", "20", "--notices", "5", "--round", "5", "--repeat", "2")
+    out, runs_dir = tmp_path / "reaction.json", tmp_path / "runs"
+    args = ("--cluster", "real", "--sizes", "20", "--notices", "5", "--round", "3")
+    args += ("--rate", "3", "--repeat", "2", "--out-dir", str(runs_dir))
     result = run("reaction.py", *args, "--json", str(out))
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "2 runs, min / median / max of the runs:" in result.stdout
+    assert "2 runs, 10 notices together:" in result.stdout
     runs = json.loads(out.read_text())
     assert [r["run"] for r in runs] == [1, 2] and runs[0]["setup_s"] == runs[1]["setup_s"]
+    setup = runs[0]["setup_s"]
+    # no worker was placed by the harness: the scheduler bound every one
+    assert setup["scheduler_bindings"] == setup["pods_created"] == 160
+    assert "FlowSchema/spot-autoscaler" in setup["deploy_objects"]
     for r in runs:
         assert r["cluster"] == "real" and r["nodes"] == 20 and r["pods"] == 160
-        assert r["notices"] == 5
+        assert r["notices"] == 5 and len(r["samples"]) == 5
+        # sqs, nth, karpenter, sqs, nth: each path reported apart
+        assert {p: f["drain_s"]["n"] for p, f in r["by_path"].items()} == {
+            "sqs": 2,
+            "nth": 2,
+            "karpenter": 1,
+        }
         for figure in ("drain_s", "scale_in_s"):
-            assert 0 < r[figure]["median"] <= r[figure]["p99"] <= r[figure]["max"]
+            assert 0 < r[figure]["p50"] <= r[figure]["p99"] <= r[figure]["max"]
         assert r["daemon_passes"]["count"] > 0 and r["pass_mean_s"] > 0
+        # its ServiceAccount under deploy/rbac.yaml, nothing refused; APF queues its requests
+        # in deploy/flowschema.yaml's schemas
+        assert r["daemon_identity"].startswith("ServiceAccount spot-autoscaler/spot-autoscaler")
+        assert r["daemon_forbidden"] == 0
+        landed = r["apf"]["requests"]
+        assert landed["patch trainingjob (dry run)"] == {
+            "status": 200,
+            "flow_schema": "spot-autoscaler",
+            "priority_level": "workload-high",
+        }
+        assert landed["get the Lease"]["priority_level"] == "leader-election"
+        assert r["apf"]["flow_schemas"]["spot-autoscaler"]["dispatched"] > 0
         # each drain split where its deciding pass began (the daemon's decision lines), and the
         # API server's own time on the requests the notices cost
-        assert r["drain_split_s"]["to_decision"]["median"] is not None
+        assert r["drain_split_s"]["to_decision"]["p50"] is not None
         assert r["decisions"]["drain preemption_notice"] >= 5  # each notice dooms two jobs
         times = r["server_times"]
         assert times["PATCH trainingjobs"]["count"] > 0 and times["POST scaleins"]["count"] > 0
+        # the reclaimed nodes replaced while the notices went on; every ScaleIn finished
+        assert r["churn"]["nodes_replaced"] == 5 and r["churn"]["scale_ins_unfinished"] == 0
         assert r["setup_s"]["total"] > 0 and r["setup_s"]["pods"] > 0
         processes = {"daemon", "harness", *COMPONENTS}
         assert set(r["cpu_s"]["setup"]) == processes - {"daemon"}  # made before any daemon
@@ -72,6 +99,18 @@ def test_reaction_runs_on_a_real_control_plane(tmp_path: Path) -> None:
         assert r["cpu_s"]["rounds"]["daemon"] > 0 and r["cpu_s"]["rounds"]["kube-apiserver"] > 0
         assert set(r["peak_rss_mb"]) == processes and all(v > 0 for v in r["peak_rss_mb"].values())
         assert r["versions"]["kube_apiserver"].startswith("v1.") and r["versions"]["pinned"]
+    # a JSON per run (and its daemon's output), one aggregating every notice of both
+    for i in (1, 2):
+        assert json.loads((runs_dir / f"reaction-20-run{i}.json").read_text())["run"] == i
+        assert (runs_dir / f"reaction-20-run{i}.daemon.out").stat().st_size > 0
+    aggregate = json.loads((runs_dir / "reaction-20-aggregate.json").read_text())
+    assert aggregate["runs"] == 2 and aggregate["notices"] == 10
+    assert aggregate["drain_s"]["n"] == 10 and set(aggregate["by_path"]) == {
+        "sqs",
+        "nth",
+        "karpenter",
+    }
+    assert aggregate["drain_s"]["max"] == max(r["drain_s"]["max"] for r in runs)
 
 
 def test_deadline_seeds_runs_the_gate_and_reports_its_keys(tmp_path: Path) -> None:
