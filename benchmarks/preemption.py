@@ -52,6 +52,9 @@ end minus the step at the start, over the time) relative to a run without preemp
     .venv/bin/python benchmarks/preemption.py --quick --json preemption.json   # ~5 min
     .venv/bin/python benchmarks/preemption.py --json preemption.json   # 3 runs of all: hours
 
+`--framework torchrun` measures a real torchrun job instead (benchmarks/preemption_torchrun.py:
+its own modes, leads and options); `--framework horovod`, the default, is this module.
+
 A run the machine stopped (one of its waits of at most 0.1 s took over 3 s: SIGSTOP on a shared
 machine) has no valid timing: it is abandoned at once and run again, 3 attempts at most.
 
@@ -100,6 +103,7 @@ from tests.support.horovod_job import (  # noqa: E402
     worker_processes,
 )
 
+FRAMEWORKS = ("horovod", "torchrun")  # torchrun: benchmarks/preemption_torchrun.py
 MODES = ("spot-autoscaler", "et-operator", "evict-1s")
 SCHEDULES = ("one-host", "two-hosts", "every-host")
 REPLACEMENTS = {"one-host": 1, "two-hosts": 2, "every-host": 1}
@@ -586,6 +590,12 @@ def table(summaries: list[tuple[str, float, str, int, dict[str, Any]]]) -> str:
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument(
+        "--framework",
+        choices=FRAMEWORKS,
+        default="horovod",
+        help="torchrun: benchmarks/preemption_torchrun.py (see --framework torchrun --help)",
+    )
+    ap.add_argument(
         "--quick", action="store_true", help="one run: lead 5 s, one-host x1 (≤ 10 min)"
     )
     ap.add_argument("--runs", type=int, help="of each mode, lead and schedule (default 3)")
@@ -689,7 +699,14 @@ class Results:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse(argv)
+    first = argparse.ArgumentParser(add_help=False)
+    first.add_argument("--framework", choices=FRAMEWORKS, default="horovod")
+    framework, rest = first.parse_known_args(argv)
+    if framework.framework == "torchrun":  # its own options: --framework torchrun --help
+        from benchmarks.preemption_torchrun import main as torchrun
+
+        return torchrun(rest)
+    args = parse(rest)
     settings = Settings(
         hosts=args.hosts,
         preemptions=args.preemptions or (1 if args.quick else 3),

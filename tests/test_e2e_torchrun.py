@@ -40,7 +40,9 @@ from support.torchrun_job import (
     tail,
     torch_version,
     torchrun,
+    train_env,
     wait,
+    write_notice,
 )
 
 from autoscaler.notice import STANDALONE_SUFFIX, decode
@@ -68,33 +70,10 @@ class Run:
         self.operator: Operator | None = None
 
     def env(self) -> dict[str, str]:
-        return {
-            **os.environ,
-            "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
-            "PYTHONUNBUFFERED": "1",
-            "E2E_LOG": str(self.log.path),
-            "E2E_STOP": str(self.stop),
-            "E2E_CKPT": str(self.ckpt),
-            "SPOT_AUTOSCALER_NOTICE_FILE": str(self.notice_file),
-            "GLOO_SOCKET_IFNAME": "lo",
-            "OMP_NUM_THREADS": "1",
-            "LOGLEVEL": "INFO",  # torchrun's own log: rendezvous rounds, restarts
-            # torch's agents share the rendezvous store with their workers by default: a node
-            # joining a later round then waited for a master address no one re-published, and
-            # survivors met stale gloo addresses (reference section 2, [M] on 2.15); set it to
-            # 0 in the environment to try without
-            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": os.environ.get(
-                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"
-            ),
-        }
+        return train_env(self.tmp, self.notice_file)
 
     def notice(self, host: str, deadline: datetime) -> float:
-        self.notices.mkdir(exist_ok=True)
-        body = {"kind": "interruption", "id": f"e2e-{host}", "deadline": deadline.isoformat()}
-        tmp = self.notices / f".{host}.tmp"  # a dot file: the notice directory skips it
-        tmp.write_text(json.dumps(body))
-        os.replace(tmp, self.notices / f"{host}.json")
-        return time.time()
+        return write_notice(self.notices, host, deadline, f"e2e-{host}")
 
     def noticed(self) -> list[str]:
         try:
@@ -123,10 +102,7 @@ class Run:
         return wait(predicate, timeout, what, self.diagnostics)
 
     def complete_world(self, size: int, after: float) -> list[dict[str, Any]]:
-        """The first world of `size` resumed after `after`, once all its ranks resumed."""
-        resumed = self.log.world(size, after)
-        ranks = {e["rank"]: e for e in resumed}
-        return list(ranks.values()) if len(ranks) == size else []
+        return self.log.complete_world(size, after)
 
     def around(self, change: float, size_before: int, size_after: int) -> dict[str, Any]:
         """Steps and checkpoints around a membership change at `change`."""

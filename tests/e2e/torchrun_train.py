@@ -16,6 +16,15 @@ set: via notice or sigterm, at which step), `seen` (any notice, whoever it names
 poller thread saw it), `checkpoint` (rank 0, the step saved), `exit` (a flagged rank leaving
 cleanly), `failed` (a collective failed: a peer left), `done` (the stop file).
 $E2E_STEP_SECONDS paces the steps (default 0.05).
+
+For benchmarks/preemption.py --framework torchrun (the defaults are the e2e's):
+- $E2E_SIGNALS: what sets the flag, of `notice,sigterm` (default both; empty: nothing, and
+  SIGTERM keeps its default action: the process ends, no checkpoint);
+- $E2E_CKPT_EVERY: K > 0 also saves every K steps, the same way (rank 0 saves, all ranks pass
+  the barrier); each `checkpoint` says why (`signal` or `periodic`) and its `save_s`;
+- $E2E_LEAVE: `now` (default: a flagged rank exits 0 after the barrier) or `sigterm` (as
+  docs/examples/torchrun_checkpoint_on_notice.py: it waits for its pod's SIGTERM, at most
+  until the notice's deadline, 30 s without one, and exits 143).
 """
 
 from __future__ import annotations
@@ -36,6 +45,10 @@ LOG = os.environ["E2E_LOG"]
 STOP = os.environ["E2E_STOP"]
 CKPT = os.environ["E2E_CKPT"]
 STEP_SECONDS = float(os.environ.get("E2E_STEP_SECONDS", "0.05"))
+SIGNALS = {s for s in os.environ.get("E2E_SIGNALS", "notice,sigterm").split(",") if s}
+CKPT_EVERY = int(os.environ.get("E2E_CKPT_EVERY", "0"))
+LEAVE = os.environ.get("E2E_LEAVE", "now")
+LEFT = 143  # 128 + SIGTERM: what a notified rank exits with under E2E_LEAVE=sigterm
 HOST = notice.this_host()
 
 
@@ -63,6 +76,8 @@ class Signal:
     def __init__(self) -> None:
         self.via: str | None = None
         self.step = 0  # the step the loop is at, for the record
+        self.terminated = False  # SIGTERM came (whatever set the flag first)
+        self.deadline: float | None = None  # the notice's, when a notice set the flag
 
     def set(self, via: str) -> None:
         if self.via is None:
@@ -70,12 +85,24 @@ class Signal:
             record("signal", via=via, step=self.step)
 
     def on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        self.terminated = True
         self.set("sigterm")
 
     def poll(self) -> bool:
-        if self.via is None and notice.pending() is not None:
+        if self.via is None and "notice" in SIGNALS and (told := notice.pending()) is not None:
+            self.deadline = told.deadline.timestamp() if told.deadline else None
             self.set("notice")
         return self.via is not None
+
+    def leave(self) -> None:
+        """After the checkpoint. At once: a torch process's interpreter shutdown took seconds
+        here, and its gloo sockets stay open meanwhile, holding the others in their collective."""
+        if LEAVE != "sigterm":
+            os._exit(0)
+        until = self.deadline if self.deadline is not None else time.time() + 30
+        while not self.terminated and time.time() < until:
+            time.sleep(0.05)  # the others block in their next collective: no step is lost
+        os._exit(LEFT)
 
 
 def save(state: dict[str, Any]) -> None:
@@ -84,9 +111,22 @@ def save(state: dict[str, Any]) -> None:
     os.replace(tmp, CKPT)
 
 
+def checkpoint(rank: int, size: int, state: dict[str, Any], why: str) -> None:
+    """Rank 0 saves, then every rank passes a barrier: the checkpoint is on disk before a
+    flagged rank leaves. The same for a signal and a periodic checkpoint."""
+    began = time.monotonic()
+    if rank == 0:
+        save(state)
+    dist.barrier()
+    if rank == 0:
+        took = round(time.monotonic() - began, 4)
+        record("checkpoint", step=state["step"], size=size, why=why, save_s=took)
+
+
 def main() -> None:
     flag = Signal()
-    signal.signal(signal.SIGTERM, flag.on_sigterm)
+    if "sigterm" in SIGNALS:
+        signal.signal(signal.SIGTERM, flag.on_sigterm)
     record("started")  # the imports done: a worker's start-up, for the timings
     notice.on_notice(lambda n: record("seen", hosts=list(n.hosts)), for_any=True, poll=0.02)
     dist.init_process_group("gloo")
@@ -104,21 +144,20 @@ def main() -> None:
         momentum = state["momentum"]
         step = state["step"]
     record("resume", step=step, size=size, rank=rank)
+    resumed = step  # a periodic checkpoint of it is on disk already
     x, y = torch.randn(16, 8), torch.randn(16, 1)
     while True:
         flag.step = step
         flags = torch.tensor([float(flag.poll()), float(os.path.exists(STOP))])
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        now = {"model": model.state_dict(), "momentum": momentum, "step": step}
         if flags[0] > 0:  # someone is leaving: save this step before anyone goes
-            if rank == 0:
-                save({"model": model.state_dict(), "momentum": momentum, "step": step})
-                record("checkpoint", step=step, size=size)
-            dist.barrier()  # the checkpoint is on disk before a flagged rank leaves
+            checkpoint(rank, size, now, "signal")
             if flag.via is not None:
                 record("exit", step=step, rank=rank, via=flag.via)
-                # at once: a torch process's interpreter shutdown took seconds here, and its
-                # gloo sockets stay open meanwhile, holding the others in their collective
-                os._exit(0)
+                flag.leave()
+        elif CKPT_EVERY and step != resumed and step % CKPT_EVERY == 0:
+            checkpoint(rank, size, now, "periodic")
         if flags[1] > 0:
             record("done", step=step, rank=rank)
             dist.destroy_process_group()

@@ -7,7 +7,9 @@ the daemon's standalone discovery file.
   when it leaves (docs: ../shared/reference/pytorch-elastic.md, section 2);
 - `Operator` follows the discovery file: one torchrun agent per listed host (its pseudo-host name
   in $SPOT_AUTOSCALER_HOST), started when the host appears, SIGTERMed when it leaves;
-- the training loop is tests/e2e/torchrun_train.py; `TorchLog` reads its JSON lines.
+- the training loop is tests/e2e/torchrun_train.py; `TorchLog` reads its JSON lines;
+- `train_env` and `write_notice`: the job's environment and a cloud notice in the daemon's
+  notice directory, for tests/test_e2e_torchrun.py and benchmarks/preemption_torchrun.py.
 
 Processes are ended by pid (each agent, its workers from the log, the store), never by name.
 """
@@ -25,6 +27,7 @@ import time
 from collections.abc import Callable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
@@ -72,6 +75,48 @@ def torch_version() -> str:
         timeout=120,
     )
     return out.stdout.strip()
+
+
+def train_env(tmp: Path, notice_file: Path | None, **extra: str) -> dict[str, str]:
+    """The environment of the agents and their workers: the train log, stop file and checkpoint
+    under `tmp`, the checkpoint signal's notice file (None: no notice file at all), `extra`
+    (E2E_* knobs of tests/e2e/torchrun_train.py)."""
+    env = {
+        **os.environ,
+        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+        "PYTHONUNBUFFERED": "1",
+        "E2E_LOG": str(tmp / "train.log"),
+        "E2E_STOP": str(tmp / "stop"),
+        "E2E_CKPT": str(tmp / "checkpoint.pt"),
+        "GLOO_SOCKET_IFNAME": "lo",
+        "OMP_NUM_THREADS": "1",
+        "LOGLEVEL": "INFO",  # torchrun's own log: rendezvous rounds, restarts
+        # torch's agents share the rendezvous store with their workers by default: a node
+        # joining a later round then waited for a master address no one re-published, and
+        # survivors met stale gloo addresses (reference section 2, [M] on 2.15); set it to
+        # 0 in the environment to try without
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": os.environ.get(
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"
+        ),
+        **extra,
+    }
+    env.pop("SPOT_AUTOSCALER_NOTICE_FILE", None)
+    if notice_file is not None:
+        env["SPOT_AUTOSCALER_NOTICE_FILE"] = str(notice_file)
+    return env
+
+
+def write_notice(notices: Path, host: str, deadline: datetime | None, why: str) -> float:
+    """A cloud notice for `host` in the daemon's notice directory (standalone.notice_dir),
+    written whole (a dot file renamed: the directory skips dot files); when it was written."""
+    notices.mkdir(exist_ok=True)
+    body = {"kind": "interruption", "id": why}
+    if deadline is not None:
+        body["deadline"] = deadline.isoformat()
+    tmp = notices / f".{host}.tmp"
+    tmp.write_text(json.dumps(body))
+    os.replace(tmp, notices / f"{host}.json")
+    return time.time()
 
 
 class Store:
@@ -157,6 +202,7 @@ class Operator:
     sigterm_delay: float = 0.0
     kill_after: float = 5.0
     agents: dict[str, Agent] = field(default_factory=dict)  # running, by host
+    deleted: set[str] = field(default_factory=set)  # hosts whose pod is gone for good
     gone: list[Agent] = field(default_factory=list)  # ended, in order
     events: list[dict[str, Any]] = field(default_factory=list)
     frozen: bool = False  # True: no more agents are started (the job is finishing)
@@ -187,12 +233,14 @@ class Operator:
         listed = self.listed()
         with self._lock:
             for host in [] if self.frozen else listed:
-                if host not in self.agents:
+                if host not in self.agents and host not in self.deleted:
                     self._start(host)
             for host, agent in list(self.agents.items()):
                 if host not in listed and agent.delisted is None:
                     agent.delisted = time.time()
                     self.events.append({"event": "delisted", "host": host, "t": agent.delisted})
+                elif host in self.deleted and agent.delisted is None:  # delete_pod: now
+                    agent.delisted = time.time() - self.sigterm_delay
                 due = (
                     agent.delisted is not None
                     and time.time() >= agent.delisted + self.sigterm_delay
@@ -228,6 +276,47 @@ class Operator:
         )
         self.agents[host] = Agent(host, proc, log, time.time())
         self.events.append({"event": "agent_start", "host": host, "t": time.time()})
+
+    def delete_pod(self, host: str) -> None:
+        """The host's pod is deleted (a node handler's eviction): SIGTERM to its agent at the
+        next poll (10 ms), SIGKILL `kill_after` s later; no agent there again."""
+        with self._lock:
+            self.deleted.add(host)
+            self.events.append({"event": "delete_pod", "host": host, "t": time.time()})
+
+    def node_dies(self, host: str, worker_pids: list[int]) -> int:
+        """The host's node dies: SIGKILL its agent, the agent's descendants and the given
+        workers of this host (those still alive); no agent there again. How many died."""
+        import psutil  # installed with torch's and horovod's dependencies
+
+        with self._lock:
+            self.deleted.add(host)
+            agent = self.agents.get(host)
+            procs = []
+            if agent is not None and agent.proc.poll() is None:
+                with suppress(psutil.Error):
+                    procs = psutil.Process(agent.proc.pid).children(recursive=True)
+            pids = {p.pid for p in procs} | {p for p in worker_pids if _is_our_worker(p)}
+            if agent is not None and agent.proc.poll() is None:
+                agent.proc.kill()
+                agent.killed = time.time()
+                agent.delisted = agent.delisted or agent.killed  # no SIGTERM after this
+                agent.terminated = agent.terminated or agent.killed
+                pids.add(agent.proc.pid)
+            for pid in pids - ({agent.proc.pid} if agent else set()):
+                with suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            self.events.append(
+                {"event": "node_died", "host": host, "killed": len(pids), "t": time.time()}
+            )
+            return len(pids)
+
+    def left_of(self, host: str, worker_pids: list[int]) -> list[int]:
+        """What still runs of the host: its agent's pid, the given workers still alive."""
+        with self._lock:
+            agent = self.agents.get(host)
+            alive = [agent.proc.pid] if agent and agent.proc.poll() is None else []
+        return alive + [p for p in worker_pids if _is_our_worker(p)]
 
     def wait_exits(self, timeout: float) -> None:
         """Start no more agents; wait for the running ones to end by themselves (the job
@@ -270,19 +359,25 @@ def _is_our_worker(pid: int) -> bool:
 
 
 class TorchLog:
-    """What the workers logged (tests/e2e/torchrun_train.py)."""
+    """What the workers logged (tests/e2e/torchrun_train.py). The file only grows: each call
+    reads what was appended since the last one (a benchmark polls it every 0.1 s)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._read = 0  # bytes parsed so far
+        self._events: list[dict[str, Any]] = []
 
     def events(self, kind: str | None = None, after: float = 0.0) -> list[dict[str, Any]]:
         try:
-            text = self.path.read_text()
+            with self.path.open("rb") as f:
+                f.seek(self._read)
+                new = f.read()
         except FileNotFoundError:
-            return []
-        complete = text[: text.rfind("\n") + 1]  # a last line without its newline is unfinished
-        events = [json.loads(line) for line in complete.splitlines() if line.strip()]
-        return [e for e in events if (kind is None or e["event"] == kind) and e["t"] > after]
+            new = b""
+        complete = new[: new.rfind(b"\n") + 1]  # a last line without its newline is unfinished
+        self._events += [json.loads(line) for line in complete.splitlines() if line.strip()]
+        self._read += len(complete)
+        return [e for e in self._events if (kind is None or e["event"] == kind) and e["t"] > after]
 
     def world(self, size: int, after: float) -> list[dict[str, Any]]:
         """`resume` events of a world of `size` after `after`, one per rank once complete."""
@@ -290,6 +385,15 @@ class TorchLog:
 
     def steps(self, size: int, after: float) -> list[dict[str, Any]]:
         return [e for e in self.events("step", after) if e["size"] == size]
+
+    def complete_world(self, size: int, after: float) -> list[dict[str, Any]]:
+        """The first world of `size` resumed after `after`, once all its ranks resumed."""
+        ranks = {e["rank"]: e for e in self.world(size, after)}
+        return list(ranks.values()) if len(ranks) == size else []
+
+    def pids_of(self, host: str) -> list[int]:
+        """The worker processes that ran on `host`."""
+        return sorted({e["pid"] for e in self.events() if e["host"] == host})
 
     def pids(self) -> list[int]:
         return sorted({e["pid"] for e in self.events()})
