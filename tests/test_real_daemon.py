@@ -63,6 +63,7 @@ ET_CRDS = [
     CRDS / f"kai.alibabacloud.com_{kind}.yaml" for kind in ("trainingjobs", "scaleins", "scaleouts")
 ]
 CCE_CRD = CRDS / "kongming.cce.baiudbce.com_aitrainingjobs.yaml"  # installed while the daemon runs
+PYTORCHJOBS = "pytorchjobs.kubeflow.org"  # installed by the training-operator fixture, if it ran
 MPIJOBS = "mpijobs.kubeflow.org"  # not installed here (the session's mpi-operator tests may have)
 MONITORING_CRDS = [
     CRDS / f"monitoring.coreos.com_{kind}.yaml" for kind in ("servicemonitors", "prometheusrules")
@@ -105,6 +106,13 @@ NOT_EXERCISED_HERE = {
     ("kongming.cce.baiudbce.com", "aitrainingjobs", "patch"),
     ("kubeflow.org", "mpijobs", "get"),
     ("kubeflow.org", "mpijobs", "patch"),
+    # PyTorchJobs: watched here only when the session's training-operator tests installed the
+    # CRD; scaled, and their victims deleted, in tests/test_real_pytorchjob.py (same rbac.yaml)
+    ("kubeflow.org", "pytorchjobs", "get"),
+    ("kubeflow.org", "pytorchjobs", "list"),
+    ("kubeflow.org", "pytorchjobs", "watch"),
+    ("kubeflow.org", "pytorchjobs", "patch"),
+    ("", "pods", "delete"),
 }
 
 
@@ -642,7 +650,7 @@ class TestTheShippedDaemon:
         assert status == 200
         assert body.splitlines() == [
             "ok",
-            f"backends: cce=not-served et-operator=live mpi-operator={mpi_backend(main)}",
+            f"backends: cce=not-served et-operator=live {kubeflow_backends(main)}",
         ]
         held = lease(main.world.api, "spot-autoscaler")
         assert held["holderIdentity"] == "main-0"
@@ -806,7 +814,7 @@ class TestTheShippedDaemon:
         wait_for(lambda: "cce=live" in daemon.readyz()[1], 15, "/readyz to say cce=live")
         took = time.monotonic() - established
         assert daemon.readyz()[1].splitlines()[1] == (
-            f"backends: cce=live et-operator=live mpi-operator={mpi_backend(main)}"
+            f"backends: cce=live et-operator=live {kubeflow_backends(main)}"
         )
         assert metric(daemon.metrics(), "spot_autoscaler_backend_live", backend="cce") == 1
         assert daemon.alive() and daemon.proc.pid == pid
@@ -863,9 +871,15 @@ class TestTheShippedDaemon:
                 print(f"429 on {s.method} {s.path}: {s.detail}")
 
 
-def mpi_backend(main: Main) -> str:
+def kubeflow_backends(main: Main) -> str:
+    """mpi-operator's and training-operator's part of the backends line: live when the session's
+    operator tests installed their CRDs, not served otherwise."""
     ext = client.ApiextensionsV1Api(main.installed.admin)
-    return "not-served" if _crd_gone(ext, MPIJOBS) else "live"
+
+    def state(crd: str) -> str:
+        return "not-served" if _crd_gone(ext, crd) else "live"
+
+    return f"mpi-operator={state(MPIJOBS)} training-operator={state(PYTORCHJOBS)}"
 
 
 def granted(objects: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
