@@ -1,31 +1,38 @@
 """Survive faults: the real daemon (`spot-autoscaler run`) through a fault-injecting proxy.
 
-The daemon talks to the API emulator only through `support.faults.FaultProxy` (errors, lost
-replies, latency, cut watches), while `ServerFaults` drops every watch or compacts the history
-(410 Gone) now and then. A stand-in et-operator (with a small scheduler) steps in a thread. Spot
-notices arrive as NTH taints; at the notice's deadline the node's pods and the node are killed
-(the reclaim) and a fresh node joins; some notices are false alarms (the taint goes, the node
-stays). Afterwards `support.invariants.check` replays the API server's event stream.
+On two servers (`support.chaos_world`): the real kube-apiserver of the test control plane
+(`[real]`: kwok nodes, workers bound by the real scheduler, the daemon as a ServiceAccount under
+deploy/rbac.yaml, the proxy speaking TLS upstream) and the API emulator (`[emulator]`). The daemon
+talks to the server only through `support.faults.FaultProxy` (errors, lost replies, latency, cut
+watches), while `ServerFaults` drops every watch or loses the history (410 Gone on resume) now and
+then: the emulator itself, or on kube-apiserver the proxy. A stand-in et-operator steps in a
+thread. Spot notices arrive as NTH taints; at the notice's deadline the node's pods and the node
+are killed (the reclaim) and a fresh node joins; some notices are false alarms (the taint goes,
+the node stays). Afterwards `support.invariants.check` replays the server's event stream (the
+emulator's own record; kube-apiserver's watches, `support.watch_record`).
 
 Two replicas of the daemon run with leader election, as a Deployment would; now and then the
 leader is killed (SIGKILL; a new replica replaces it, as a new pod would) or paused (SIGSTOP past
 the lease, then SIGCONT): the server's record of who wrote what shows no write by a replica the
 Lease does not name, and the takeover time is measured.
 
-Short (the normal test run): 8 nodes, 2 jobs, 8 notices, 10% faults, one pause, ~35 s.
+Short (the normal test run): 8 nodes, 2 jobs, 8 notices, 10% faults, one pause, ~35 s a server.
 Long (`make chaos`, i.e. CHAOS_LONG=1): 40 nodes, 4 jobs, 40 notices, faults cycling 5/10/20%,
 two kills and two pauses of the leader.
-CHAOS_SEED picks the seed; CHAOS_JSON=<path> appends each run's report as a JSON line.
+CHAOS_SEED picks the seed; CHAOS_JSON=<path> appends each run's report as a JSON line;
+CHAOS_KEEP=<dir> keeps the replicas' logs and the server's record (`seed<n>-<server>-record.jsonl`).
 """
 
 from __future__ import annotations
 
 import heapq
+import http.client
 import json
 import os
 import random
 import signal
 import socket
+import ssl
 import subprocess
 import threading
 import time
@@ -37,13 +44,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_fixtures import NS, node, training_job
-from kubernetes.client import CoreV1Api
+from kube_fixtures import NS, Kube, node, now, training_job, worker
+from kubernetes.client import ApiClient, Configuration, CoreV1Api
+from kubernetes.client.exceptions import ApiException
+from support.chaos_world import EmulatorWorld, RealWorld, World
 from support.cli import CLI, ROOT, stop_cli
-from support.et_operator import EtOperator
-from support.faults import FaultProxy, FaultRates, ServerFaults
+from support.faults import FaultProxy, FaultRates, Forwarded
 from support.invariants import (
-    LEASE,
     NTH_ITN,
     Notice,
     RecordingServer,
@@ -52,9 +59,15 @@ from support.invariants import (
     decision_line,
     percentile,
 )
+from support.real_api import SEEDED_LABEL, RealApi
+from support.real_daemon import grant_deploy_rbac
+from support.waiting import wait_for
+from support.watch_record import WatchRecorder
+
+from autoscaler.adapters.kube import EventRecorder, KubeActuator
+from autoscaler.core import Action, Decision, decide
 
 LONG = os.environ.get("CHAOS_LONG") == "1"
-GPUS_PER_NODE = 4
 
 CONFIG = """
 policies: [{{name: default, scale_out: {{min_idle: 0s, cooldown: 0s}}}}]
@@ -68,9 +81,14 @@ daemon:
   log_format: json
   log_level: {level}
   leader_election:
-    {{lease_namespace: default, lease_duration: {lease}s, renew_deadline: 3s, retry_period: 0.25s}}
+    lease_namespace: {lease_ns}
+    lease_duration: {lease}s
+    renew_deadline: 3s
+    retry_period: 0.25s
 """
 LEASE_SECONDS = 4.0
+# where the suite runs (support/chaos_world.py); the real one needs the control plane's binaries
+SERVERS = ["emulator", pytest.param("real", marks=pytest.mark.real_cluster)]
 
 
 @dataclass
@@ -89,7 +107,9 @@ class Plan:
     disruptions: tuple[str, ...] = ()  # "kill" / "pause" of the leader, spread over the run
     settle: float = 6.0  # a host drained this long after its node is healthy is a violation
     hang: float = 10.0  # no reconcile pass for this long is a hang
+    step: float = 0.2  # seconds between the stand-in et-operator's reconciles
     seed: int = 1
+    server: str = "emulator"  # or "real": kube-apiserver of the real control plane
 
 
 SHORT = Plan(
@@ -116,45 +136,6 @@ LONG_PLAN = Plan(
     replicas=16,
     disruptions=("kill", "pause", "kill", "pause"),
 )
-
-
-class ScheduledEtOperator(EtOperator):
-    """The stand-in, with pending workers bound to a node that has a free GPU and no taint."""
-
-    def _start_pending(self, job: str) -> None:
-        for pod in self.workers(job):
-            meta, status = pod["metadata"], pod.get("status") or {}
-            if status.get("phase") != "Pending" or meta.get("deletionTimestamp"):
-                continue
-            target = self._fit()
-            if target is None:
-                return
-            self.server.patch(
-                "Pod",
-                meta["name"],
-                {
-                    "spec": {"nodeName": target},
-                    "status": {
-                        "phase": "Running",
-                        "conditions": [{"type": "Ready", "status": "True"}],
-                    },
-                },
-                self.namespace,
-            )
-
-    def _fit(self) -> str | None:
-        used: dict[str, int] = {}
-        for pod in self.server.objects("Pod"):
-            where = (pod.get("spec") or {}).get("nodeName")
-            if where and not pod["metadata"].get("deletionTimestamp"):
-                used[where] = used.get(where, 0) + 1
-        free = [
-            (GPUS_PER_NODE - used.get(n["metadata"]["name"], 0), n["metadata"]["name"])
-            for n in self.server.objects("Node")
-            if not (n.get("spec") or {}).get("taints")
-        ]
-        best = max(free, default=(0, ""))
-        return best[1] if best[0] > 0 else None
 
 
 @dataclass
@@ -194,7 +175,7 @@ class Outcome:
         return {
             "plan": {
                 k: getattr(self.plan, k)
-                for k in ("nodes", "jobs", "notices", "faults", "deadline", "seed")
+                for k in ("server", "nodes", "jobs", "notices", "faults", "deadline", "seed")
             },
             "seconds": round(self.seconds, 1),
             "requests": self.requests,
@@ -302,8 +283,9 @@ class Replicas:
     Deployment runs them: a killed replica is replaced by a new one with a new identity (a new
     pod). Each writes its stderr log and decision log (stdout) to files of its own."""
 
-    def __init__(self, tmp: Path, kubeconfig: Path) -> None:
+    def __init__(self, tmp: Path, kubeconfig: Path, namespace: str, lease_namespace: str) -> None:
         self.tmp, self.kubeconfig = tmp, kubeconfig
+        self.namespace, self.lease_namespace = namespace, lease_namespace
         self.procs: dict[str, subprocess.Popen[str]] = {}
         self.ports: dict[str, int] = {}
         self.killed: set[str] = set()  # exits we caused
@@ -317,7 +299,8 @@ class Replicas:
         config = self.tmp / f"{identity}.yaml"
         config.write_text(
             CONFIG.format(
-                ns=NS,
+                ns=self.namespace,
+                lease_ns=self.lease_namespace,
                 port=port,
                 lease=int(LEASE_SECONDS),
                 level=os.environ.get("CHAOS_LOG_LEVEL", "info"),
@@ -327,7 +310,7 @@ class Replicas:
             **os.environ,
             "PYTHONPATH": str(ROOT),
             "POD_NAME": identity,
-            "POD_NAMESPACE": "default",
+            "POD_NAMESPACE": self.lease_namespace,
         }
         stdout = (self.tmp / f"{identity}-decisions.jsonl").open("w")
         stderr = (self.tmp / f"{identity}-daemon.log").open("w")
@@ -370,11 +353,6 @@ class Replicas:
 
     def logs(self, kind: str) -> list[Path]:
         return sorted(self.tmp.glob(f"chaos-*-{kind}"))
-
-
-def lease_holder(server: RecordingServer) -> str | None:
-    lease = server.get("leases", *LEASE)
-    return lease["spec"].get("holderIdentity") if lease else None
 
 
 class Passes:
@@ -433,7 +411,7 @@ class Takeover:
 
 def _disrupt(
     plan: Plan,
-    server: RecordingServer,
+    world: World,
     replicas: Replicas,
     stop: threading.Event,
     takeovers: list[Takeover],
@@ -446,7 +424,7 @@ def _disrupt(
             max(0.0, t0 + span * (k + 1) / (len(plan.disruptions) + 1) - time.monotonic())
         ):
             return
-        leader = lease_holder(server)
+        leader = world.lease_holder()
         if leader not in replicas.procs or replicas.procs[leader].poll() is not None:
             continue
         at = time.monotonic()
@@ -455,7 +433,7 @@ def _disrupt(
             replicas.start()  # the Deployment's replacement pod
         took: float | None = None
         while not stop.is_set() and time.monotonic() - at < 30:
-            if lease_holder(server) not in (leader, None):
+            if world.lease_holder() not in (leader, None):
                 took = time.monotonic() - at
                 break
             time.sleep(0.02)
@@ -465,91 +443,87 @@ def _disrupt(
             replicas.signal(leader, signal.SIGCONT)
 
 
-def run_chaos(plan: Plan, tmp: Path) -> Outcome:
+def run_chaos(plan: Plan, tmp: Path, world: World) -> Outcome:
     rng = random.Random(plan.seed)
-    world = threading.Lock()  # the operator's step and the reclaim do not interleave
+    lock = threading.Lock()  # the operator's step and the reclaim do not interleave
     started = time.monotonic()
-    with RecordingServer() as server:
-        server.seed(
-            {
-                "apiVersion": "v1",
-                "kind": "Namespace",
-                "metadata": {"name": NS},
-                "status": {"phase": "Active"},
-            }
+    ns = world.namespace
+    generation = [0] * plan.nodes
+    # new jobs (no status): the stand-in makes their workers and launcher, as et-operator
+    jobs = [
+        training_job(
+            f"job-{j}",
+            min_workers=plan.min_workers,
+            max_workers=plan.max_workers,
+            replicas=plan.replicas,
+            phase="",
+            namespace=ns,
         )
-        generation = [0] * plan.nodes
-        server.seed(*(node(f"node-{i}-g0", GPUS_PER_NODE) for i in range(plan.nodes)))
-        # new jobs (no status): the stand-in makes their workers and launcher, as et-operator
-        server.seed(
-            *(
-                training_job(
-                    f"job-{j}",
-                    min_workers=plan.min_workers,
-                    max_workers=plan.max_workers,
-                    replicas=plan.replicas,
-                    phase="",
-                )
-                for j in range(plan.jobs)
-            )
-        )
-        operator = ScheduledEtOperator(server, NS)
-        for _ in range(3):  # the workers created and running before the daemon starts
-            operator.step()
-        stop = threading.Event()
-        operator_errors = [0]
+        for j in range(plan.jobs)
+    ]
+    world.start([world.node_name(i, 0) for i in range(plan.nodes)], jobs)
+    stop = threading.Event()
+    operator_errors = [0]
 
-        def step_forever() -> None:
-            while not stop.wait(0.2):
-                with world:
-                    try:
-                        operator.step()
-                    except (KeyError, AssertionError):  # raced with a direct delete: next step
-                        operator_errors[0] += 1
+    def step_forever() -> None:
+        while not stop.wait(plan.step):
+            with lock:
+                try:
+                    world.step()
+                except (KeyError, AssertionError, ApiException):  # raced the reclaim: next step
+                    operator_errors[0] += 1
 
-        stepper = threading.Thread(target=step_forever, daemon=True)
-        stepper.start()
-        proxy = FaultProxy(server.url, FaultRates.total(plan.faults[0]), seed=plan.seed).start()
-        storms = ServerFaults(server, seed=plan.seed + 1, every=(3.0, 8.0))
-        proxy.kubeconfig(str(tmp / "kubeconfig"))
-        replicas = Replicas(tmp, tmp / "kubeconfig")
-        for _ in range(2):
-            replicas.start()
-        passes = Passes(replicas)
-        takeovers: list[Takeover] = []
-        disrupter = threading.Thread(
-            target=_disrupt, daemon=True, args=(plan, server, replicas, stop, takeovers)
-        )
-        crashes: dict[str, int | None] = {}
-        end = None
-        try:
-            deadline = time.monotonic() + 60
-            while passes.count < 1 and not replicas.crashes() and time.monotonic() < deadline:
-                time.sleep(0.1)
-            logs = replicas.logs("daemon.log")
-            assert not replicas.crashes(), [p.read_text()[-3000:] for p in logs]
-            assert passes.count >= 1, "no replica made a pass within 60 s"
-            passes.watching = True
-            proxy.active.set()
-            storms.start()
-            disrupter.start()
-            _timeline(plan, rng, server, world, generation, proxy)
-            proxy.active.clear()
-            storms.stop()
-            disrupter.join(timeout=60)
-            time.sleep(plan.settle + 2.0)  # faults off: the daemon catches up
-            end = time.monotonic()
-            crashes = replicas.crashes()
-        finally:
-            stop.set()
-            passes.stop()
-            codes = replicas.stop()
-            if keep := os.environ.get("CHAOS_KEEP"):  # the daemons' logs, for the evidence
-                for f in replicas.logs("daemon.log") + replicas.logs("decisions.jsonl"):
-                    (Path(keep) / f"seed{plan.seed}-{f.name}").write_bytes(f.read_bytes())
-            proxy.stop()
-            storms.stop()
-        report = check(server, settle=plan.settle, end=end)
+    with lock:
+        world.step()
+    stepper = threading.Thread(target=step_forever, daemon=True)
+    stepper.start()
+    # the workers created and running before the daemon starts
+    world.wait_running([j["metadata"]["name"] for j in jobs], 90)
+    proxy, storms = world.proxy, world.storms
+    proxy.rates = FaultRates.total(plan.faults[0])
+    world.kubeconfig(str(tmp / "kubeconfig"))
+    replicas = Replicas(tmp, tmp / "kubeconfig", ns, world.lease_namespace)
+    for _ in range(2):
+        replicas.start()
+    passes = Passes(replicas)
+    takeovers: list[Takeover] = []
+    disrupter = threading.Thread(
+        target=_disrupt, daemon=True, args=(plan, world, replicas, stop, takeovers)
+    )
+    crashes: dict[str, int | None] = {}
+    end = None
+    try:
+        deadline = time.monotonic() + 60
+        while passes.count < 1 and not replicas.crashes() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        logs = replicas.logs("daemon.log")
+        assert not replicas.crashes(), [p.read_text()[-3000:] for p in logs]
+        assert passes.count >= 1, "no replica made a pass within 60 s"
+        passes.watching = True
+        proxy.active.set()
+        storms.start()
+        disrupter.start()
+        _timeline(plan, rng, world, lock, generation)
+        proxy.active.clear()
+        storms.stop()
+        disrupter.join(timeout=60)
+        time.sleep(plan.settle + 2.0)  # faults off: the daemon catches up
+        end = time.monotonic()
+        crashes = replicas.crashes()
+    finally:
+        stop.set()
+        passes.stop()
+        codes = replicas.stop()
+        stepper.join(timeout=15)
+        if keep := os.environ.get("CHAOS_KEEP"):  # the daemons' logs, for the evidence
+            for f in replicas.logs("daemon.log") + replicas.logs("decisions.jsonl"):
+                (Path(keep) / f"seed{plan.seed}-{f.name}").write_bytes(f.read_bytes())
+        proxy.stop()
+        storms.stop()
+    world.caught_up()
+    report = check(world.record, settle=plan.settle, end=end)
+    if keep := os.environ.get("CHAOS_KEEP"):  # the server's record, for the evidence
+        _keep_record(world, Path(keep) / f"seed{plan.seed}-{plan.server}-record.jsonl")
     log = "".join(p.read_text() for p in replicas.logs("daemon.log"))
     return Outcome(
         plan,
@@ -569,13 +543,38 @@ def run_chaos(plan: Plan, tmp: Path) -> Outcome:
     )
 
 
+def _keep_record(world: World, path: Path) -> None:
+    """One line per event of the record the invariants replayed: when (UTC, as the daemon logs
+    it), what, and what the invariants read of it (a pod's uid and node, a node's notice, a
+    job's drained hosts, a scaler's pods)."""
+    events, _, writes = world.record.record()
+    with path.open("w") as f:
+        for e in events:
+            meta, spec = e.obj["metadata"], e.obj.get("spec") or {}
+            line: dict[str, Any] = {"at": _utc(e.wall), "rv": meta.get("resourceVersion")}
+            line |= {"type": e.type, "kind": e.kind, "name": meta["name"]}
+            if e.kind == "Pod":
+                line |= {"uid": meta["uid"], "node": spec.get("nodeName")}
+                line["phase"] = (e.obj.get("status") or {}).get("phase")
+            elif e.kind == "Node":
+                line["notice"] = any(t.get("key") == NTH_ITN for t in spec.get("taints") or ())
+            elif e.kind == "TrainingJob":
+                line["drained"] = (meta.get("annotations") or {}).get(
+                    "spot-autoscaler.io/drained-hosts"
+                )
+            else:
+                line["spec"] = spec
+            f.write(json.dumps(line) + "\n")
+        for w in writes:
+            f.write(json.dumps({"write": w.method, "path": w.path, "by": w.identity}) + "\n")
+
+
 def _timeline(
     plan: Plan,
     rng: random.Random,
-    server: RecordingServer,
-    world: threading.Lock,
+    world: World,
+    lock: threading.Lock,
     generation: list[int],
-    proxy: FaultProxy,
 ) -> None:
     """Notices every `spacing` s; each reclaimed at its deadline or withdrawn (false alarm)."""
     t0 = time.monotonic()
@@ -590,52 +589,35 @@ def _timeline(
     doomed: set[int] = set()
 
     def notice(k: int) -> None:
-        with world:
+        with lock:
             free = [i for i in range(plan.nodes) if i not in doomed]
-            busy = [
-                i
-                for i in free
-                if any(
-                    (p.get("spec") or {}).get("nodeName") == f"node-{i}-g{generation[i]}"
-                    for p in server.objects("Pod", NS)
-                )
-            ]
+            placed = {(p.get("spec") or {}).get("nodeName") for p in world.pods()}
+            busy = [i for i in free if world.node_name(i, generation[i]) in placed]
             if not free:
                 return
             slot = rng.choice(busy or free)
             doomed.add(slot)
-            name = f"node-{slot}-g{generation[slot]}"
-            server.patch(
-                "Node",
-                name,
-                {
-                    "spec": {
-                        "taints": [{"key": NTH_ITN, "value": f"evt-{k}", "effect": "NoSchedule"}]
-                    }
-                },
-            )
+            name = world.node_name(slot, generation[slot])
+            world.notice(name, f"evt-{k}")
         if rng.random() < plan.false_alarms:
             at(time.monotonic() + plan.deadline / 2, lambda: withdraw(slot, name))
         else:
             at(time.monotonic() + plan.deadline, lambda: reclaim(slot, name))
 
     def withdraw(slot: int, name: str) -> None:
-        with world:
-            server.patch("Node", name, {"spec": {"taints": []}})
+        with lock:
+            world.withdraw(name)
             doomed.discard(slot)
 
     def reclaim(slot: int, name: str) -> None:
-        with world:
-            for pod in server.objects("Pod", NS):
-                if (pod.get("spec") or {}).get("nodeName") == name:
-                    server.reclaim_pod(pod["metadata"]["name"], NS)
-            server.delete("Node", name)
+        with lock:
+            world.reclaim(name)
         at(time.monotonic() + 1.0, lambda: replace(slot))
 
     def replace(slot: int) -> None:
-        with world:
+        with lock:
             generation[slot] += 1
-            server.seed(node(f"node-{slot}-g{generation[slot]}", GPUS_PER_NODE))
+            world.add_node(world.node_name(slot, generation[slot]))
             doomed.discard(slot)
 
     for k in range(plan.notices):
@@ -644,8 +626,15 @@ def _timeline(
         t, _, action = heapq.heappop(todo)
         time.sleep(max(0.0, t - time.monotonic()))
         phase = int((time.monotonic() - t0) // plan.fault_period)
-        proxy.rates = FaultRates.total(plan.faults[phase % len(plan.faults)])
+        world.proxy.rates = FaultRates.total(plan.faults[phase % len(plan.faults)])
         action()
+
+
+def _world(plan: Plan, request: pytest.FixtureRequest) -> World:
+    rates = FaultRates.total(plan.faults[0])
+    if plan.server == "real":
+        return RealWorld(request.getfixturevalue("control_plane"), rates, plan.seed)
+    return EmulatorWorld(NS, rates, plan.seed)
 
 
 def _record(outcome: Outcome) -> dict[str, Any]:
@@ -658,11 +647,18 @@ def _record(outcome: Outcome) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(900)
-def test_the_daemon_survives_faults_and_keeps_its_invariants(tmp_path: Path) -> None:
+@pytest.mark.parametrize("server", SERVERS)
+def test_the_daemon_survives_faults_and_keeps_its_invariants(
+    tmp_path: Path, server: str, request: pytest.FixtureRequest
+) -> None:
     plan = LONG_PLAN if LONG else SHORT
     seed = int(os.environ.get("CHAOS_SEED", plan.seed))
-    plan = Plan(**{**plan.__dict__, "seed": seed})
-    outcome = run_chaos(plan, tmp_path)
+    plan = Plan(**{**plan.__dict__, "seed": seed, "server": server})
+    world = _world(plan, request)
+    try:
+        outcome = run_chaos(plan, tmp_path, world)
+    finally:
+        world.close()
     summary = _record(outcome)
     assert summary["faults_total"] > 0 and summary["notices"] == plan.notices
     assert outcome.crashes == 0 and summary["tracebacks"] == 0, summary
@@ -688,7 +684,6 @@ def _scale_in(name: str, job: str, pods: list[str]) -> dict[str, Any]:
 
 
 def test_every_invariant_fires_on_a_stream_that_breaks_it() -> None:
-    from kube_fixtures import worker
 
     server = RecordingServer()
     taint = {"spec": {"taints": [{"key": NTH_ITN, "value": "e", "effect": "NoSchedule"}]}}
@@ -731,7 +726,8 @@ def test_every_invariant_fires_on_a_stream_that_breaks_it() -> None:
         NS,
     )
     server.seed(_scale_in("in-3", "j", ["j-worker-5"]))
-    report = check(server, settle=1.0, end=time.monotonic() + 2.0, race=0.3)
+    # join_grace 0: j-worker-4, Running on healthy b, counts as settled at once
+    report = check(server, settle=1.0, end=time.monotonic() + 2.0, race=0.3, join_grace=0.0)
     assert report.by_kind() == {
         "removed_healthy": 1,  # in-3: j-worker-5 on healthy b, 2 workers <= max 3
         "drained_without_notice": 2,  # j-worker-4 before b's notice, j-worker-5 after it went
@@ -769,7 +765,6 @@ def test_a_write_by_a_replica_the_lease_does_not_name_is_a_violation() -> None:
 
 
 def test_a_graceful_notice_breaks_nothing_and_is_measured() -> None:
-    from kube_fixtures import worker
 
     server = RecordingServer()
     server.seed(
@@ -808,7 +803,6 @@ def test_a_last_host_kept_and_killed_by_the_reclaim_is_no_violation() -> None:
     """Every worker of j is on the noticed node: the daemon keeps its last host in discovery
     until a replacement runs (core/departures.py _last_host_to_keep). The reclaim came first:
     the kept host dies undrained, by design; the other, drained, dies drained."""
-    from kube_fixtures import worker
 
     server = RecordingServer()
     server.seed(
@@ -854,3 +848,229 @@ def test_the_proxy_answers_errors_and_loses_replies_after_the_write() -> None:
         with urllib.request.urlopen(f"{proxy.url}/api/v1/nodes", timeout=5) as resp:
             assert resp.status == 200
         assert proxy.counts["lost_reply"] == 1 and proxy.injected == 21
+
+
+# --- the drain's time fence (adapters/kube/actuator.py `_checked_drain`) -------------------------
+# A drain rests on a notice read at one moment (the cache's current copy, or the server's GET); it
+# must land within CONFIRMED_FOR (1 s) of that read, as a ScaleIn must. The faults that hold a
+# write past it: errors slow to come back (a loaded server), whose retries outlast the second.
+BOTH = pytest.mark.servers("emulator", "real")
+SLOW_503S = {"method": "PATCH", "path_contains": "/trainingjobs/bert", "times": 3, "delay": 0.4}
+
+
+def _fault_proxy(kube: Kube) -> FaultProxy:
+    """A fault proxy before `kube`'s server: the emulator, or the real one over TLS (the
+    actuator then authenticates as a ServiceAccount bound to deploy/rbac.yaml's rules)."""
+    if isinstance(kube.server, RealApi):
+        plane = kube.server.plane
+        context = ssl.create_default_context(cafile=str(plane.dir / "pki" / "ca.crt"))
+        proxy = FaultProxy(plane.server, FaultRates(), context=context)
+        proxy.token = grant_deploy_rbac(kube.server._api, plane, NS, "chaos-drain-test")
+        return proxy
+    return FaultProxy(kube.server.url, FaultRates())
+
+
+def _drain_through(kube: Kube, proxy: FaultProxy) -> tuple[KubeActuator, Decision]:
+    """bert's workers 0 and 1 on node a (an NTH notice), 2 on b; the drain the core decides;
+    an actuator whose writes go through `proxy` (its cache reads the server directly)."""
+    taint = {"key": NTH_ITN, "value": "evt-1", "effect": "NoSchedule"}
+    kube.server.seed(
+        node("a", taints=[taint]),
+        node("b"),
+        training_job("bert", max_workers=4),
+        *(worker("bert", i, where) for i, where in enumerate("aab")),
+    )
+    cache = kube.cache()
+    snap = kube.observer(cache).snapshot(now())
+    [drain] = [d for d in decide(snap, kube.config.policy_set, now()) if d.action is Action.DRAIN]
+    config = Configuration()
+    config.host = proxy.url
+    if proxy.token:  # the whole header value: see ControlPlane.client_for_token
+        config.api_key = {"BearerToken": f"Bearer {proxy.token}"}
+    api = ApiClient(config)
+    kube.clients.append(api)
+    recorder = EventRecorder(api)
+    kube.recorders.append(recorder)
+    return KubeActuator(api, kube.config, recorder, cache, kube.rejections), drain
+
+
+def _job_patches(proxy: FaultProxy) -> list[Forwarded]:
+    return [w for w in proxy.writes if w.method == "PATCH" and "/trainingjobs/bert" in w.path]
+
+
+def _drained_hosts(kube: Kube) -> list[str]:
+    job = kube.server.get("TrainingJob", "bert", NS)
+    value = (job["metadata"].get("annotations") or {}).get("spot-autoscaler.io/drained-hosts")
+    return sorted(json.loads(value)) if value else []
+
+
+@BOTH
+def test_a_drain_held_past_its_check_is_checked_again_and_sent_at_once(kube: Kube) -> None:
+    """Three slow 503s (0.4 s each) keep the drain's PATCH from landing within 1 s of its check:
+    it is not sent on that check; the notice, checked again, still holds, and the drain goes
+    out in the same apply, once."""
+    with _fault_proxy(kube) as proxy:
+        actuator, drain = _drain_through(kube, proxy)
+        proxy.inject(503, **SLOW_503S)  # type: ignore[arg-type]
+        started = time.monotonic()
+        actuator.apply(drain, now())
+        took = time.monotonic() - started
+        assert proxy.counts["scripted_503"] == 3
+        assert [w.status for w in _job_patches(proxy)] == [200]
+    assert _drained_hosts(kube) == ["bert-worker-0", "bert-worker-1"]
+    assert 1.0 <= took < 2.0
+
+
+@BOTH
+def test_a_drain_held_past_its_check_never_lands_after_its_notice_went(kube: Kube) -> None:
+    """The same slow 503s; while the drain waits out its retries the notice is withdrawn. Past
+    the 1 s its check holds for, the retry is not sent; checked again, the node has no notice in
+    the current view: nothing is drained (before the fence, the fourth try drained both)."""
+    with _fault_proxy(kube) as proxy:
+        actuator, drain = _drain_through(kube, proxy)
+        proxy.inject(503, **SLOW_503S)  # type: ignore[arg-type]
+
+        def withdraw() -> None:
+            wait_for(lambda: proxy.counts["scripted_503"] >= 1, 5, "the first 503")
+            kube.server.patch("Node", "a", {"spec": {"taints": []}})
+
+        withdrawer = threading.Thread(target=withdraw)
+        withdrawer.start()
+        actuator.apply(drain, now())
+        withdrawer.join()
+        assert proxy.counts["scripted_503"] == 3
+        assert _job_patches(proxy) == []  # the job was never written
+    assert _drained_hosts(kube) == []
+
+
+# --- the harness on the real server: the proxy over TLS, its storms, the record from watches ----
+def _through(
+    proxy: FaultProxy, path: str, token: str | None, **extra: str
+) -> urllib.request.Request:
+    headers = {"Accept": "application/json", **extra}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    return urllib.request.Request(f"{proxy.url}{path}", headers=headers)
+
+
+@pytest.mark.parametrize("server", SERVERS)
+def test_the_proxy_breaks_every_watch_and_answers_a_resume_from_before_the_loss_with_410(
+    server: str, request: pytest.FixtureRequest
+) -> None:
+    """What `ProxyStorms` does where the server cannot: a watch relayed (over TLS to the real
+    server, the client's token passed on) is broken by `cut_watches`; after `expire`, a watch
+    resumed from an older revision gets what the watch cache answers one too old (200, one ERROR
+    event with a 410 Status), a newer one is relayed."""
+    if server == "real":
+        real: RealApi = request.getfixturevalue("real_api")
+        plane = real.plane
+        token: str | None = grant_deploy_rbac(real._api, plane, NS, "chaos-proxy-test")
+        context = ssl.create_default_context(cafile=str(plane.dir / "pki" / "ca.crt"))
+        proxy = FaultProxy(plane.server, FaultRates(), context=context)
+        revision: Callable[[], int] = lambda: real.resource_version  # noqa: E731
+        emulator = None
+    else:
+        emulator = RecordingServer().start()
+        token, proxy = None, FaultProxy(emulator.url, FaultRates())
+        revision = lambda: emulator.resource_version  # type: ignore[union-attr]  # noqa: E731
+    try:
+        with proxy:
+            with urllib.request.urlopen(_through(proxy, "/api/v1/nodes", token), timeout=10) as r:
+                old = json.loads(r.read())["metadata"]["resourceVersion"]
+            stream = urllib.request.urlopen(
+                _through(proxy, f"/api/v1/nodes?watch=true&resourceVersion={old}", token),
+                timeout=30,
+            )
+            wait_for(lambda: proxy.cut_watches() == 1, 10, "the watch relayed")
+            with pytest.raises((OSError, http.client.HTTPException)):
+                while stream.read(65536):  # the cut: no final chunk
+                    pass
+            stream.close()
+            # a write moves the store past `old`; then the history is lost up to now
+            node_name = "chaos-proxy-probe"
+            if emulator is not None:
+                emulator.seed(node(node_name))
+            else:
+                real.seed(node(node_name))
+            proxy.expire(revision())
+            path = f"/api/v1/nodes?watch=true&resourceVersion={old}"
+            with urllib.request.urlopen(_through(proxy, path, token), timeout=10) as r:
+                assert r.status == 200
+                [event] = [json.loads(line) for line in r.read().splitlines() if line.strip()]
+            assert event["type"] == "ERROR" and event["object"]["code"] == 410
+            assert event["object"]["reason"] == "Expired"
+            now_rv = revision()
+            path = f"/api/v1/nodes?watch=true&resourceVersion={now_rv}&timeoutSeconds=1"
+            with urllib.request.urlopen(_through(proxy, path, token), timeout=10) as r:
+                lines = [json.loads(line) for line in r.read().splitlines() if line.strip()]
+            assert all(e["type"] != "ERROR" for e in lines)
+            assert proxy.counts == {"resume_410": 1}
+    finally:
+        if emulator is not None:
+            emulator.stop()
+        else:
+            real.reset()
+
+
+@pytest.mark.real_cluster
+def test_the_real_servers_own_watches_record_what_breaks_an_invariant(real_api: RealApi) -> None:
+    """The checker replays a real server's record (`WatchRecorder`: its watches, in revision
+    order; the proxy's writes with the revision each was committed at): a job above max, a drain
+    of a host whose node has no notice, a write by a replica the Lease does not name; and a
+    notice's drain, timed."""
+    real, plane = real_api, real_api.plane
+    real.reset()
+    token = grant_deploy_rbac(real._api, plane, NS, "chaos-record-test")
+    context = ssl.create_default_context(cafile=str(plane.dir / "pki" / "ca.crt"))
+    admin = plane.api_client()
+    try:
+        with FaultProxy(plane.server, FaultRates(), context=context) as proxy:
+            recorder = WatchRecorder(
+                admin, NS, f"{SEEDED_LABEL}=true", ("spot-autoscaler", NS), proxy
+            ).start()
+            real.seed(
+                {
+                    "apiVersion": "coordination.k8s.io/v1",
+                    "kind": "Lease",
+                    "metadata": {"name": "spot-autoscaler", "namespace": NS},
+                    "spec": {"holderIdentity": "r-1", "leaseDurationSeconds": 6},
+                },
+                node("a"),
+                node("b"),
+                training_job("j", min_workers=1, max_workers=2),
+                worker("j", 0, "a"),
+                worker("j", 1, "b"),
+            )
+            real.seed(worker("j", 2, "b"))  # 3 > max 2
+            real.delete("Pod", "j-worker-2", NS)
+            taint = {"key": NTH_ITN, "value": "e", "effect": "NoSchedule"}
+            real.patch("Node", "a", {"spec": {"taints": [taint]}})
+            drained = {"spot-autoscaler.io/drained-hosts": '["j-worker-0"]'}
+            real.patch("TrainingJob", "j", {"metadata": {"annotations": drained}}, NS)
+            drained = {"spot-autoscaler.io/drained-hosts": '["j-worker-0", "j-worker-1"]'}
+            real.patch("TrainingJob", "j", {"metadata": {"annotations": drained}}, NS)  # b: none
+            for identity in ("r-1", "r-2"):
+                patch = urllib.request.Request(
+                    f"{proxy.url}/api/v1/nodes/b",
+                    data=json.dumps({"metadata": {"labels": {"by": identity}}}).encode(),
+                    method="PATCH",
+                    headers={
+                        "Authorization": f"Bearer {token}",
+                        "Content-Type": "application/merge-patch+json",
+                        "User-Agent": f"spot-autoscaler/{identity}",
+                    },
+                )
+                urllib.request.urlopen(patch, timeout=10).close()
+            recorder.wait_caught_up()
+            recorder.stop()
+            report = check(recorder, settle=60.0)
+    finally:
+        admin.close()
+        real.reset()
+    assert report.by_kind() == {
+        "over_max": 1,  # j-worker-2
+        "drained_without_notice": 1,  # j-worker-1 on b
+        "write_by_non_leader": 1,  # r-2's PATCH while r-1 held the Lease
+    }, [v.detail for v in report.violations]
+    [notice] = report.notices
+    assert notice.node == "a" and notice.latency is not None and notice.latency >= 0

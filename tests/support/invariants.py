@@ -1,8 +1,10 @@
 """Invariants of the autoscaler, checked on the API server's own event stream.
 
 `RecordingServer` is the API emulator that also keeps every event it emits (in commit order,
-with a monotonic timestamp), unbounded by the watch history and untouched by compaction.
-`check()` replays that stream and reports every violation of:
+with a monotonic timestamp), unbounded by the watch history and untouched by compaction; on a
+real kube-apiserver `watch_record.WatchRecorder` reads the same record from the server's
+watches (ordered by resourceVersion). `check()` replays that stream and reports every violation
+of:
 
 - ``over_max``: a job has more worker pods (not Terminating) than its maxReplicas;
 - ``under_min``: a worker removed by anyone but the spot reclaim (the operator, for a scaler)
@@ -12,7 +14,10 @@ with a monotonic timestamp), unbounded by the watch history and untouched by com
 - ``pod_in_two_scaleins``: one pod (name and uid) named by two of our ScaleIns;
 - ``undrained_at_reclaim``: a pod the reclaim kills whose host is not in its job's
   ``spot-autoscaler.io/drained-hosts`` annotation at that moment, unless it was kept as its
-  job's last host off noticed nodes (its fate is then ``kept_at_reclaim``);
+  job's last host: its job had no other worker that stays (on a node without a notice, not
+  drained) and had settled (Running ``join_grace`` seconds, or as long as the killed pod): the
+  daemon keeps such a host in discovery until a replacement settles (its fate is then
+  ``kept_at_reclaim``);
 - ``drained_after_healthy``: a host still drained ``settle`` seconds after its pod's node is
   healthy again (notice taint gone) and the pod still runs there;
 - ``write_by_non_leader``: a write (not to the Lease) from a replica (User-Agent
@@ -41,7 +46,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from .kube_api import KubeApiServer, Resource
 
@@ -51,7 +56,7 @@ DRAINED = "spot-autoscaler.io/drained-hosts"
 NTH_ITN = "aws-node-termination-handler/spot-itn"
 _FINISHED = ("ScaleSucceeded", "ScaleFailed")
 _WRITES = ("POST", "PUT", "PATCH", "DELETE")
-_AGENT = "spot-autoscaler/"
+AGENT = "spot-autoscaler/"  # the daemon's User-Agent: spot-autoscaler/<identity>
 LEASE = ("spot-autoscaler", "default")  # the daemon's Lease (name, namespace) in these runs
 _KINDS = {
     "nodes": "Node",
@@ -100,20 +105,25 @@ class RecordingServer(KubeApiServer):
 
     def _serve(self, h: Any) -> None:
         agent = h.headers.get("User-Agent") or ""
-        if h.command in _WRITES and agent.startswith(_AGENT) and "/leases" not in h.path:
+        if h.command in _WRITES and agent.startswith(AGENT) and "/leases" not in h.path:
             with self._lock:
                 lease = self.get("leases", *LEASE)
                 holder = lease["spec"].get("holderIdentity") if lease else None
                 self.writes.append(
                     Write(
                         time.monotonic(),
-                        agent[len(_AGENT) :],
+                        agent[len(AGENT) :],
                         h.command,
                         h.path.split("?")[0],
                         holder,
                     )
                 )
         super()._serve(h)
+
+    def record(self) -> tuple[list[Event], set[str], list[Write]]:
+        """What `check` replays: the events in commit order, the reclaimed pods, the writes."""
+        with self._lock:
+            return list(self.events), set(self.reclaimed), list(self.writes)
 
     def reclaim_pod(self, name: str, namespace: str) -> bool:
         """The spot reclaim kills a pod (recorded as preemption, not as an operator's act)."""
@@ -256,9 +266,13 @@ def _utc(wall: float) -> str:
 
 
 class _State:
-    def __init__(self, reclaimed: set[str], settle: float, race: float = 1.0) -> None:
+    def __init__(
+        self, reclaimed: set[str], settle: float, race: float = 1.0, join_grace: float = 30.0
+    ) -> None:
         self.reclaimed, self.settle, self.race = reclaimed, settle, race
+        self.join_grace = join_grace
         self.raced = 0
+        self.ready_since: dict[str, float] = {}  # pod uid -> when it was first seen Running
         self.nodes: dict[str, Obj] = {}
         self.healthy_since: dict[str, float] = {}  # node -> when it last lost the notice taint
         self.pods: dict[str, Obj] = {}  # uid -> pod
@@ -334,6 +348,27 @@ class _State:
             self.raced += 1
             return False
         return True
+
+    def settled_survivor(self, pod: Obj, job: str, t: float) -> bool:
+        """Whether, at `t`, `pod`'s job has another worker that stays (on a node there without
+        a notice, not drained) and is settled: Running since `join_grace` before `t`, or since
+        no later than `pod` (core/departures.py `_last_host_to_keep`: without one the daemon
+        keeps its last host in discovery until a replacement settles)."""
+        mine = self.ready_since.get(pod["metadata"]["uid"])
+        by = max(t - self.join_grace, mine if mine is not None else float("-inf"))
+        for w in self.workers(job):
+            node = (w.get("spec") or {}).get("nodeName") or ""
+            since = self.ready_since.get(w["metadata"]["uid"])
+            if (
+                w["metadata"]["uid"] != pod["metadata"]["uid"]
+                and node in self.nodes
+                and not _tainted(self.nodes[node])
+                and w["metadata"]["name"] not in self.drained[job]
+                and since is not None
+                and since <= by
+            ):
+                return True
+        return False
 
     def above_max(self, job: str) -> int:
         return max(0, len(self.workers(job)) - self.bounds(job)[1])
@@ -431,6 +466,8 @@ class _State:
         is_worker = _labels(e.obj).get("training-job-role") == "worker"
         if e.type != "DELETED":
             self.pods[uid] = e.obj
+            if (e.obj.get("status") or {}).get("phase") == "Running":
+                self.ready_since.setdefault(uid, e.t)
             lo, hi = self.bounds(job)
             if is_worker and len(self.workers(job)) > hi:
                 self.flag(
@@ -450,7 +487,12 @@ class _State:
             drained = name in self.drained[job]
             # its job's last host off noticed nodes: the daemon keeps it in discovery until a
             # replacement runs (core/departures.py _last_host_to_keep); none ran in time
-            kept = any(uid in n.kept for n in notices)
+            kept = any(uid in n.kept for n in notices) or (
+                not drained and not self.settled_survivor(pod, job, e.t)
+            )
+            if kept and not drained:
+                for n in notices:
+                    n.kept.add(uid)
             if not drained and not kept:
                 self.flag(
                     e.t,
@@ -556,15 +598,24 @@ class _State:
                 )
 
 
+class Record(Protocol):
+    """A server's record: `RecordingServer` (the emulator's own), or `watch_record.WatchRecorder`
+    (a real server's watches, the fault proxy's writes)."""
+
+    def record(self) -> tuple[list[Event], set[str], list[Write]]: ...
+
+
 def check(
-    server: RecordingServer, settle: float = 10.0, end: float | None = None, race: float = 1.0
+    source: Record,
+    settle: float = 10.0,
+    end: float | None = None,
+    race: float = 1.0,
+    join_grace: float = 30.0,
 ) -> Report:
-    """Replay everything the server recorded; ``end`` (default now) closes the settle checks."""
-    with server._lock:
-        events = list(server.events)
-        reclaimed = set(server.reclaimed)
-        writes = list(server.writes)
-    state = _State(reclaimed, settle, race)
+    """Replay everything the server recorded; ``end`` (default now) closes the settle checks.
+    ``join_grace``: the daemon's `preemption.join_grace` (when a replacement counts as settled)."""
+    events, reclaimed, writes = source.record()
+    state = _State(reclaimed, settle, race, join_grace)
     for e in events:
         state.apply(e)
     for w in writes:

@@ -5,7 +5,7 @@ stand between a client and the server (stdlib only).
 `ForwardingHandler` forwards each request (hop-by-hop headers dropped), relays the answer and
 streams a watch line by line. Subclasses see each request through three hooks: `before` (answer
 it here instead), `after` (what the server answered; drop the reply) and `cut_after` (break a
-watch stream).
+watch stream); `cut_watches()` breaks every stream relayed at once.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ class ForwardingProxy:
         self._handler = handler
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
+        self._watches: set[tuple[socket.socket, socket.socket | None]] = set()  # relayed now
         self._httpd: ThreadingHTTPServer | None = None
 
     def start(self) -> Self:
@@ -91,6 +92,20 @@ class ForwardingProxy:
         if self.context is None:
             return http.client.HTTPConnection(host, port, timeout=timeout)
         return http.client.HTTPSConnection(host, port, context=self.context, timeout=timeout)
+
+    def cut_watches(self) -> int:
+        """Break every watch stream relayed now, both ways (as a server that drops its watches:
+        the client sees its stream end without the final chunk); how many."""
+        with self._lock:
+            streams = list(self._watches)
+        for client, upstream in streams:
+            _shut(client)
+            _shut(upstream)
+        return len(streams)
+
+    def watching(self, client: socket.socket, upstream: socket.socket | None, on: bool) -> None:
+        with self._lock:
+            (self._watches.add if on else self._watches.discard)((client, upstream))
 
     def track(self, sock: socket.socket | None, on: bool) -> None:
         if sock is None:
@@ -191,6 +206,7 @@ class ForwardingHandler(BaseHTTPRequestHandler):
         self.close_connection = True
         upstream = conn.sock
         self.proxy.track(upstream, True)
+        self.proxy.watching(self.connection, upstream, True)
         timer = None
         if (cut_after := self.cut_after()) is not None:
 
@@ -220,6 +236,7 @@ class ForwardingHandler(BaseHTTPRequestHandler):
         finally:
             if timer is not None:
                 timer.cancel()
+            self.proxy.watching(self.connection, upstream, False)
             self.proxy.track(upstream, False)
             _shut(upstream)
             conn.close()

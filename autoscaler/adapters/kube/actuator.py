@@ -6,6 +6,8 @@ the next pass, seeing the cluster again, decides afresh.
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import structlog
@@ -14,7 +16,7 @@ from kubernetes.client.exceptions import ApiException
 
 from autoscaler.adapters.kube.annotations import notice_patch, update_drained
 from autoscaler.adapters.kube.cache import KubeCache
-from autoscaler.adapters.kube.confirm import BoardNotices, ServerCheck
+from autoscaler.adapters.kube.confirm import BoardNotices, ServerCheck, narrowed
 from autoscaler.adapters.kube.events import EventRecorder
 from autoscaler.adapters.kube.guard import EvictionGuard
 from autoscaler.adapters.kube.kinds import KINDS, kind_of
@@ -25,7 +27,7 @@ from autoscaler.adapters.kube.rejects import Rejections
 from autoscaler.adapters.kube.resources import NODES, Obj
 from autoscaler.adapters.kube.signal import CheckpointSignal
 from autoscaler.config import Config
-from autoscaler.core.model import Action, Decision, Job, Notice
+from autoscaler.core.model import Action, Decision, Job, Notice, Reason
 from autoscaler.fencing import Fence, Stale
 from autoscaler.notice import ANNOTATION
 
@@ -103,11 +105,10 @@ class KubeActuator:
             backend.scale_out(job, decision, now)
         elif decision.action is Action.SCALE_IN:
             self._scale_in(kind, backend, job, decision, now)
-        elif decision.action in (Action.DRAIN, Action.UNDRAIN):
-            if decision.action is Action.DRAIN:  # only for notices the view is sure of
-                decision = self._check.drain(decision, job, now, self._cache)
-            if decision.pods or decision.action is Action.UNDRAIN:
-                self._drain(kind, job, decision, now)
+        elif decision.action is Action.DRAIN:  # only for notices the view is sure of
+            self._checked_drain(kind, job, decision, now)
+        elif decision.action is Action.UNDRAIN:
+            self._drain(kind, job, decision, now)
 
     def _scale_in(
         self, kind: JobKind, backend: KindActuator, job: Obj, decision: Decision, now: datetime
@@ -132,6 +133,29 @@ class KubeActuator:
                 if attempt == CHECKS_PER_SCALE_IN:
                     raise
                 log.info("scale_in_checked_again", job=decision.job, attempt=attempt, why=str(exc))
+
+    def _checked_drain(self, kind: JobKind, job: Obj, decision: Decision, now: datetime) -> None:
+        """A drain for the notices the view or the server confirms (confirm.py), landing within
+        CONFIRMED_FOR of that check, as a ScaleIn must: retried past it (a 429's Retry-After: 1),
+        it could land after its notice was withdrawn. One that could not is checked again and
+        sent in the same apply (the pods are told once)."""
+        # the second check wants a notice on every node: a withdrawn one's current copy would
+        # pass for a clamp's worker's node (which goes with the next pass then)
+        strict = replace(decision, tags=(*decision.tags, Reason.STALE_VIEW))
+        for attempt in range(1, CHECKS_PER_SCALE_IN + 1):
+            checked = time.monotonic()  # the cache's copy, or the server's GET, read after this
+            asked = self._check.drain(decision if attempt == 1 else strict, job, now, self._cache)
+            confirmed = narrowed(decision, asked.pods)
+            if not confirmed.pods:
+                return
+            try:
+                with self._objects.fence.until(checked + CONFIRMED_FOR, "the drain's notices"):
+                    self._drain(kind, job, confirmed, now, tell=attempt == 1)
+                return
+            except Stale as exc:
+                if attempt == CHECKS_PER_SCALE_IN:
+                    raise
+                log.info("drain_checked_again", job=decision.job, attempt=attempt, why=str(exc))
 
     @property
     def signal_failures(self) -> int:
@@ -159,15 +183,18 @@ class KubeActuator:
         self._notice_recorder.record(patched, "PreemptionNotice", message, when, warning=True)
         return True
 
-    def _drain(self, kind: JobKind, job: Obj, decision: Decision, now: datetime) -> None:
+    def _drain(
+        self, kind: JobKind, job: Obj, decision: Decision, now: datetime, tell: bool = True
+    ) -> None:
         """Hide hosts from (or show them again to) the job's Horovod discovery. A drain tells
         the job first (the checkpoint signal: its pods behind, its own annotation in the same
         patch); the last undrain takes the signal back."""
         hosts = frozenset(decision.hosts)
         drain = decision.action is Action.DRAIN
         resource = kind.jobs
-        if drain:
+        if drain and tell:
             self._signal.tell_pods(kind, job, decision, now)
+        if drain:
             told = self._signal.annotations(job, decision, now)
         result = update_drained(
             self._objects,
