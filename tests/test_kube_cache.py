@@ -56,6 +56,22 @@ def test_dropped_watches_resume_where_they_stopped(kube: Kube) -> None:
     assert kube.server.count("GET", "nodes", watch=False) == 1  # one list, resumed, no re-list
 
 
+def test_a_broken_watch_resumes_after_the_last_event_it_delivered(kube: Kube) -> None:
+    """Not from where the watch began: the server would replay what came since, and a replayed
+    event of an object deleted since brings it back until its deletion comes again (ghost pods
+    a clamp counted, on a real kube-apiserver, draining healthy workers)."""
+    cache = kube.cache()
+    kube.server.seed(node("b"))
+    kube.server.delete("Node", "b")
+    wait_for(lambda: cache.seen_rv(NODES) >= kube.server.resource_version, what="b deleted")
+    last = kube.server.resource_version
+    kube.server.clear_requests()
+    kube.server.drop_watches(abrupt=True)
+    kube.server.wait_until(lambda: kube.server.count("GET", "/nodes", watch=True) >= 1)
+    resumed = kube.server.requests("GET", "/nodes", watch=True)[0]
+    assert int(resumed.query["resourceVersion"]) == last
+
+
 def test_410_gone_relists_and_reports_what_changed_meanwhile(kube: Kube) -> None:
     kube.server.seed(node("a"), node("b"))
     cache = kube.cache()

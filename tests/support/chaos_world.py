@@ -324,8 +324,19 @@ class RealWorld:
         self.proxy.stop()
         self.storms.stop()
         self.recorder.stop()
-        with contextlib.suppress(ApiException):
-            raw_api.send(self.admin, "DELETE", f"/api/v1/namespaces/{self.namespace}")
+        # the pods at once (their nodes go next: nothing would finish a graceful delete), then
+        # the namespace, and the cluster-wide grants grant_deploy_rbac made
+        gone = {"gracePeriodSeconds": 0}
+        rbac = "/apis/rbac.authorization.k8s.io/v1"
+        grants = f"spot-autoscaler-{self.namespace}"
+        for path in (
+            f"/api/v1/namespaces/{self.namespace}/pods",
+            f"/api/v1/namespaces/{self.namespace}",
+            f"{rbac}/clusterrolebindings/{grants}",
+            f"{rbac}/clusterroles/{grants}",
+        ):
+            with contextlib.suppress(ApiException):
+                raw_api.send(self.admin, "DELETE", path, gone)
         for node in self.api.objects("Node"):
             labels = node["metadata"].get("labels") or {}
             if labels.get(POOL) in (self.namespace, self._launchers):

@@ -37,6 +37,7 @@ import contextlib
 import datetime
 import ipaddress
 import os
+import random
 import shutil
 import signal
 import socket
@@ -188,11 +189,27 @@ def wait_until(
         time.sleep(interval)
 
 
+def _ephemeral_low() -> int:
+    """The first port the kernel hands to outgoing connections (ip_local_port_range)."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    return 32768
+
+
 def free_port() -> int:
-    """A loopback TCP port nobody listens on now (the kernel's choice)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback TCP port nobody listens on now, below the kernel's ephemeral range: a port
+    from that range (what binding to port 0 gives) can be taken by any outgoing connection
+    between this choice and the server's own bind (a kube-scheduler failed so: "bind: address
+    already in use")."""
+    low = _ephemeral_low()
+    for port in random.sample(range(max(1024, low - 12000), low), 200):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise ControlPlaneError("no free loopback port below the ephemeral range")
 
 
 def port_in_use(port: int) -> bool:

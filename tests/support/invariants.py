@@ -8,7 +8,8 @@ of:
 
 - ``over_max``: a job has more worker pods (not Terminating) than its maxReplicas;
 - ``under_min``: a worker removed by anyone but the spot reclaim (the operator, for a scaler)
-  leaves its job below minReplicas, unless the pod's node had a notice (preemption);
+  leaves its job below minReplicas, unless the pod's node had a notice (preemption) then or
+  when our ScaleIn named it;
 - ``two_scalers``: more than one of our unfinished scalers (ScaleIn/ScaleOut labelled
   ``app.kubernetes.io/managed-by=spot-autoscaler``) for one job at once;
 - ``pod_in_two_scaleins``: one pod (name and uid) named by two of our ScaleIns;
@@ -284,6 +285,7 @@ class _State:
         self.resolved: dict[str, dict[str, str | None]] = {}  # ScaleIn -> pod name -> uid
         self.violations: list[Violation] = []
         self.notices: list[Notice] = []
+        self.named_noticed: set[str] = set()  # uids our ScaleIns named while under a notice
         self._seen: set[tuple[str, ...]] = set()
 
     def flag(
@@ -337,6 +339,11 @@ class _State:
 
     def pod_named(self, name: str) -> Obj | None:
         return next((p for p in self.pods.values() if p["metadata"]["name"] == name), None)
+
+    def noticed(self, pod: Obj) -> bool:
+        """Its node is there with a notice now."""
+        node = (pod.get("spec") or {}).get("nodeName") or ""
+        return node in self.nodes and _tainted(self.nodes[node])
 
     def healthy(self, pod: Obj, t: float) -> bool:
         """Its node is there without a notice at `t`, and was for longer than `race` (a notice
@@ -512,7 +519,9 @@ class _State:
         for n in notices:
             n.fate.setdefault(uid, "removed_by_name")
         lo, _ = self.bounds(job)
-        noticed = node in self.nodes and _tainted(self.nodes[node])
+        # a ScaleIn cannot be taken back: one that named the pod under a notice withdrawn
+        # since (a false alarm) is still a removal for that notice when et-operator runs it
+        noticed = self.noticed(pod) or uid in self.named_noticed
         ran = (pod.get("status") or {}).get("phase") == "Running"
         left = len(self.workers(job))
         if left < lo and ran and not noticed:
@@ -569,6 +578,8 @@ class _State:
             for n in self.notices:
                 if pod and pod["metadata"]["uid"] in n.pods:
                     n.named_at.setdefault(pod["metadata"]["uid"], e.t)
+            if pod and self.noticed(pod):
+                self.named_noticed.add(pod["metadata"]["uid"])
             ident = (pod_name, pod["metadata"]["uid"] if pod else None)
             first = self.named.setdefault(ident, key[1])
             if first != key[1]:

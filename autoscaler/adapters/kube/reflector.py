@@ -113,6 +113,11 @@ class Reflector:
         self._trackers: weakref.WeakSet[KeyTracker] = weakref.WeakSet()
         self._watch: watch.Watch | None = None
         self._opened = False  # the current watch's response arrived (see run)
+        # the resourceVersion of the last event the current watch delivered: a broken stream
+        # resumes there, not where it began (the server would replay what we hold, and a
+        # replayed event of a pod deleted since brought it back until its deletion came again:
+        # a clamp counted such ghosts and drained healthy workers on a real kube-apiserver)
+        self._delivered: str | None = None
         self._is_served = is_served
         self._rediscover = rediscover
         self._on_served = on_served
@@ -197,6 +202,7 @@ class Reflector:
                 backoff.reset()
             except ApiException as exc:
                 self._broke()
+                rv = self._delivered if rv is not None else None
                 if exc.status == 410:  # expired: our resourceVersion is older than the server keeps
                     self._log.info("watch_expired_relisting")
                     rv = None
@@ -210,6 +216,7 @@ class Reflector:
             except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
                 # a dropped connection, an unreachable server, a cut-off body
                 self._broke()
+                rv = self._delivered if rv is not None else None
                 now = time.monotonic()
                 stopping = self._stop.is_set()  # stop_watch() broke it on purpose
                 if self._opened and rv and not stopping and now - resumed > _RESUME_EVERY:
@@ -314,6 +321,7 @@ class Reflector:
         """Watch until the server ends the stream; the resourceVersion to resume from."""
         w = watch.Watch(return_type="object")  # plain dicts: no model deserialisation
         self._watch = w
+        self._delivered = rv
 
         def opened(**kwargs: Any) -> Any:
             response = self._list_fn(**kwargs)
@@ -339,6 +347,7 @@ class Reflector:
                     if kind in ("ADDED", "MODIFIED", "DELETED"):
                         self._apply(kind, self._transform(obj))
                     self._seen(rv)
+                    self._delivered = rv
                 if self._stop.is_set():  # checked after the event: a callback may have set it
                     break
         finally:
