@@ -481,3 +481,18 @@ def test_a_clamps_worker_in_a_notices_drain_needs_no_notice(kube: Kube) -> None:
     kube.actuator(cache).apply(drain, now())
     assert sorted(json.loads(drained(kube))) == sorted(drain.hosts)
     assert node_gets(kube) == 0
+
+
+@BOTH
+def test_a_clamps_drain_counts_the_job_on_the_server(kube: Kube) -> None:
+    """A clamp to max decided on a view that still counts a worker the server has deleted (a
+    ghost: the view behind the server without knowing it). The drain hides only as many of the
+    clamp's workers as the server's count is above the target: here none."""
+    kube.server.seed(node("a"), node("b"), *bert("a", "b", "b", max_workers=2))
+    cache = kube.cache()
+    snap = kube.observer(cache).snapshot(now())
+    [drain] = [d for d in decide(snap, kube.config.policy_set, now()) if d.action is Action.DRAIN]
+    assert drain.reason is Reason.CLAMP_MAX and drain.to_workers == 2 and len(drain.pods) == 1
+    kube.server.delete("Pod", "bert-worker-0", NS)  # the server is at max now
+    kube.actuator(cache).apply(drain, now())
+    assert drained(kube) == ""

@@ -144,7 +144,9 @@ class KubeActuator:
         strict = replace(decision, tags=(*decision.tags, Reason.STALE_VIEW))
         for attempt in range(1, CHECKS_PER_SCALE_IN + 1):
             checked = time.monotonic()  # the cache's copy, or the server's GET, read after this
-            asked = self._check.drain(decision if attempt == 1 else strict, job, now, self._cache)
+            asked = self._check.drain(
+                decision if attempt == 1 else strict, job, kind, now, self._cache
+            )
             confirmed = narrowed(decision, asked.pods)
             if not confirmed.pods:
                 return

@@ -14,7 +14,8 @@ to max, an on-demand surplus).
 Victims that are gone or already Terminating are dropped.
 Drains are reversible and race the node's death: a notice the node view has received since its
 last break (a re-list, a resumed watch) needs no read; one held from before it (or while the view
-is behind) is confirmed first, one GET per node.
+is behind) is confirmed first, one GET per node; a clamp's workers (on nodes without a notice)
+are drained only as far as the job's live workers on the server are above the target (one list).
 """
 
 from __future__ import annotations
@@ -99,17 +100,22 @@ class ServerCheck:
             )
         return narrowed(decision, kept), since
 
-    def drain(self, decision: Decision, job: Obj, now: datetime, view: Freshness) -> Decision:
+    def drain(
+        self, decision: Decision, job: Obj, kind: JobKind, now: datetime, view: Freshness
+    ) -> Decision:
         """`decision` without the workers whose node's notice may be gone (a pod's node never
         changes, so the cache may tell it). A drain goes only for a notice the node view has
         received since its last break (`view.current`: after its last re-list or resumed
         watch, which may still be replaying a withdrawal) or one the server (or the board)
         confirms: one GET per node that needs it. Decided on a stale view (`stale_view`), every
         worker it names is on a node the view had a notice for: one whose current copy has none
-        now lost it. Otherwise a worker on a node without a notice is a clamp's: it needs none."""
+        now lost it. Otherwise a worker on a node without a notice is a clamp's: it needs no
+        notice, only a job the server has above the decision's target (one list of its
+        workers), as a ScaleIn's does: a view behind the server, still holding pods deleted
+        since, would drain healthy workers."""
         strict = Reason.STALE_VIEW in decision.tags
         board = self._board_nodes(now)
-        keep, ask = set(), set()
+        keep, ask, clamp = set(), set(), set()
         for node in decision.nodes:
             noticed, current = self._noticed_in_cache(node), view.current(NODES, node)
             if node in board or (noticed and current):
@@ -117,20 +123,27 @@ class ServerCheck:
             elif noticed or (strict and not current):
                 ask.add(node)
             elif not strict:
-                keep.add(node)
+                clamp.add(node)
         keep |= self._noticed(ask, now) if ask else set()
-        if keep == set(decision.nodes):
+        namespace = job["metadata"]["namespace"]
+        node_of = {p: self.node_of(namespace, p) for p in decision.pods}
+        pods = [p for p in decision.pods if node_of[p] in keep]
+        clamped = [p for p in decision.pods if node_of[p] in clamp]
+        if clamped:
+            listed = self._job_pods(namespace, job["metadata"]["name"], kind)
+            room = sum(map(_alive, listed)) - decision.to_workers - len(pods)
+            clamped = clamped[: max(0, room)]
+        kept = tuple(p for p in decision.pods if p in pods or p in clamped)
+        if kept == decision.pods:
             return decision
         log.info(
             "drain_narrowed_by_server",
             job=decision.job,
             nodes=list(decision.nodes),
-            without_notice=sorted(set(decision.nodes) - keep),
+            without_notice=sorted(set(decision.nodes) - keep - clamp),
+            clamp_not_above_target=sorted(set(decision.pods) - set(kept) - set(pods)),
         )
-        namespace = job["metadata"]["namespace"]
-        return narrowed(
-            decision, tuple(p for p in decision.pods if self.node_of(namespace, p) in keep)
-        )
+        return narrowed(decision, kept)
 
     def _workers(
         self, job: Obj, kind: JobKind, victims: tuple[str, ...], now: datetime
