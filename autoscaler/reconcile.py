@@ -142,11 +142,19 @@ class Reconciler:
         self._writing_lock = threading.Lock()
         self._on_written = on_written
 
-    def tick(self, now: datetime, give_way: Callable[[], bool] = _never) -> list[Decision]:
+    def tick(
+        self,
+        now: datetime,
+        give_way: Callable[[], bool] = _never,
+        notice_waits: Callable[[], bool] = _never,
+    ) -> list[Decision]:
         """One full pass. `give_way()` is asked before deciding, before acting and before each
         write that answers no notice (growth, alerts, standing objects): True (a notice is
         waiting) ends the pass there with `gave_way` set and the rest not applied (nor logged);
-        the caller answers the notice on the fast path and runs the pass again."""
+        the caller answers the notice on the fast path and runs the pass again. A pass the
+        caller no longer lets give way (it has for long enough: growth must not starve) still
+        stops after its first batch of such writes when `notice_waits()`: a pass deciding tens
+        of ScaleOuts (fresh nodes' GPUs idle together) held every notice for all of them."""
         self.gave_way = False  # also when the snapshot fails: that pass counts as a pass
         snapshot = self.observer.snapshot(now)
         if snapshot.nodes is not self._idle_of:  # the same nodes: the same clocks, kept
@@ -158,7 +166,7 @@ class Reconciler:
                 self._decide(replace(snapshot, idle_since=self.idle_since), now)
             )
             self.gave_way = give_way()
-        if self.gave_way or not self._act(decisions, now, give_way):
+        if self.gave_way or not self._act(decisions, now, give_way, notice_waits):
             self.gave_way = True
             return []
         self._managed = [j for j in snapshot.jobs if self.policies.for_job(j) is not None]
@@ -247,11 +255,16 @@ class Reconciler:
         self.settle(_never, timeout)
 
     def _act(
-        self, decisions: list[Decision], now: datetime, give_way: Callable[[], bool] = _never
+        self,
+        decisions: list[Decision],
+        now: datetime,
+        give_way: Callable[[], bool] = _never,
+        notice_waits: Callable[[], bool] = _never,
     ) -> bool:
         """Log and apply: every action, and the noops a person must hear of once per episode.
         False when it stopped for a waiting notice before a write that answers none (growth,
-        an alert): those are neither applied nor logged, and the next pass decides them again."""
+        an alert): those are neither applied nor logged, and the next pass decides them again.
+        After one batch of those, a waiting notice stops it even when `give_way` would not."""
         to_apply: list[Decision] = []
         for decision in decisions:
             if decision.action is not Action.NOOP:
@@ -272,13 +285,15 @@ class Reconciler:
         # at once: hundreds of undrains after a wave of ScaleIns must not hold a waiting notice
         # for more than one batch's round trip
         rest = [d for d in to_apply if d.action not in _ANSWERS_NOTICES]
+        batches = 0
         for action in sorted({d.action for d in rest}, key=_APPLY_ORDER.__getitem__):
             of_action = [d for d in rest if d.action is action]
             for start in range(0, len(of_action), self._batch):
-                if give_way():
+                if give_way() or (batches and notice_waits()):
                     self._count_failed(done.count(False))
                     return False
                 done += self._apply_at_once(of_action[start : start + self._batch], now)
+                batches += 1
         self._count_failed(done.count(False))
         return True
 

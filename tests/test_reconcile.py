@@ -130,6 +130,19 @@ def test_a_notice_waiting_stops_growth_between_batches() -> None:
     assert out.getvalue().count('"scale_out"') == 1
 
 
+def test_a_pass_that_may_not_give_way_still_stops_growth_after_one_batch() -> None:
+    """Notices have held the pass back long enough (`give_way` says no more): it decides and
+    grows, but a notice waiting after its first batch stops the second; growth goes on a batch
+    a pass, and no notice waits for all of it."""
+    snap, grow_now = two_growing_jobs()
+    world = FixedWorld(snap)
+    reconciler = Reconciler(world, world, grow_now, file_logger(io.StringIO()))
+    reconciler.tick(NOW, give_way=lambda: False, notice_waits=lambda: True)
+    assert reconciler.gave_way and world.applied == [("ml/a", Action.SCALE_OUT)]
+    reconciler.tick(NOW, give_way=lambda: False)  # no notice waits: the pass runs to the end
+    assert not reconciler.gave_way and ("ml/b", Action.SCALE_OUT) in world.applied
+
+
 class GatedWorld(FixedWorld):
     """ScaleIns wait at a gate until the test opens it."""
 

@@ -23,8 +23,9 @@ from autoscaler.reconcile import Reconciler
 
 _SYNC_POLL = 0.2  # seconds between looks at the caches until they have synced
 # A full pass gives way to waiting notices for at most this long (seconds, from the first time it
-# gave way), then runs to the end: a stream of notices (or of Node events, which may be one) must
-# not starve growth, which waits for idle capacity for a minute anyway (scale_out.min_idle).
+# gave way), then decides and acts, a batch of growth at least per pass: a stream of notices (or
+# of Node events, which may be one) must not starve growth, which waits for idle capacity for a
+# minute anyway (scale_out.min_idle), nor hold a notice for more than one batch of it.
 GIVE_WAY_FOR = 2.0
 SETTLE_FOR = 2.0  # seconds the fast path's ScaleIns get before the full pass runs anyway
 
@@ -116,7 +117,7 @@ class ReconcileLoop:
         errors_before = self.reconciler.errors
         started = time.perf_counter()
         try:
-            decisions = self.reconciler.tick(datetime.now(UTC), self._give_way)
+            decisions = self.reconciler.tick(datetime.now(UTC), self._give_way, self._notice_waits)
         except Exception as exc:  # the observer could not see the world: retry after a back-off
             self._metrics.error("reconcile")
             self._logger.error(
@@ -151,10 +152,14 @@ class ReconcileLoop:
 
     def _give_way(self) -> bool:
         """Only while the loop's thread runs (it answers the notice next); `--once` never."""
-        if self._thread is None or self._stop.is_set() or not self._wake.notice_pending():
+        if not self._notice_waits():
             return False
         since = self._giving_way_since
         return since is None or time.monotonic() - since < GIVE_WAY_FOR
+
+    def _notice_waits(self) -> bool:
+        """A notice waits, and the loop's thread runs to answer it."""
+        return self._thread is not None and not self._stop.is_set() and self._wake.notice_pending()
 
     def _react(self) -> None:
         """The notice fast path: the noticed jobs' drains and ScaleIns, then the full pass. A
