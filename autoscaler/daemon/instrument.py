@@ -8,7 +8,8 @@ from datetime import UTC, datetime
 from autoscaler.core import Action, Decision, Job, Notice, Snapshot
 from autoscaler.daemon.metrics import Metrics
 from autoscaler.fencing import NotLeader
-from autoscaler.reconcile import Actuator, Keeper, Observer, noticed_view
+from autoscaler.reconcile import Observer, noticed_view
+from autoscaler.writes import Actuator, Keeper
 
 __all__ = ["GuardedActuator", "MeasuredObserver", "NoticeTracker", "NotLeader"]
 

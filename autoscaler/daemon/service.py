@@ -26,8 +26,9 @@ from autoscaler.daemon.metrics import Metrics
 from autoscaler.daemon.reload import ConfigReloader
 from autoscaler.daemon.supervise import Supervisor
 from autoscaler.fencing import Fence
-from autoscaler.reconcile import Actuator, Observer, Reconciler
+from autoscaler.reconcile import Observer, Reconciler
 from autoscaler.shutdown import wait_until_stopped
+from autoscaler.writes import Actuator
 
 _STOP_TIMEOUT = (
     10.0  # seconds a part gets to finish on shutdown (a pass's actions, a source's poll)

@@ -1,0 +1,257 @@
+"""How a pass's decisions are written: in what order, in what batches, on which threads.
+
+The Reconciler observes and decides; this carries the decisions out and logs them:
+- departures first (drains, then cancels, then ScaleIns), each action's decisions of different
+  jobs at once: a drain races its node's death and must not queue behind other jobs' writes;
+- the rest (growth, undrains, alerts) a batch of different jobs at a time, asking between
+  batches whether a waiting notice should have the loop (`give_way`, `notice_waits`);
+- the fast path's ScaleIns written behind its drains on their own threads, the job held (only
+  its drains go) until its write ends;
+- standing objects (PodDisruptionBudgets) a few writes at a time;
+- every action logged, a noop once per episode (its reason for that job changes); failures
+  logged and counted, never raised: the next pass sees the world again.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from datetime import datetime
+from functools import partial
+from typing import Any, Protocol, runtime_checkable
+
+from autoscaler.core import Action, Decision, Job
+from autoscaler.decisionlog import log_decision
+
+_APPLY_ORDER = {
+    Action.DRAIN: 0,
+    Action.CANCEL: 1,  # before the operator picks the scaler up
+    Action.SCALE_IN: 2,
+    Action.SCALE_OUT: 3,
+    Action.UNDRAIN: 4,
+    Action.NOOP: 5,
+}
+# What a pass may write while a notice waits: the departures (a full pass makes them too), in
+# this order; each of different jobs at once (one decision per job and action).
+_DEPARTURES = (Action.DRAIN, Action.CANCEL, Action.SCALE_IN)
+_ANSWERS_NOTICES = frozenset(_DEPARTURES)
+_SETTLE_POLL = 0.02  # seconds between looks for a waiting notice while writes settle
+_KEEP_WRITES = 5  # standing-object writes per pass: ~5-20 ms each on a real API server
+
+
+def never() -> bool:
+    return False
+
+
+class Actuator(Protocol):
+    """Carries out one decision. A dry-run actuator only says what it would do."""
+
+    dry_run: bool
+
+    def apply(self, decision: Decision, now: datetime) -> None: ...
+
+
+@runtime_checkable
+class Keeper(Protocol):
+    """An actuator that also keeps standing objects true for the managed jobs each pass (e.g.
+    the Kubernetes one's PodDisruptionBudgets)."""
+
+    def keep(self, jobs: list[Job], now: datetime, writes: int) -> bool:
+        """At most `writes` API writes; True when nothing was left for a later pass."""
+        ...
+
+
+class Writes:
+    def __init__(
+        self,
+        actuator: Actuator,
+        logger: Any,
+        on_decision: Callable[[Decision], None] | None = None,
+        workers: int = 1,
+        on_written: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.actuator = actuator
+        self.logger = logger
+        self.on_decision = on_decision
+        self.errors = 0
+        self.kept = True  # False: standing objects are left over (keep_more, or the next pass)
+        self._last_noop: dict[str, tuple[str, tuple[str, ...]]] = {}  # job -> (reason, tags)
+        # writes of different jobs are independent: with more than one worker they go out at
+        # once instead of queueing behind each other's round trips (departures race nodes'
+        # deaths; a ScaleIn is three: the server check's reads and the create)
+        self._pool = _pool(workers, "writer")
+        self._batch = max(1, workers)
+        # the fast path's ScaleIns, written behind its drains: job -> its write. Until it ends,
+        # nothing but drains is applied for that job (one scaler at a time, and a cache that has
+        # not seen the write must not make a second); its end calls `on_written`. Their own
+        # workers: a slow ScaleIn must never hold the next notice's drains.
+        self._behind = _pool(workers, "behind")
+        self._writing: dict[str, Future[bool]] = {}
+        self._lock = threading.Lock()
+        self._on_written = on_written
+
+    # --- a pass's decisions ---------------------------------------------------------------------
+    def act(
+        self,
+        decisions: list[Decision],
+        now: datetime,
+        give_way: Callable[[], bool] = never,
+        notice_waits: Callable[[], bool] = never,
+    ) -> bool:
+        """Log and apply: every action, and the noops a person must hear of once per episode.
+        False when it stopped for a waiting notice before a write that answers none (growth,
+        an alert): those are neither applied nor logged, and the next pass decides them again.
+        After one batch of those, a waiting notice stops it even when `give_way` would not."""
+        to_apply = self._to_apply(decisions, now)
+        # Every job's drain before any scaler: a drain is what races the node's death, and it
+        # must not wait behind other jobs' API writes. Within a job, drain still precedes scale-in.
+        done: list[bool] = []
+        for action in _DEPARTURES:
+            done += self._apply_at_once([d for d in to_apply if d.action is action], now)
+        finished = self._apply_rest(to_apply, now, done, give_way, notice_waits)
+        self._count_failed(done.count(False))
+        return finished
+
+    def _to_apply(self, decisions: list[Decision], now: datetime) -> list[Decision]:
+        """The actions, and the alerts worth telling; the other noops are logged here."""
+        to_apply: list[Decision] = []
+        for decision in decisions:
+            if decision.action is not Action.NOOP:
+                to_apply.append(decision)
+            elif decision.reason.info.alert:  # logged when its Event goes out
+                if self._worth_logging(decision, record=False):
+                    to_apply.append(decision)
+            elif self._worth_logging(decision):
+                self._log(decision, now)
+            if self.on_decision is not None:
+                self.on_decision(decision)
+        return to_apply
+
+    def _apply_rest(
+        self,
+        to_apply: list[Decision],
+        now: datetime,
+        done: list[bool],
+        give_way: Callable[[], bool],
+        notice_waits: Callable[[], bool],
+    ) -> bool:
+        """Growth, undrains and alerts, an action at a time, a batch of different jobs at once:
+        hundreds of undrains after a wave of ScaleIns must not hold a waiting notice for more
+        than one batch's round trip. False when it stopped for a waiting notice."""
+        rest = [d for d in to_apply if d.action not in _ANSWERS_NOTICES]
+        batches = 0
+        for action in sorted({d.action for d in rest}, key=_APPLY_ORDER.__getitem__):
+            of_action = [d for d in rest if d.action is action]
+            for start in range(0, len(of_action), self._batch):
+                if give_way() or (batches and notice_waits()):
+                    return False
+                done += self._apply_at_once(of_action[start : start + self._batch], now)
+                batches += 1
+        return True
+
+    # --- the fast path's ScaleIns, behind its drains --------------------------------------------
+    def not_writing(self, decisions: list[Decision]) -> list[Decision]:
+        """Without the decisions, drains aside, of jobs whose ScaleIn is still being written:
+        the pass after its end decides them again."""
+        with self._lock:
+            writing = set(self._writing)
+        if not writing:
+            return decisions
+        return [d for d in decisions if d.action is Action.DRAIN or d.job not in writing]
+
+    def write_behind(self, decisions: list[Decision], now: datetime) -> None:
+        """Log and apply in the pool without waiting (at once when there is none)."""
+        if self._behind is None:
+            self.act(decisions, now)
+            return
+        for decision in decisions:
+            if self.on_decision is not None:
+                self.on_decision(decision)
+            with self._lock:
+                future = self._behind.submit(self._log_and_apply, decision, now)
+                self._writing[decision.job] = future
+            future.add_done_callback(partial(self._written, decision.job))
+
+    def _written(self, job: str, future: Future[bool]) -> None:
+        with self._lock:
+            del self._writing[job]
+        self._count_failed(future.exception() is not None or not future.result())
+        self._on_written()
+
+    def settle(self, stop: Callable[[], bool], timeout: float) -> None:
+        """Wait for the writes going out behind the fast path: at most `timeout` seconds, and
+        only while `stop()` is False (asked every _SETTLE_POLL seconds)."""
+        deadline = time.monotonic() + timeout
+        while not stop() and (left := deadline - time.monotonic()) > 0:
+            with self._lock:
+                pending = list(self._writing.values())
+            if not pending:
+                return
+            wait(pending, min(left, _SETTLE_POLL))
+
+    # --- standing objects -----------------------------------------------------------------------
+    def keep(self, managed: list[Job], now: datetime) -> None:
+        """Standing objects, a few writes at a time (after the decisions): thousands may be
+        missing at start-up, and the next notice's drain must not queue behind them all."""
+        self.kept = True
+        if not isinstance(self.actuator, Keeper):
+            return
+        try:
+            self.kept = self.actuator.keep(managed, now, _KEEP_WRITES)
+        except Exception as exc:  # like a decision's failure: logged, retried after a back-off
+            self._count_failed(1)
+            self.logger.error("keep_failed", error=f"{type(exc).__name__}: {exc}")
+
+    # --- one write ------------------------------------------------------------------------------
+    def _count_failed(self, writes: int) -> None:
+        """`errors` grows from the loop's thread and from the writes behind the fast path."""
+        with self._lock:
+            self.errors += writes
+
+    def _apply_at_once(self, decisions: list[Decision], now: datetime) -> list[bool]:
+        """Decisions of different jobs, concurrently when there is a pool."""
+        if self._pool is None or len(decisions) < 2:
+            return [self._log_and_apply(d, now) for d in decisions]
+        return list(self._pool.map(lambda d: self._log_and_apply(d, now), decisions))
+
+    def _log_and_apply(self, decision: Decision, now: datetime) -> bool:
+        self._worth_logging(decision)  # an action ends its job's noop episode
+        self._log(decision, now)
+        return self._apply(decision, now)
+
+    def _log(self, decision: Decision, now: datetime) -> None:
+        log_decision(self.logger, decision, now=now, dry_run=self.actuator.dry_run)
+
+    def _apply(self, decision: Decision, now: datetime) -> bool:
+        """Carry out one decision; False if it failed (logged)."""
+        try:
+            self.actuator.apply(decision, now)
+            return True
+        except Exception as exc:  # an adapter's failure must not stop the other decisions
+            self.logger.error(
+                "actuation_failed",
+                job=decision.job,
+                action=decision.action.value,
+                error=f"{type(exc).__name__}: {exc}",
+            )
+            return False
+
+    def _worth_logging(self, decision: Decision, record: bool = True) -> bool:
+        """Log every action; log a noop only when its reason for that job changes (`record`:
+        remember that it was logged)."""
+        if decision.action is not Action.NOOP:
+            if record:
+                self._last_noop.pop(decision.job, None)
+            return True
+        key = (decision.reason.value, tuple(t.value for t in decision.tags))
+        if self._last_noop.get(decision.job) == key:
+            return False
+        if record:
+            self._last_noop[decision.job] = key
+        return True
+
+
+def _pool(workers: int, name: str) -> ThreadPoolExecutor | None:
+    return ThreadPoolExecutor(workers, thread_name_prefix=name) if workers > 1 else None
