@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: simulate test test-real horovod control-plane lint chaos docs clean
+.PHONY: simulate test test-real horovod control-plane helm lint chaos docs clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,19 +14,21 @@ $(VENV)/.installed: pyproject.toml
 simulate: $(VENV)/.installed
 	$(BIN)/spot-autoscaler simulate
 
-# With Go on the machine, the real control plane is built first (cached; ~25 min cold) and the
-# real-cluster tests run; without Go they are skipped, and one line says so and how.
+# With Go on the machine, the real control plane and helm are built first (cached; ~25 min and
+# ~4 min cold) and the real-cluster and chart tests run; without Go they are skipped, and one
+# line says so and how.
 test: $(VENV)/.installed
 	@if command -v go >/dev/null 2>&1 || [ -x /usr/local/go/bin/go ]; then \
-		scripts/build-control-plane.sh; \
+		scripts/build-control-plane.sh && scripts/build-helm.sh; \
 	else \
-		echo "make test: no Go here: the real-cluster tests are skipped (install Go 1.26, then make control-plane)"; \
+		echo "make test: no Go here: the real-cluster and chart tests are skipped (install Go 1.26, then make control-plane helm)"; \
 	fi
 	$(BIN)/python -m pytest
 
 # Only the tests against the real control plane (built first if not cached; also part of `make test`).
 test-real: $(VENV)/.installed
 	scripts/build-control-plane.sh
+	scripts/build-helm.sh
 	REQUIRE_REAL_CLUSTER=1 $(BIN)/python -m pytest -m real_cluster
 
 # Optional: horovod 0.28.1 + torch (CPU) for the end-to-end test; needs a compiler, ~4 min cold.
@@ -37,6 +39,11 @@ horovod: $(VENV)/.installed
 # source (scripts/control-plane.versions) for tests marked real_cluster; needs Go, ~25 min cold.
 control-plane:
 	scripts/build-control-plane.sh
+
+# helm (scripts/helm.versions) from the Go module proxy, for the chart tests (tests/test_helm*.py);
+# needs Go, ~4 min cold.
+helm:
+	scripts/build-helm.sh
 
 lint: $(VENV)/.installed  # import contracts, ruff check + format, mypy: also part of `make test`
 	$(BIN)/python -m pytest -q tests/test_layering.py tests/test_static_checks.py
