@@ -9,23 +9,34 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from autoscaler.core.model import Notice
 
-Wake = Callable[[str], None]  # ask the daemon for a reconcile pass now; the argument says why
 
-# Wakes that may carry a notice: a source's `notice_wake`, or a Node's change in the watch cache
-# (taints, cordons, the node agent's annotation). The loop takes the fast path for these first.
-_NOTICE_WAKE = " on "
+@dataclass(frozen=True)
+class NoticeWake:
+    """A wake that may carry a notice: a source's notice, or a Node's change in the watch cache
+    (taints, cordons, the node agent's annotation). The loop takes the fast path for these
+    first; any other wake is plain text."""
+
+    what: str
+
+    def __str__(self) -> str:
+        return self.what
 
 
-def notice_wake(notice: Notice) -> str:
-    return f"{notice.source}: {notice.kind.value}{_NOTICE_WAKE}{notice.node}"
+WakeReason = str | NoticeWake  # says why, for the log; a NoticeWake also says "maybe a notice"
+Wake = Callable[[WakeReason], None]  # ask the daemon for a reconcile pass now
 
 
-def may_be_notice(reason: str) -> bool:
-    return reason.startswith("Node ") or (": " in reason and _NOTICE_WAKE in reason)
+def notice_wake(notice: Notice) -> NoticeWake:
+    return NoticeWake(f"{notice.source}: {notice.kind.value} on {notice.node}")
+
+
+def may_be_notice(reason: WakeReason) -> bool:
+    return isinstance(reason, NoticeWake)
 
 
 class NoticeBoard:

@@ -19,7 +19,7 @@ from autoscaler.adapters.kube import EventRecorder, KubeActuator, KubeCache, Kub
 from autoscaler.adapters.kube.kinds import WATCHLIST
 from autoscaler.adapters.kube.rejects import Rejections
 from autoscaler.adapters.kube.resources import MANAGER
-from autoscaler.boards import NoticeBoard, PriceBook
+from autoscaler.boards import NoticeBoard, NoticeWake, PriceBook, WakeReason
 from autoscaler.config import Config, Prices
 from autoscaler.config.kubernetes import KubernetesSettings
 from autoscaler.core.policy import Policy, ScaleOutRules
@@ -289,7 +289,7 @@ class Kube:
     board: NoticeBoard = field(default_factory=NoticeBoard)
     price_book: PriceBook = field(default_factory=PriceBook)
     rejections: Rejections = field(default_factory=Rejections)  # shared, as the wiring does
-    wakes: list[str] = field(default_factory=list)
+    wakes: list[str] = field(default_factory=list)  # as text; a notice wake as "notice: <text>"
     clients: list[ApiClient] = field(default_factory=list)
     caches: list[KubeCache] = field(default_factory=list)
     recorders: list[EventRecorder] = field(default_factory=list)
@@ -298,11 +298,14 @@ class Kube:
     def settings(self) -> KubernetesSettings:
         return self.config.kubernetes
 
+    def _woke(self, reason: WakeReason) -> None:
+        self.wakes.append(f"notice: {reason}" if isinstance(reason, NoticeWake) else reason)
+
     def cache(self, synced: bool = True, **kw: Any) -> KubeCache:
         """A new, started cache with its own ApiClient (as after a restart)."""
         api = self.server.api_client()
         self.clients.append(api)
-        cache = KubeCache(api, self.settings, WATCHLIST, self.wakes.append, backoff_min=0.05, **kw)
+        cache = KubeCache(api, self.settings, WATCHLIST, self._woke, backoff_min=0.05, **kw)
         cache.start()
         self.caches.append(cache)
         if synced:

@@ -42,7 +42,7 @@ from autoscaler.adapters.alibaba.recycling import RecyclingPoller
 from autoscaler.adapters.alibaba.webhook import CloudMonitorWebhook
 from autoscaler.adapters.cloud_sources import SpotPriceFeed
 from autoscaler.adapters.sources import SourceContext, build_sources
-from autoscaler.boards import NoticeBoard, PriceBook
+from autoscaler.boards import NoticeBoard, NoticeWake, PriceBook
 from autoscaler.config import Config
 from autoscaler.config.cloud import AlibabaSettings
 from autoscaler.core import Action, CapacityType, GpuNode, NoticeKind, decide
@@ -221,7 +221,7 @@ def test_a_recycling_lock_drains_and_scales_in_the_workers_on_that_node(ali: Fak
     target["OperationLocks"]["LockReason"].append({"LockReason": "recycling"})  # any case
     before = datetime.now(UTC)
     assert poller.poll_once() == 1
-    assert d.wakes == ["alibaba: interruption on gpu-a"]
+    assert d.wakes == [NoticeWake("alibaba: interruption on gpu-a")]
     [notice] = d.board.active(datetime.now(UTC))
     assert notice.kind is NoticeKind.INTERRUPTION and notice.node == "gpu-a"
     lead = timedelta(minutes=5)
@@ -269,7 +269,7 @@ def test_cloudmonitor_events_are_polled_and_dedup_with_the_lock(ali: FakeAlibaba
 
     ali.instances = [instance("i-bp1", "10.0.0.1", locks=("Recycling",))]
     RecyclingPoller(client(ali), d.board, d.wake, nodes).poll_once()
-    assert d.wakes == ["alibaba: interruption on gpu-a"]  # one reclaim, one wake
+    assert d.wakes == [NoticeWake("alibaba: interruption on gpu-a")]  # one reclaim, one wake
 
 
 def post(url: str, body: bytes) -> int:
@@ -317,7 +317,7 @@ def test_the_webhook_posts_pushed_events_and_refuses_garbage(
     assert post(f"{url}/cloudmonitor", callback_body("i-bp1")) == 403  # no token
     assert post(f"{url}/cloudmonitor?token=wrong", callback_body("i-bp1")) == 403
     assert post(f"{url}/cloudmonitor?token=s3cret", callback_body("i-bp1")) == 200
-    assert d.wakes == ["alibaba: interruption on gpu-a"]
+    assert d.wakes == [NoticeWake("alibaba: interruption on gpu-a")]
     assert post(f"{url}/cloudmonitor?token=s3cret", callback_body("i-bp1")) == 200  # a retry
     assert len(d.wakes) == 1
     assert post(f"{url}/cloudmonitor?token=s3cret", b"{not json") == 400

@@ -30,7 +30,7 @@ from autoscaler.adapters.cloud_sources import SpotPriceFeed
 from autoscaler.adapters.polling import run_every
 from autoscaler.adapters.sources import SdkMissing, SourceContext, build_sources
 from autoscaler.backoff import Backoff
-from autoscaler.boards import NoticeBoard, PriceBook
+from autoscaler.boards import NoticeBoard, NoticeWake, PriceBook
 from autoscaler.config import Config
 from autoscaler.config.cloud import AwsSettings
 from autoscaler.core import Action, CapacityType, GpuNode, NoticeKind, Reason, decide
@@ -174,7 +174,7 @@ def test_interruption_drains_and_scales_in_exactly_the_workers_on_that_node(aws:
     source = aws.source()
     assert source.poll_once() == 1
     assert aws.messages_left() == 0
-    assert aws.wakes == [f"aws-sqs: interruption on {doomed}"]
+    assert aws.wakes == [NoticeWake(f"aws-sqs: interruption on {doomed}")]
     [notice] = aws.board.active(datetime.now(UTC))
     assert (notice.node, notice.kind) == (doomed, NoticeKind.INTERRUPTION)
     assert notice.deadline is not None and notice.received_at is not None
@@ -212,7 +212,7 @@ def test_a_duplicate_interruption_is_acted_on_once(aws: Aws) -> None:
     received = source.poll_once()
     while received < 2:
         received += source.poll_once()
-    assert aws.wakes == ["aws-sqs: interruption on gpu-a"]
+    assert aws.wakes == [NoticeWake("aws-sqs: interruption on gpu-a")]
     assert len(aws.board.active(datetime.now(UTC))) == 1
     assert (source.counts["posted"], source.counts["duplicate"]) == (1, 1)
     assert aws.messages_left() == 0
@@ -288,7 +288,9 @@ def test_a_failed_instance_lookup_leaves_the_message_for_redelivery(aws: Aws) ->
 
     healthy = aws.source(wait_time=timedelta(seconds=5))  # returns once the message is visible
     assert healthy.poll_once() == 1
-    assert aws.wakes == [f"aws-sqs: interruption on {name}"] and aws.messages_left() == 0
+    assert (
+        aws.wakes == [NoticeWake(f"aws-sqs: interruption on {name}")] and aws.messages_left() == 0
+    )
 
 
 def test_run_wakes_the_daemon_and_stops_when_asked(aws: Aws) -> None:

@@ -13,7 +13,7 @@ from structlog.testing import CapturingLogger
 from support.waiting import wait_for
 from test_daemon_support import CONFIG, Recorder, World, config, daemon, events, http_get, metric
 
-from autoscaler.boards import notice_wake
+from autoscaler.boards import NoticeWake, notice_wake
 from autoscaler.core import Notice, NoticeKind, Snapshot
 from autoscaler.daemon import loop
 from autoscaler.daemon.loop import WakeSignal
@@ -43,7 +43,7 @@ def test_a_wake_reconciles_at_once_and_notices_are_measured(
     passes = d.loop.passes
     world.notice("node-0")
     woke = time.monotonic()
-    d.wake("test: notice on node-0")
+    d.wake(NoticeWake("test: notice on node-0"))
     wait_for(
         lambda: "scale_in" in recorder.actions(),
         timeout=2,

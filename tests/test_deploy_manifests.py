@@ -25,6 +25,7 @@ from test_daemon_support import JOB, KUBE_CONFIG, node, wired_daemon, worker
 
 from autoscaler.adapters.kube.kinds import KINDS
 from autoscaler.adapters.sources import SOURCES
+from autoscaler.boards import NoticeWake
 from autoscaler.cli import main
 from autoscaler.config import parse_config
 from autoscaler.core import Notice, NoticeKind
@@ -211,7 +212,7 @@ def test_every_request_of_a_working_daemon_is_allowed_by_rbac(tmp_path: Path) ->
             )
             # what a cloud source does through the board: persist on the Node, then wake
             assert d.parts.actuator.persist_notice("node-0", notice)  # type: ignore[attr-defined]
-            d.wake("aws-sqs: interruption on node-0")
+            d.wake(NoticeWake("aws-sqs: interruption on node-0"))
             api.wait_until(lambda: api.objects("scaleins"), timeout=5)
         finally:
             d.stop()

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from autoscaler.backoff import Backoff
-from autoscaler.boards import may_be_notice
+from autoscaler.boards import WakeReason, may_be_notice
 from autoscaler.core import PolicySet
 from autoscaler.daemon.leader import Leadership
 from autoscaler.daemon.metrics import Metrics
@@ -36,9 +36,9 @@ class WakeSignal:
     def __init__(self) -> None:
         self._event = threading.Event()
         self._lock = threading.Lock()
-        self._reasons: set[str] = set()
+        self._reasons: set[WakeReason] = set()
 
-    def __call__(self, reason: str) -> None:
+    def __call__(self, reason: WakeReason) -> None:
         with self._lock:
             self._reasons.add(reason)
         self._event.set()
@@ -55,7 +55,7 @@ class WakeSignal:
         with self._lock:
             return any(map(may_be_notice, self._reasons))
 
-    def take(self) -> set[str]:
+    def take(self) -> set[WakeReason]:
         """The reasons gathered since the last take; the next wake starts a new batch."""
         with self._lock:
             self._event.clear()
@@ -109,7 +109,7 @@ class ReconcileLoop:
             self._thread.join(timeout)
         self.reconciler.finish(max(0.0, timeout - (time.monotonic() - started)))
 
-    def run_pass(self, reasons: set[str]) -> bool:
+    def run_pass(self, reasons: set[WakeReason]) -> bool:
         """One observe-decide-act pass; False if it failed (logged and counted, never raised)."""
         if (pending := self._pending) is not None:
             self._pending = None
@@ -122,7 +122,7 @@ class ReconcileLoop:
             self._metrics.error("reconcile")
             self._logger.error(
                 "reconcile_failed",
-                wake=sorted(reasons),
+                wake=_logged(reasons),
                 error=f"{type(exc).__name__}: {exc}",
                 exc_info=exc,
             )
@@ -144,7 +144,7 @@ class ReconcileLoop:
         self._metrics.decided(decisions)
         self._logger.debug(
             "pass_done",
-            wake=sorted(reasons),
+            wake=_logged(reasons),
             decisions=len(decisions),
             seconds=round(time.perf_counter() - started, 3),
         )
@@ -184,7 +184,7 @@ class ReconcileLoop:
             self.heartbeat = time.monotonic()
             # deciding on a half-listed cluster would be wrong: look again soon
             if not self._synced():
-                self._logger.debug("pass_skipped", why="caches not synced", wake=sorted(reasons))
+                self._logger.debug("pass_skipped", why="caches not synced", wake=_logged(reasons))
                 if not self._stop.wait(_SYNC_POLL):
                     self._wake("sync")
                 continue
@@ -195,7 +195,7 @@ class ReconcileLoop:
                 self._frozen = True
             if not self._leadership.is_leader():
                 self._logger.debug(
-                    "pass_skipped", why="standby: not the leader", wake=sorted(reasons)
+                    "pass_skipped", why="standby: not the leader", wake=_logged(reasons)
                 )
                 continue
             if any(map(may_be_notice, reasons)):
@@ -218,3 +218,7 @@ class ReconcileLoop:
                 # never wait behind the failure of some other write. Otherwise retry at its end.
                 if not self._wake.wait(delay) and not self._stop.is_set():
                     self._wake("retry after failure")
+
+
+def _logged(reasons: set[WakeReason]) -> list[str]:
+    return sorted(map(str, reasons))

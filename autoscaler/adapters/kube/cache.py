@@ -34,7 +34,7 @@ from autoscaler.adapters.kube.resources import (
 from autoscaler.adapters.kube.served import is_served
 from autoscaler.adapters.kube.view import Watchlist
 from autoscaler.adapters.kube.wakes import signature
-from autoscaler.boards import Wake
+from autoscaler.boards import NoticeWake, Wake
 from autoscaler.config.kubernetes import KubernetesSettings
 from autoscaler.config.selectors import LabelMatcher, label_matcher
 
@@ -251,7 +251,8 @@ class KubeCache:
                 assert obj is not None
                 what = "deleted" if new is None else "added" if old is None else "changed"
                 try:
-                    self._wake(f"{resource.kind} {key_of(obj)} {what}")
+                    why = f"{resource.kind} {key_of(obj)} {what}"
+                    self._wake(NoticeWake(why) if resource is NODES else why)
                 except Exception as exc:  # the daemon's callback must not kill a watch thread
                     log.warning("wake_failed", error=f"{type(exc).__name__}: {exc}")
                 return
