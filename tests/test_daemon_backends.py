@@ -7,6 +7,7 @@ import threading
 from datetime import UTC, datetime
 from pathlib import Path
 
+import structlog.testing
 from support.cli import run_cli
 from support.kube_api import KubeApiServer
 from support.waiting import wait_for
@@ -90,6 +91,42 @@ def test_readyz_and_metrics_say_which_backends_live_and_a_later_crd_is_picked_up
                 return {j.key for j in daemon.parts.observer.snapshot(datetime.now(UTC)).jobs}
 
             wait_for(lambda: "default/ernie" in jobs(), timeout=10, what="the CCE job seen")
+        finally:
+            stop.set()
+            thread.join(10)
+
+
+def test_a_kind_rbac_forbids_is_left_alone_and_taken_up_when_granted(tmp_path: Path) -> None:
+    """A chart installed without one kind's grants, its CRD installed: the daemon is ready for
+    the others and says the kind is forbidden, once (before: it backed off on the 403 forever
+    and never became ready); granted later, the kind goes live without a restart."""
+    with KubeApiServer() as api, structlog.testing.capture_logs() as logs:
+        api.seed(node(0), worker(0), JOB, CCE_JOB)
+        api.fail_next(1_000_000, 403, path_contains="/aitrainingjobs", method="GET")
+        kubeconfig = Path(api.kubeconfig(str(tmp_path / "kubeconfig")))
+        daemon, _ = wired_daemon(parse_config(FAST_DISCOVERY), kubeconfig)
+        stop = threading.Event()
+        thread = threading.Thread(target=daemon.run_until, args=(stop,), daemon=True)
+        thread.start()
+        try:
+            wait_for(
+                lambda: daemon.endpoints is not None and daemon.parts.synced(),
+                timeout=10,
+                what="ready without the forbidden kind",
+            )
+            assert daemon.endpoints is not None
+            port = daemon.endpoints.port
+            code, body = http_get(port, "/readyz")
+            assert code == 200 and "cce=not-served et-operator=live" in body
+            wait_for(lambda: api.count("GET", "/aitrainingjobs") >= 3, what="asked again")
+            forbidden = [e for e in logs if e.get("event") == "kind_forbidden"]
+            assert len(forbidden) == 1 and forbidden[0]["error"].startswith("403")
+            api.clear_faults()  # the grant
+            wait_for(
+                lambda: "cce=live" in http_get(port, "/readyz")[1],
+                timeout=10,
+                what="the kind live once granted",
+            )
         finally:
             stop.set()
             thread.join(10)

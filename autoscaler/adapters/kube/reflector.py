@@ -118,6 +118,8 @@ class Reflector:
         # replayed event of a pod deleted since brought it back until its deletion came again:
         # a clamp counted such ghosts and drained healthy workers on a real kube-apiserver)
         self._delivered: str | None = None
+        self._resumed = 0.0  # when a broken watch was last resumed without a back-off
+        self._forbidden = False  # RBAC refused the last list (see _denied)
         self._is_served = is_served
         self._rediscover = rediscover
         self._on_served = on_served
@@ -189,7 +191,6 @@ class Reflector:
     def run(self) -> None:
         rv: str | None = None
         backoff = Backoff(*self._backoff)
-        resumed = 0.0  # when a broken watch was last resumed without a back-off
         while not self._stop.is_set():
             self._opened = False
             try:
@@ -201,37 +202,67 @@ class Reflector:
                 rv = self._watch_once(rv)
                 backoff.reset()
             except ApiException as exc:
-                self._broke()
-                rv = self._delivered if rv is not None else None
-                if exc.status == 410:  # expired: our resourceVersion is older than the server keeps
-                    self._log.info("watch_expired_relisting")
-                    rv = None
-                    continue
-                if exc.status == 404 and self._is_served is not None:  # its CRD went away?
-                    self.served, rv = None, None
-                self._failed(exc, backoff)
+                rv = self._refused(exc, rv, backoff)
             except (urllib3.exceptions.ReadTimeoutError, TimeoutError):
                 # the server ignored timeoutSeconds and went quiet: just watch again
                 continue
             except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
                 # a dropped connection, an unreachable server, a cut-off body
-                self._broke()
-                rv = self._delivered if rv is not None else None
-                now = time.monotonic()
-                stopping = self._stop.is_set()  # stop_watch() broke it on purpose
-                if self._opened and rv and not stopping and now - resumed > _RESUME_EVERY:
-                    # an established stream that broke (a proxy, a restarting apiserver): resume
-                    # at once from where it stopped, as client-go's reflector does; a watch that
-                    # cannot be opened (or breaks again at once) backs off. Every second blind
-                    # here delays a notice.
-                    resumed = now
-                    self._log.info("watch_broken_resuming", error=type(exc).__name__)
-                    continue
-                self._failed(exc, backoff)
+                rv = self._cut(exc, rv, backoff)
             except Exception as exc:  # an odd object (or a bug): never end the thread, list again
                 self._broke()
                 rv = None
                 self._failed(exc, backoff, unexpected=True)
+
+    def _refused(self, exc: ApiException, rv: str | None, backoff: Backoff) -> str | None:
+        """After the server's error answer: where to go on from (None: list again)."""
+        self._broke()
+        if exc.status == 410:  # expired: our resourceVersion is older than the server keeps
+            self._log.info("watch_expired_relisting")
+            return None
+        if exc.status == 403 and self._is_served is not None:
+            self._denied(exc)
+            return None
+        if exc.status == 404 and self._is_served is not None:  # its CRD went away?
+            self.served, rv = None, None
+        self._failed(exc, backoff)
+        return self._delivered if rv is not None else None
+
+    def _denied(self, exc: ApiException) -> None:
+        """RBAC lets us not list or watch this kind (a chart installed without it): it holds
+        nothing and is synced, as an absent kind is, so the daemon runs for the kinds it may
+        read; asked again every `rediscover` seconds (the grant may come later)."""
+        if not self._forbidden:
+            self._log.warning(
+                "kind_forbidden",
+                error=f"{exc.status} {exc.reason}",
+                effect="its jobs are left alone until RBAC grants list and watch on it",
+            )
+        self._forbidden = True
+        self._not_served()
+        self._set_served(False)
+        self._stop.wait(self._rediscover)
+
+    def _set_served(self, served: bool) -> None:
+        changed, self.served = served != self.served, served
+        if changed and self._on_served is not None:
+            self._on_served()
+
+    def _cut(self, exc: Exception, rv: str | None, backoff: Backoff) -> str | None:
+        """After a broken connection: an established stream that broke (a proxy, a restarting
+        apiserver) resumes at once from where it stopped, as client-go's reflector does; a
+        watch that cannot be opened (or breaks again at once) backs off. Every second blind
+        here delays a notice."""
+        self._broke()
+        rv = self._delivered if rv is not None else None
+        now = time.monotonic()
+        stopping = self._stop.is_set()  # stop_watch() broke it on purpose
+        if self._opened and rv and not stopping and now - self._resumed > _RESUME_EVERY:
+            self._resumed = now
+            self._log.info("watch_broken_resuming", error=type(exc).__name__)
+            return rv
+        self._failed(exc, backoff)
+        return rv
 
     def _broke(self) -> None:
         """The view may miss changes from here until it is live again (see `current`)."""
@@ -263,24 +294,28 @@ class Reflector:
     def _discover(self) -> bool:
         """Whether the kind is served (looked up unless known); an absent kind holds nothing and
         is synced: there is nothing of it to wait for."""
-        if self.served or self._is_served is None:
-            return True
+        if self.served or self._is_served is None or self._forbidden:
+            return True  # a forbidden kind is listed again (as discovery still serves it)
         served = self._is_served()
         changed = served != self.served
         self.served = served
         if not served:
-            self._live_again()  # nothing of it exists to fall behind on
-            with self._lock:
-                old, self._items = self._items, {}
-                self._touched(old)
-            if old:
-                self._on_change([(o, None) for o in old.values()])
-            self.synced.set()
+            self._not_served()
         if changed:
             self._log.debug("kind_served" if served else "kind_not_served")
             if self._on_served is not None:
                 self._on_served()
         return served
+
+    def _not_served(self) -> None:
+        """Hold nothing, and count as synced: there is nothing of it to wait for."""
+        self._live_again()  # nothing of it exists to fall behind on
+        with self._lock:
+            old, self._items = self._items, {}
+            self._touched(old)
+        if old:
+            self._on_change([(o, None) for o in old.values()])
+        self.synced.set()
 
     def _list(self) -> str:
         items: dict[str, Obj] = {}
@@ -315,6 +350,10 @@ class Reflector:
         self._seen(rv)
         self._live_again()  # as fresh as the list; the watch from its rv misses nothing
         self.synced.set()
+        if self._forbidden:
+            self._forbidden = False
+            self._log.info("kind_granted")
+            self._set_served(True)
         return rv
 
     def _watch_once(self, rv: str) -> str:
