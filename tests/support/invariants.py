@@ -9,7 +9,7 @@ of:
 - ``over_max``: a job has more worker pods (not Terminating) than its maxReplicas;
 - ``under_min``: a worker removed by anyone but the spot reclaim (the operator, for a scaler)
   leaves its job below minReplicas, unless the pod's node had a notice (preemption) then or
-  when our ScaleIn named it;
+  when our ScaleIn named it (or lost it less than ``race`` seconds before);
 - ``two_scalers``: more than one of our unfinished scalers (ScaleIn/ScaleOut labelled
   ``app.kubernetes.io/managed-by=spot-autoscaler``) for one job at once;
 - ``pod_in_two_scaleins``: one pod (name and uid) named by two of our ScaleIns;
@@ -345,6 +345,15 @@ class _State:
         node = (pod.get("spec") or {}).get("nodeName") or ""
         return node in self.nodes and _tainted(self.nodes[node])
 
+    def noticed_within_race(self, pod: Obj, t: float) -> bool:
+        """Its node has a notice at `t`, or lost it no more than `race` seconds before (what
+        the daemon's server check read may have been withdrawn since: it lands within
+        CONFIRMED_FOR of that read)."""
+        node = (pod.get("spec") or {}).get("nodeName") or ""
+        withdrawn = self.healthy_since.get(node)
+        recent = withdrawn is not None and t - withdrawn <= self.race
+        return self.noticed(pod) or (node in self.nodes and recent)
+
     def healthy(self, pod: Obj, t: float) -> bool:
         """Its node is there without a notice at `t`, and was for longer than `race` (a notice
         withdrawn more recently counts as still there, and the write as raced)."""
@@ -578,7 +587,7 @@ class _State:
             for n in self.notices:
                 if pod and pod["metadata"]["uid"] in n.pods:
                     n.named_at.setdefault(pod["metadata"]["uid"], e.t)
-            if pod and self.noticed(pod):
+            if pod and self.noticed_within_race(pod, e.t):
                 self.named_noticed.add(pod["metadata"]["uid"])
             ident = (pod_name, pod["metadata"]["uid"] if pod else None)
             first = self.named.setdefault(ident, key[1])
