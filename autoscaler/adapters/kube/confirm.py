@@ -81,15 +81,11 @@ class ServerCheck:
         if meant:  # what can change under a notice victim is its notice
             since = time.monotonic()
         noticed = self._noticed({alive[p] for p in meant}, now)
-        by_notice = [p for p in meant if alive[p] in noticed]
-        plain = [p for p in alive if p not in meant]
-        if plain:  # only above the decision's target, counted on the server; a notice victim
-            # that does not hold up stays, and the target with it
-            room = live() - decision.to_workers - len(meant)
-            plain = plain[: max(0, room)]
-        kept = tuple(p for p in decision.pods if p in by_notice or p in plain)
-        if not kind.names_victims and kept != decision.pods:
-            kept = ()  # a replicas decrease names no victim: all of them hold up, or nothing
+        by_notice = {p for p in meant if alive[p] in noticed}
+        # the others only above the decision's target, counted on the server; a notice victim
+        # that does not hold up stays, and the target with it
+        plain = _within_room([p for p in alive if p not in meant], live, decision, len(meant))
+        kept = _kept(decision, kind, by_notice | set(plain))
         if kept != decision.pods:
             log.info(
                 "scale_in_narrowed_by_server",
@@ -113,26 +109,15 @@ class ServerCheck:
         notice, only a job the server has above the decision's target (one list of its
         workers), as a ScaleIn's does: a view behind the server, still holding pods deleted
         since, would drain healthy workers."""
-        strict = Reason.STALE_VIEW in decision.tags
-        board = self._board_nodes(now)
-        keep, ask, clamp = set(), set(), set()
-        for node in decision.nodes:
-            noticed, current = self._noticed_in_cache(node), view.current(NODES, node)
-            if node in board or (noticed and current):
-                keep.add(node)
-            elif noticed or (strict and not current):
-                ask.add(node)
-            elif not strict:
-                clamp.add(node)
+        keep, ask, clamp = self._sort_nodes(decision, now, view)
         keep |= self._noticed(ask, now) if ask else set()
-        namespace = job["metadata"]["namespace"]
-        node_of = {p: self.node_of(namespace, p) for p in decision.pods}
+        meta = job["metadata"]
+        node_of = {p: self.node_of(meta["namespace"], p) for p in decision.pods}
         pods = [p for p in decision.pods if node_of[p] in keep]
         clamped = [p for p in decision.pods if node_of[p] in clamp]
         if clamped:
-            listed = self._job_pods(namespace, job["metadata"]["name"], kind)
-            room = sum(map(_alive, listed)) - decision.to_workers - len(pods)
-            clamped = clamped[: max(0, room)]
+            listed = functools.partial(self._job_pods, meta["namespace"], meta["name"], kind)
+            clamped = _within_room(clamped, lambda: sum(map(_alive, listed())), decision, len(pods))
         kept = tuple(p for p in decision.pods if p in pods or p in clamped)
         if kept == decision.pods:
             return decision
@@ -144,6 +129,24 @@ class ServerCheck:
             clamp_not_above_target=sorted(set(decision.pods) - set(kept) - set(pods)),
         )
         return narrowed(decision, kept)
+
+    def _sort_nodes(
+        self, decision: Decision, now: datetime, view: Freshness
+    ) -> tuple[set[str], set[str], set[str]]:
+        """The drain's nodes: those whose notice holds as the view has it, those whose notice
+        the server must confirm, and those of a clamp's workers (no notice needed)."""
+        strict = Reason.STALE_VIEW in decision.tags
+        board = self._board_nodes(now)
+        keep, ask, clamp = set(), set(), set()
+        for node in decision.nodes:
+            noticed, current = self._noticed_in_cache(node), view.current(NODES, node)
+            if node in board or (noticed and current):
+                keep.add(node)
+            elif noticed or (strict and not current):
+                ask.add(node)
+            elif not strict:
+                clamp.add(node)
+        return keep, ask, clamp
 
     def _workers(
         self, job: Obj, kind: JobKind, victims: tuple[str, ...], now: datetime
@@ -216,6 +219,23 @@ class ServerCheck:
             if node_notices(obj, self._settings):
                 out.add(node)
         return out
+
+
+def _kept(decision: Decision, kind: JobKind, holding: set[str]) -> tuple[str, ...]:
+    """The decision's victims that hold up, in its order; a replicas decrease names no victim:
+    all of them hold up, or nothing goes."""
+    kept = tuple(p for p in decision.pods if p in holding)
+    return kept if kind.names_victims or kept == decision.pods else ()
+
+
+def _within_room(
+    pods: list[str], live: Callable[[], int], decision: Decision, others: int
+) -> list[str]:
+    """As many of `pods` as the job's live workers on the server (`live()`, asked only when
+    there are any) are above the decision's target, besides `others` leaving with them."""
+    if not pods:
+        return pods
+    return pods[: max(0, live() - decision.to_workers - others)]
 
 
 def _alive(pod: Obj) -> bool:

@@ -71,6 +71,18 @@ def node_notices(node: Obj, settings: KubernetesSettings) -> list[Notice]:
     """Notices from taints, conditions, cordon (if configured) and our persisted annotation."""
     name = str((node.get("metadata") or {}).get("name", ""))
     spec = node.get("spec") or {}
+    out = _taint_notices(name, spec, settings) + _condition_notices(name, node, settings)
+    # with eviction guards a drain waits for us: the cordon that starts it must make us act
+    cordon_counts = settings.cordon_is_notice or settings.guard_evictions
+    if cordon_counts and spec.get("unschedulable"):
+        out.append(Notice(node=name, kind=NoticeKind.MAINTENANCE, source="k8s-cordon", id="cordon"))
+    value = annotations_of(node).get(NOTICE_ANNOTATION)
+    if value and (persisted := decode_notice(name, value)) is not None:
+        out.append(persisted)
+    return out
+
+
+def _taint_notices(name: str, spec: Obj, settings: KubernetesSettings) -> list[Notice]:
     out: list[Notice] = []
     for taint in spec.get("taints") or ():
         key = taint.get("key")
@@ -85,6 +97,11 @@ def node_notices(node: Obj, settings: KubernetesSettings) -> list[Notice]:
                     received_at=parse_time(taint.get("timeAdded")),
                 )
             )
+    return out
+
+
+def _condition_notices(name: str, node: Obj, settings: KubernetesSettings) -> list[Notice]:
+    out: list[Notice] = []
     for cond in (node.get("status") or {}).get("conditions") or ():
         kind = settings.notice_conditions.get(cond.get("type", ""))
         if kind is not None and cond.get("status") == "True":
@@ -98,13 +115,6 @@ def node_notices(node: Obj, settings: KubernetesSettings) -> list[Notice]:
                     received_at=parse_time(since),
                 )
             )
-    # with eviction guards a drain waits for us: the cordon that starts it must make us act
-    cordon_counts = settings.cordon_is_notice or settings.guard_evictions
-    if cordon_counts and spec.get("unschedulable"):
-        out.append(Notice(node=name, kind=NoticeKind.MAINTENANCE, source="k8s-cordon", id="cordon"))
-    value = annotations_of(node).get(NOTICE_ANNOTATION)
-    if value and (persisted := decode_notice(name, value)) is not None:
-        out.append(persisted)
     return out
 
 

@@ -55,11 +55,7 @@ class NodeTable:
         """The nodes now. `held_changed`: nodes whose pods' requests changed since the last read."""
         changed = self._take_changes()
         dirty = changed | {n for n in held_changed if n is not None and n in self._facts}
-        keys = set(self._priced.values())
-        for name in changed:  # GPU nodes only: a CPU node has no price to look up
-            if (facts := self._facts.get(name)) is not None and facts.gpus.whole > 0:
-                keys.add(_price_key(facts))
-        prices = {key: price(*key) for key in keys}
+        prices = self._look_up_prices(changed, price)
         if any(k in self._prices and self._prices[k] != v for k, v in prices.items()):
             dirty |= self._gpu.keys()  # a spot price moved, or a config reload: every GPU node
         self._prices = prices
@@ -74,6 +70,16 @@ class NodeTable:
             memory_per_gpu=min(self._memory.values(), default=None),
         )
         return self._view
+
+    def _look_up_prices(
+        self, changed: set[str], price: Callable[[CapacityType, str, str, float], float | None]
+    ) -> dict[PriceKey, float | None]:
+        """The price of every priced GPU node's key and of the changed nodes' keys."""
+        keys = set(self._priced.values())
+        for name in changed:  # GPU nodes only: a CPU node has no price to look up
+            if (facts := self._facts.get(name)) is not None and facts.gpus.whole > 0:
+                keys.add(_price_key(facts))
+        return {key: price(*key) for key in keys}
 
     def _take_changes(self) -> set[str]:
         """Read the nodes whose objects changed: facts, notices, readiness."""

@@ -287,19 +287,7 @@ class EtOperatorActuator:
         self, job: Obj, state: ScalerState, decision: Decision, request: _Request, now: datetime
     ) -> None:
         resource, name = request.resource, request.name
-        if any(s.name == name for s in state.in_flight):
-            already_done(decision, name)
-            return
-        if state.in_flight:  # et-operator runs one at a time, newest first: never queue another
-            refuse(decision, "scaler_in_flight", scalers=[s.name for s in state.in_flight])
-            return
-        if status_phase(job) != "Running":  # scalers run only while Running; a queued one goes LIFO
-            refuse(decision, "job_not_running", phase=status_phase(job))
-            return
-        if (unseen := self._unfinished_elsewhere(job)) is not None:
-            refuse(decision, "scaler_in_flight_on_server", scalers=[unseen])
-            return
-        if request.confirm is not None and not request.confirm(job, decision):
+        if not self._may_create(job, state, decision, request):
             return
         namespace = job["metadata"]["namespace"]
         body = {
@@ -318,21 +306,7 @@ class EtOperatorActuator:
         except ApiException as exc:
             if exc.status != 409:
                 raise
-            # made before a restart, by a pass whose watch event has not come yet, or by an
-            # earlier try whose reply was lost: success only if it is ours and the same request
-            existing = self._objects.get(resource, namespace, name)
-            theirs = (existing.get("metadata") or {}).get("labels") or {}
-            spec = existing.get("spec") or {}
-            if theirs.get(MANAGED_BY_LABEL) != MANAGER or any(
-                spec.get(k) != v for k, v in request.spec.items()
-            ):
-                raise RuntimeError(
-                    f"{resource.kind} {namespace}/{name} exists and is not the "
-                    "one this decision asks for"
-                ) from exc
-            self._cache.assume(resource, existing)
-            self._ours[key_of(job)] = (resource, name)
-            already_done(decision, name)
+            self._ours_already(job, decision, request, exc)
             return
         self._cache.assume(resource, created)
         self._ours[key_of(job)] = (resource, name)
@@ -345,6 +319,47 @@ class EtOperatorActuator:
             count=decision.count,
             pods=list(decision.pods),
         )
+
+    def _may_create(
+        self, job: Obj, state: ScalerState, decision: Decision, request: _Request
+    ) -> bool:
+        """Whether the scaler may go out now; if not, the decision is refused (or already
+        done) here."""
+        if any(s.name == request.name for s in state.in_flight):
+            already_done(decision, request.name)
+            return False
+        if state.in_flight:  # et-operator runs one at a time, newest first: never queue another
+            refuse(decision, "scaler_in_flight", scalers=[s.name for s in state.in_flight])
+            return False
+        if status_phase(job) != "Running":  # scalers run only while Running; a queued one goes LIFO
+            refuse(decision, "job_not_running", phase=status_phase(job))
+            return False
+        if (unseen := self._unfinished_elsewhere(job)) is not None:
+            refuse(decision, "scaler_in_flight_on_server", scalers=[unseen])
+            return False
+        return request.confirm is None or request.confirm(job, decision)
+
+    def _ours_already(
+        self, job: Obj, decision: Decision, request: _Request, exc: ApiException
+    ) -> None:
+        """A 409 on create: made before a restart, by a pass whose watch event has not come
+        yet, or by an earlier try whose reply was lost: success only if it is ours and the
+        same request."""
+        resource, name = request.resource, request.name
+        namespace = job["metadata"]["namespace"]
+        existing = self._objects.get(resource, namespace, name)
+        theirs = (existing.get("metadata") or {}).get("labels") or {}
+        spec = existing.get("spec") or {}
+        if theirs.get(MANAGED_BY_LABEL) != MANAGER or any(
+            spec.get(k) != v for k, v in request.spec.items()
+        ):
+            raise RuntimeError(
+                f"{resource.kind} {namespace}/{name} exists and is not the "
+                "one this decision asks for"
+            ) from exc
+        self._cache.assume(resource, existing)
+        self._ours[key_of(job)] = (resource, name)
+        already_done(decision, name)
 
 
 def _alive(pod: Obj) -> bool:
@@ -402,9 +417,20 @@ def with_unseen(
     ahead = [f for f in scalers if f.outcome == SUCCEEDED and f.resource_version > pods_seen]
     if not ahead:  # nearly always: no pod set is built for every job on every pass
         return workers
-    # replayed in the order they finished: et-operator gives a ScaleOut the indices a ScaleIn
-    # freed, so a name a ScaleIn deleted may be a new worker's again
     known = {w.pod for w in workers}
+    added, deleted = _replayed(ahead, known)
+    if not added and not deleted & known:
+        return workers
+    extra = (
+        Worker(pod=p, node=None, host=p, index=name_index(p) or 0, pending=True) for p in added
+    )
+    return (*(w for w in workers if w.pod not in deleted), *extra)
+
+
+def _replayed(ahead: list[ScalerFacts], known: set[str]) -> tuple[dict[str, None], set[str]]:
+    """The pods the scalers added (not among `known`, in order) and those they deleted,
+    replayed in the order they finished: et-operator gives a ScaleOut the indices a ScaleIn
+    freed, so a name a ScaleIn deleted may be a new worker's again."""
     deleted: set[str] = set()
     added: dict[str, None] = {}
     for f in sorted(ahead, key=lambda f: f.finish_order):
@@ -415,12 +441,7 @@ def with_unseen(
         else:
             deleted.difference_update(f.pods)
             added.update((p, None) for p in f.pods if p not in known)
-    if not added and not deleted & known:
-        return workers
-    extra = (
-        Worker(pod=p, node=None, host=p, index=name_index(p) or 0, pending=True) for p in added
-    )
-    return (*(w for w in workers if w.pod not in deleted), *extra)
+    return added, deleted
 
 
 def _inputs(job: Obj, ctx: JobContext) -> JobInputs:
