@@ -565,8 +565,10 @@ def _keep_record(world: World, path: Path) -> None:
             else:
                 line["spec"] = spec
             f.write(json.dumps(line) + "\n")
+        wall = time.time() - time.monotonic()  # a write's monotonic time as the logs' UTC
         for w in writes:
-            f.write(json.dumps({"write": w.method, "path": w.path, "by": w.identity}) + "\n")
+            line = {"at": _utc(w.t + wall), "write": w.method, "path": w.path, "by": w.identity}
+            f.write(json.dumps(line | {"holder": w.holder}) + "\n")
 
 
 def _timeline(
