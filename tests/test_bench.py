@@ -29,8 +29,10 @@ METRICS = {
     "graceful_removals",
     "abrupt_failures",
     "restarts",
+    "restarts_after_completion",
     "mean_workers",
     "actuation_errors",
+    "deadline_setup",
     "vs_oracle",
 }
 

@@ -13,6 +13,8 @@ from autoscaler.bench.report import summary
 from autoscaler.bench.runner import run_bench
 from autoscaler.bench.world import resolve
 from autoscaler.cli import main
+from autoscaler.core import PolicySet
+from autoscaler.core.policy import OnDemandRules, Policy
 from autoscaler.sim.trace import TraceEvent, synthetic_trace
 
 DEADLINE_POLICIES = [
@@ -98,9 +100,15 @@ def test_a_bad_deadline_is_a_usage_error(tmp_path: Path, bad: str) -> None:
     assert exit_.value.code == 2
 
 
+def _anchor(anchor: str) -> PolicySet:
+    """The default policy under `paced` with a one-worker anchor held as `anchor` says."""
+    on_demand = OnDemandRules(min_on_demand=1, anchor=anchor)  # type: ignore[arg-type]
+    return PolicySet(policies=[Policy(name="default", on_demand=on_demand)])
+
+
 def _anchored(params: BenchParams, trace: list[TraceEvent], anchor: str) -> dict:
     world = resolve(params, trace, "wipe-out-p3", 1)
-    result = autoscaler(world, anchor=anchor)  # type: ignore[arg-type]
+    result = autoscaler(world, _anchor(anchor), rule="paced")
     done = result.completion
     return {
         "restarts": sum(p.restarts for p in result.jobs),
@@ -147,4 +155,97 @@ def test_at_max_on_spot_alone_only_the_first_wipe_out_restarts_the_job() -> None
     policies = summary(run_bench(params, events, "wipe-outs-p3", seed=1))["policies"]
     assert policies["reactive_elastic"]["restarts"] >= 2
     world = resolve(params, events, "wipe-outs-p3", 1)
-    assert sum(p.restarts for p in autoscaler(world, anchor="always").jobs) == 1
+    assert autoscaler(world, _anchor("always"), rule="paced").restarts == 1
+
+
+def _bench_cli(tmp_path: Path, config: str | None, *extra: str) -> tuple[int, dict, str]:
+    trace = tmp_path / "t.csv"
+    trace.write_text("".join(f"{e.t * 1000:.0f},{e.kind},{e.node}\n" for e in _wipe_out()))
+    argv = ["bench", "--trace", str(trace), "--out", str(tmp_path / "o"), "--job-hours", "1"]
+    if config is not None:
+        (tmp_path / "c.yaml").write_text(config)
+        argv += ["--config", str(tmp_path / "c.yaml")]
+    code = main([*argv, *extra])
+    if code != 0:
+        return code, {}, ""
+    out = tmp_path / "o"
+    return code, json.loads((out / "bench.json").read_text()), (out / "bench.md").read_text()
+
+
+PACED_ANCHORED = """
+policies:
+  - name: default
+    on_demand: {min_on_demand: 1, anchor: always, max_on_demand: 5}
+    deadline: {within: 3h, rule: paced}
+"""
+
+
+def test_bench_runs_the_configs_rule_and_anchor_and_names_them(tmp_path: Path) -> None:
+    # no --deadline: the config's deadline.within (3 h) is the bench's
+    code, result, table = _bench_cli(tmp_path, PACED_ANCHORED)
+    assert code == 0 and result["deadline_hours"] == 3
+    policies = result["policies"]
+    assert policies["autoscaler"]["deadline_setup"] == {
+        "train": {
+            "policy": "default",
+            "rule": "paced",
+            "anchor": {"min_on_demand": 1, "held": "always"},
+            "max_on_demand": 5,
+        }
+    }
+    # the baseline keeps the cap but, as in the paper, no anchor
+    up = policies["uniform_progress"]["deadline_setup"]["train"]
+    assert up["rule"] == "uniform_progress" and up["anchor"]["min_on_demand"] == 0
+    assert up["max_on_demand"] == 5
+    assert (
+        "autoscaler ran `paced` with anchor 1 (always) (policy default, max_on_demand 5)" in table
+    )
+    assert policies["reactive_elastic"]["deadline_setup"] is None
+
+
+def test_rule_overrides_the_configs_rule_and_the_default_rule_is_uniform_progress(
+    tmp_path: Path,
+) -> None:
+    code, result, table = _bench_cli(tmp_path, PACED_ANCHORED, "--rule", "uniform_progress")
+    assert code == 0
+    setup = result["policies"]["autoscaler"]["deadline_setup"]["train"]
+    assert setup["rule"] == "uniform_progress" and setup["anchor"]["min_on_demand"] == 1
+    code, result, table = _bench_cli(tmp_path, None, "--deadline", "3")
+    setup = result["policies"]["autoscaler"]["deadline_setup"]["train"]
+    assert (setup["rule"], setup["anchor"]["min_on_demand"]) == ("uniform_progress", 0)
+    assert "autoscaler ran `uniform_progress` with anchor none (policy default)" in table
+
+
+def test_rule_without_a_deadline_is_a_usage_error(tmp_path: Path) -> None:
+    assert _bench_cli(tmp_path, None, "--rule", "paced")[0] == 2
+    absolute = "policies:\n  - name: default\n    deadline: {at: '2030-01-01T00:00:00Z'}\n"
+    assert _bench_cli(tmp_path, absolute)[0] == 2
+
+
+def test_a_deadline_policy_no_bench_job_runs_under_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = """
+policies:
+  - name: due
+    match: {labels: {deadline: friday}}
+    deadline: {within: 3h, rule: paced}
+  - name: default
+"""
+    code, result, _ = _bench_cli(tmp_path, config)
+    assert code == 0
+    assert result["policies"]["autoscaler"]["deadline_setup"]["train"]["policy"] == "default"
+    err = capsys.readouterr().err
+    assert "note: policy due's deadline (rule paced) governs no bench job" in err
+
+
+def test_a_trace_shorter_than_the_deadline_holds_its_last_state_until_then() -> None:
+    # six spot nodes for half an hour, then nothing more happens: they stay up
+    trace = [TraceEvent(0.0, "add", f"node{i}") for i in range(1, 7)]
+    trace.append(TraceEvent(HOUR / 2, "remove", "node6"))
+    params = _params({"target_on_demand_hours": 1.5}, deadline_hours=4)
+    assert resolve(params, trace, "short-p3", 1).end >= 4 * HOUR
+    policies = summary(run_bench(params, trace, "short-p3", seed=1))["policies"]
+    for name in ("uniform_progress", "autoscaler", "reactive_elastic", "oracle"):
+        assert policies[name]["met_deadline"], name
+        assert policies[name]["completion_hours"] > 0.5, name

@@ -113,3 +113,15 @@ def test_ring_events_agree_with_the_simulators_own_loss_count() -> None:
     reconciler = Reconciler(cluster, cluster, config.policy_set, CapturingLogger())
     run = replay(config, synthetic_trace(seed=3, hours=4), 3, cluster, reconciler.tick)
     assert counter.abrupt == run.notices.workers_abrupt > 0
+
+
+def test_a_restart_after_the_job_is_done_is_counted_apart() -> None:
+    p = Progress(LINEAR, Overheads(), target=2.0)  # two workers finish in about an hour
+    p.join(0.0, 2)
+    p.leave(HOUR / 2, graceful=False)
+    p.leave(HOUR / 2, graceful=False)  # the whole ring, before completion: a restart
+    p.join(HOUR, 2)
+    p.leave(3 * HOUR, graceful=False)
+    p.leave(3 * HOUR, graceful=False)  # the whole ring again, once the job is done
+    assert p.completed_at is not None and p.completed_at < 3 * HOUR
+    assert (p.restarts, p.restarts_after_completion) == (1, 1)

@@ -121,7 +121,14 @@ def test_deadline_seeds_runs_the_gate_and_reports_its_keys(tmp_path: Path) -> No
     report = json.loads(out.read_text())
     [row] = report["rows"]
     assert row["trace"] == "adversarial-1-16n" and row["deadline_hours"] == 2
-    assert set(row["ours"]) == {"completion_hours", "met", "cost_to_target", "restarts", "resets"}
+    assert set(row["ours"]) == {
+        "completion_hours",
+        "met",
+        "cost_to_target",
+        "restarts",
+        "restarts_after",
+        "resets",
+    }
     aggregate = report["aggregate"]
     assert aggregate["runs"] == 1 and (result.returncode == 1) == bool(aggregate["gate_broken_by"])
 

@@ -1,21 +1,23 @@
 """Elastic policies replayed through the simulated cluster (et-operator semantics, autoscaler.sim):
-our reconciler and core with default policies, and a reactive baseline without notices. With a
-deadline, our core paces to it (with an on-demand anchor), and Can't Be Late's uniform-progress
-rule runs as a baseline; both get on-demand nodes from a simulated node autoscaler."""
+our reconciler and core with the given (or default) policies, and a reactive baseline without
+notices. With a deadline, our core paces to it under the policies' own deadline rule and
+on-demand settings (or a rule the caller names), and Can't Be Late's uniform-progress rule runs
+as a baseline; both get on-demand nodes from a simulated node autoscaler."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any, Literal, TextIO
+from typing import Any, TextIO
 
 from autoscaler.bench.progress import Progress
 from autoscaler.bench.reactive import GreedyScaler
-from autoscaler.bench.result import PolicyResult
+from autoscaler.bench.result import PolicyResult, Rule, Setup
 from autoscaler.bench.world import NAMESPACE, World, merge_steps
 from autoscaler.config.schema import Config, SimJob, SimulationSettings
 from autoscaler.core import PolicySet
-from autoscaler.core.policy import DeadlineRules, OnDemandRules
+from autoscaler.core.model import Job
+from autoscaler.core.policy import DeadlineRules
 from autoscaler.logs import file_logger
 from autoscaler.reconcile import Reconciler
 from autoscaler.sim.cluster import JobProgress, SimulatedCluster
@@ -55,41 +57,54 @@ def autoscaler(
     world: World,
     policies: PolicySet | None = None,
     decisions_out: TextIO | None = None,
-    anchor: Literal["always", "at_risk"] = "at_risk",
+    rule: Rule | None = None,
 ) -> PolicyResult:
     """Our reconciler and core with `policies` (default: `Config()`'s), notified of removals; with
-    a deadline, every policy also paces to it (`paced`) with a one-worker anchor on on-demand,
-    held as `anchor` says."""
+    a deadline, every policy is due then under its own deadline settings and on-demand bounds,
+    and under `rule` if given (else the policy's own rule)."""
     rules = PolicySet() if policies is None else policies
     if world.deadline is not None:
-        anchored = OnDemandRules(min_on_demand=1, anchor=anchor)
-        rules = _with_deadline(rules, world.deadline, "paced", anchored)
+        rules = due(rules, world.deadline, rule)
     return _reconciled("autoscaler", world, rules, decisions_out)
 
 
 def uniform_progress(world: World, policies: PolicySet | None = None) -> PolicyResult:
     """Can't Be Late's rule through our core: behind the line to the deadline, fill to max with
     on-demand until ahead by two changeovers, then on-demand leaves only for spot; the Safety
-    Net. No anchor."""
+    Net. No anchor (the paper has none); the policies' other on-demand bounds hold."""
     assert world.deadline is not None, "uniform_progress needs a deadline"
     rules = PolicySet() if policies is None else policies
-    rules = _with_deadline(rules, world.deadline, "uniform_progress", OnDemandRules())
+    rules = due(rules, world.deadline, "uniform_progress", anchored=False)
     return _reconciled("uniform_progress", world, rules, None)
 
 
-def _with_deadline(
-    rules: PolicySet,
-    deadline: float,
-    rule: Literal["paced", "uniform_progress"],
-    on_demand: OnDemandRules,
+def due(
+    rules: PolicySet, deadline: float, rule: Rule | None = None, anchored: bool = True
 ) -> PolicySet:
-    """Every policy of `rules`, due `deadline` seconds after the job's start under `rule`, with
-    `on_demand` as its on-demand bounds."""
-    due = DeadlineRules(within=timedelta(seconds=deadline), rule=rule)
-    policies = [
-        p.model_copy(update={"deadline": due, "on_demand": on_demand}) for p in rules.policies
-    ]
+    """Every policy of `rules`, due `deadline` seconds after the job's start: its own deadline
+    settings (margin, changeover, ...) and on-demand bounds are kept, its rule unless `rule` is
+    given; without `anchored`, no anchor."""
+    within: dict[str, object] = {"within": timedelta(seconds=deadline), "at": None}
+    if rule is not None:
+        within["rule"] = rule
+    policies = []
+    for p in rules.policies:
+        own = p.deadline or DeadlineRules(within=timedelta(seconds=deadline))
+        on_demand = p.on_demand if anchored else p.on_demand.model_copy(update={"min_on_demand": 0})
+        update = {"deadline": own.model_copy(update=within), "on_demand": on_demand}
+        policies.append(p.model_copy(update=update))
     return rules.model_copy(update={"policies": policies})
+
+
+def setups(world: World, rules: PolicySet) -> dict[str, Setup]:
+    """Per job, the deadline rule and the anchor its policy ran (none without a deadline)."""
+    out = {}
+    for j in world.jobs:
+        job = Job(NAMESPACE, j.spec.name, j.spec.min_workers, j.max_workers, j.spec.gpus_per_worker)
+        policy = rules.for_job(job)
+        if policy is not None and policy.deadline is not None:
+            out[j.spec.name] = Setup.of(policy)
+    return out
 
 
 def _reconciled(
@@ -105,6 +120,7 @@ def _reconciled(
     reconciler = Reconciler(cluster, cluster, config.policy_set, logger)
     result = _replayed(name, world, config, cluster, reconciler.tick, progress)
     result.actuation_errors = reconciler.errors
+    result.setups = setups(world, rules)
     return result
 
 
@@ -161,7 +177,7 @@ def _replayed(
     tick: Callable[[datetime], object],
     progress: dict[str, Progress],
 ) -> PolicyResult:
-    run = replay(config, world.trace, world.seed, cluster, tick)
+    run = replay(config, world.trace, world.seed, cluster, tick, until=world.deadline or 0.0)
     for p in progress.values():
         p.advance(run.end)
     workers = merge_steps(list(run.accounts.workers_over_time.values()))

@@ -52,7 +52,8 @@ class Progress:
     resets: int = 0
     graceful_removals: int = 0
     abrupt_failures: int = 0
-    restarts: int = 0
+    restarts: int = 0  # until the job was done
+    restarts_after_completion: int = 0  # once done, a restart costs the job nothing: apart
     completed_at: float | None = None
     commit: Unsaved = field(init=False)
     checkpoint: Unsaved = field(init=False)
@@ -133,7 +134,10 @@ class Progress:
         self.advance(t)
         self.ring = 0
         self._rollback(self.checkpoint.work)
-        self.restarts += 1
+        if self.completed_at is None:
+            self.restarts += 1
+        else:
+            self.restarts_after_completion += 1
         self.cold = True
 
     def _rollback(self, work: float) -> None:

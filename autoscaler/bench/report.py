@@ -65,9 +65,11 @@ def _metrics(r: PolicyResult, end: float, deadline: float | None) -> dict[str, A
         "resets": sum(p.resets for p in r.jobs),
         "graceful_removals": sum(p.graceful_removals for p in r.jobs),
         "abrupt_failures": sum(p.abrupt_failures for p in r.jobs),
-        "restarts": sum(p.restarts for p in r.jobs),
+        "restarts": r.restarts,
+        "restarts_after_completion": r.restarts_after,
         "mean_workers": time_mean(r.workers, end),
         "actuation_errors": r.actuation_errors,
+        "deadline_setup": {job: setup.as_dict() for job, setup in r.setups.items()} or None,
     }
 
 
@@ -169,13 +171,30 @@ def _deadline(s: dict[str, Any]) -> str:
         if p["met_deadline"]
     ]
     missed = [name for name, p in s["policies"].items() if not p["met_deadline"]]
+    ran = [
+        f"{name} ran `{d['rule']}` with anchor {_anchor(d)} (policy {d['policy']}"
+        + ("" if d["max_on_demand"] is None else f", max_on_demand {d['max_on_demand']}")
+        + (f", job {job})" if len(setup) > 1 else ")")
+        for name, p in s["policies"].items()
+        for setup in [p["deadline_setup"] or {}]
+        for job, d in setup.items()
+    ]
     return (
         f"\n\nDeadline {s['deadline_hours']:g} h after the start: met by "
         + (", ".join(met) or "none")
         + "; missed by "
         + (", ".join(missed) or "none")
+        + ". "
+        + "; ".join(ran)
+        + ". Restarts: whole-job restarts until the job was done; after it (no cost to the job): "
+        + ", ".join(f"{n} {p['restarts_after_completion']}" for n, p in s["policies"].items())
         + "."
     )
+
+
+def _anchor(setup: dict[str, Any]) -> str:
+    held = setup["anchor"]
+    return f"{held['min_on_demand']} ({held['held']})" if held["min_on_demand"] else "none"
 
 
 def _target_value(t: dict[str, Any]) -> str:

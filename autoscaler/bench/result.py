@@ -4,8 +4,37 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from autoscaler.bench.progress import Progress
+from autoscaler.core.policy import Policy
+
+Rule = Literal["paced", "uniform_progress"]
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    """The deadline rule and the on-demand anchor a job's policy ran: a report names them."""
+
+    policy: str
+    rule: Rule
+    min_on_demand: int
+    anchor: Literal["always", "at_risk"]
+    max_on_demand: int | None
+
+    @classmethod
+    def of(cls, policy: Policy) -> Setup:
+        assert policy.deadline is not None
+        od = policy.on_demand
+        return cls(policy.name, policy.deadline.rule, od.min_on_demand, od.anchor, od.max_on_demand)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "rule": self.rule,
+            "anchor": {"min_on_demand": self.min_on_demand, "held": self.anchor},
+            "max_on_demand": self.max_on_demand,
+        }
 
 
 @dataclass
@@ -43,6 +72,7 @@ class PolicyResult:
     workers: list[tuple[float, int]]  # running workers of all jobs: a step series
     cost: list[tuple[float, float]]  # cumulative cost: piecewise linear between points
     actuation_errors: int = 0
+    setups: dict[str, Setup] = field(default_factory=dict)  # job name -> its deadline setup
 
     @classmethod
     def metered(cls, name: str, meter: Meter, jobs: list[Progress], end: float) -> PolicyResult:
@@ -54,6 +84,16 @@ class PolicyResult:
     @property
     def work_done(self) -> float:
         return sum(p.work for p in self.jobs)
+
+    @property
+    def restarts(self) -> int:
+        """Whole-job restarts until each job was done (or to the end, for a job never done)."""
+        return sum(p.restarts for p in self.jobs)
+
+    @property
+    def restarts_after(self) -> int:
+        """Whole-job restarts of jobs already done: they cost the job nothing."""
+        return sum(p.restarts_after_completion for p in self.jobs)
 
     @property
     def completion(self) -> float | None:

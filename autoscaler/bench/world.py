@@ -33,7 +33,7 @@ class World:
     trace: list[TraceEvent]
     trace_name: str
     seed: int
-    end: float  # seconds: every policy is measured over [0, end]
+    end: float  # seconds: every policy is measured over [0, end] (at least to the deadline)
     available: list[tuple[float, int]]  # spot nodes up, as a step series
     instance: Instance
     jobs: tuple[BenchJob, ...]
@@ -57,7 +57,8 @@ class World:
 
 def resolve(params: BenchParams, trace: list[TraceEvent], trace_name: str, seed: int) -> World:
     instance = params.instance_for(trace_name)
-    end = horizon(trace, params.overheads.tick)
+    deadline = None if params.deadline_hours is None else params.deadline_hours * 3600
+    end = horizon(trace, params.overheads.tick, deadline or 0.0)  # a short trace holds to it
     available = availability(trace)
     peak = max(n for _, n in available)
     mean = time_mean(available, end)
@@ -85,7 +86,7 @@ def resolve(params: BenchParams, trace: list[TraceEvent], trace_name: str, seed:
         tuple(jobs),
         params.overheads,
         params.notices,
-        None if params.deadline_hours is None else params.deadline_hours * 3600,
+        deadline,
         params.on_demand_pool,
     )
 

@@ -157,16 +157,18 @@ def replay(
     cluster: SimulatedCluster,
     tick: Callable[[datetime], object],
     progress: Callable[[float, float], None] | None = None,
+    until: float = 0.0,
 ) -> Replay:
-    """Feed `trace` (plus notices and ticks) to `cluster`; `tick(now)` is the controller."""
+    """Feed `trace` (plus notices and ticks) to `cluster`; `tick(now)` is the controller. The
+    replay runs to the trace's end, or holds its last state until `until` seconds."""
     settings = config.simulate
     rng = random.Random(seed)
     accounts = Accounts()
     notices = NoticeStats()
+    end = horizon(trace, settings.tick, until)
     events, notices.not_delivered = _schedule(
-        trace, settings.notice_lead_time, settings.tick, settings.notice_miss_probability, rng
+        trace, settings.notice_lead_time, settings.tick, settings.notice_miss_probability, rng, end
     )
-    end = horizon(trace, settings.tick)
     for i in range(settings.on_demand_nodes):
         cluster.add_node(_node(config, f"on-demand-{i + 1}", spot=False))
     nodes_max = 0
@@ -229,15 +231,21 @@ def replay(
     return Replay(accounts, notices, end, nodes_max, spot_nodes, notices_at)
 
 
-def horizon(trace: list[TraceEvent], tick: timedelta) -> float:
-    """When a replay of `trace` ends: the first tick after its last event (seconds)."""
+def horizon(trace: list[TraceEvent], tick: timedelta, until: float = 0.0) -> float:
+    """When a replay of `trace` ends: the first tick after its last event, or after `until` if
+    later (seconds)."""
     step = tick.total_seconds()
     last = max((e.t for e in trace), default=0.0)
-    return int((last + step) // step) * step
+    return int((max(last, until) + step) // step) * step
 
 
 def _schedule(
-    trace: list[TraceEvent], lead: timedelta, tick: timedelta, miss: float, rng: random.Random
+    trace: list[TraceEvent],
+    lead: timedelta,
+    tick: timedelta,
+    miss: float,
+    rng: random.Random,
+    end: float,
 ) -> tuple[list[tuple[float, int, str, str]], int]:
     """The event heap, and how many notices were dropped (never delivered)."""
     events: list[tuple[float, int, str, str]] = []
@@ -255,7 +263,7 @@ def _schedule(
             at = max(added_at.get(e.node, 0.0), e.t - lead.total_seconds())
             events.append((at, _ORDER["notice"], "notice", e.node))
     step = tick.total_seconds()
-    ticks = int(horizon(trace, tick) // step) + 1
+    ticks = int(end // step) + 1
     events += [(i * step, _ORDER["tick"], "tick", "") for i in range(ticks)]
     heapq.heapify(events)
     return events, dropped

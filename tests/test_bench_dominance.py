@@ -1,0 +1,43 @@
+"""Issue 36's targets for a deadline rule against Uniform Progress (autoscaler/bench/dominance.py):
+per trace (no miss where UP meets, at most 1.2x UP, never above on-demand alone) and over a
+family (median, share above UP, restarts to completion)."""
+
+from __future__ import annotations
+
+from autoscaler.bench.dominance import Outcome, Row, aggregate, clip, gate, targets
+from autoscaler.sim.trace import TraceEvent
+
+
+def _row(ours: float | None, up: float = 100.0, on_demand: float = 300.0, restarts: int = 0) -> Row:
+    def outcome(cost: float | None, restarts: int) -> Outcome:
+        done = cost is not None
+        return Outcome(4.0 if done else None, done, cost, restarts, 0, 10)
+
+    return Row("t", 4, 6, 8, outcome(ours, restarts), outcome(up, 1), on_demand)
+
+
+def test_a_trace_breaks_a_target_by_a_miss_a_cost_above_1_2x_or_above_on_demand() -> None:
+    assert _row(110.0).breaks == []  # above UP, but within what a family allows
+    assert _row(None).breaks == ["missed a deadline uniform_progress met"]
+    assert _row(121.0).breaks == ["cost 1.210x uniform_progress"]
+    assert _row(90.0, on_demand=80.0).breaks == ["cost 90.00 above on-demand alone (80.00)"]
+
+
+def test_family_targets_median_share_above_and_worst() -> None:
+    rows = [_row(x) for x in (80.0, 85.0, 90.0, 91.0, 92.0)] * 4  # 20 runs, median 0.90
+    met = targets(rows)
+    assert all(t["met"] for t in met.values()), met
+    one_above = [*rows[:-1], _row(101.0)]  # 1 of 20 above UP: 5%, allowed
+    assert targets(one_above)["runs_above_uniform_progress"]["met"]
+    two_above = [*one_above[:-2], _row(101.0), _row(101.0)]
+    assert not targets(two_above)["runs_above_uniform_progress"]["met"]
+    high = targets([_row(93.0)] * 3)
+    assert high["median_vs_uniform_progress"] == {"value": 0.93, "target": "<= 0.92", "met": False}
+    restarts = targets([_row(80.0, restarts=2)])["restarts_to_completion_at_most_uniform_progress"]
+    assert restarts == {"value": "2 / 1", "met": False}
+    assert gate(rows) == [] and aggregate(rows)["targets"] == met
+
+
+def test_clip_ends_the_trace_at_the_deadline_and_adds_nothing() -> None:
+    trace = [TraceEvent(0.0, "add", "node1"), TraceEvent(7200.0, "remove", "node1")]
+    assert clip(trace, 3600.0) == trace[:1]
