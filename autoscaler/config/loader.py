@@ -15,6 +15,9 @@ from autoscaler.core.policy import naming_problems
 
 KeyPath = tuple[str | int, ...]
 
+# a GPU worker's start on a node that is up (schedule, image pull, start): a refill's retry
+_POD_START = timedelta(minutes=1)
+
 
 @dataclass(frozen=True, slots=True)
 class Problem:
@@ -84,8 +87,10 @@ def config_warnings(
         rules, elastic = policy.scale_out, policy.horovod.elastic_timeout
         if not rules.enabled:
             continue  # it never starts a ScaleOut
-        # a refill below min: the first ScaleOut times out, the backoff, a second ScaleOut
-        needed = 2 * rules.timeout + rules.backoff
+        # a refill below min: the first ScaleOut times out, the backoff, a second ScaleOut whose
+        # pods start on a node that is up (a refill takes idle capacity; what needed a new node
+        # was provisioned for the first)
+        needed = rules.timeout + rules.backoff + _POD_START
         if needed > elastic:
             path: KeyPath = ("policies", i, "scale_out")
             out.append(
@@ -93,8 +98,9 @@ def config_warnings(
                     source,
                     _line(lines, (*path, "timeout")),
                     _dotted(path),
-                    f"warning: 2 x timeout ({_span(rules.timeout)}) + backoff"
-                    f" ({_span(rules.backoff)}) = {_span(needed)} exceeds horovod.elastic_timeout"
+                    f"warning: timeout ({_span(rules.timeout)}) + backoff ({_span(rules.backoff)})"
+                    f" + a pod's start ({_span(_POD_START)}) = {_span(needed)} exceeds"
+                    " horovod.elastic_timeout"
                     f" ({_span(elastic)}): a refill below min whose first ScaleOut times out cannot"
                     f" be retried before Horovod stops the job; shorten timeout/backoff (or raise"
                     f" elastic_timeout to match the job's HOROVOD_ELASTIC_TIMEOUT)",

@@ -129,10 +129,11 @@ class ScaleOutRules(StrictModel):
     # since the job's last finished scale-out: every scale-out costs each worker a reset, so
     # growth is batched; a forced scale-in does not restart it. 2m measured best on Bamboo traces
     cooldown: Duration = timedelta(minutes=2)
-    # ScaleOut spec.timeout: pods must run by then. With `backoff`, short enough that a refill
-    # below min can fail once and be retried within Horovod's elastic timeout: 2 x 3m + 2m = 8m
-    # < 10m (check-config warns otherwise). 3m is ~4x a GPU pod's start on a node that is up.
-    timeout: Duration = timedelta(minutes=3)
+    # ScaleOut spec.timeout: pods must run by then. 6m: a GPU node's provisioning (2-5 min, the
+    # slow end) and the pod's start, for workers past idle capacity; a refill below min that
+    # fails can still be retried within Horovod's elastic timeout: 6m + 2m + a pod's start (1m)
+    # < 10m (check-config warns otherwise)
+    timeout: Duration = timedelta(minutes=6)
     backoff: Duration = timedelta(minutes=2)  # after a failed / rolled-back ScaleOut
     max_step: Annotated[int, Field(ge=1)] | None = None  # most workers added in one scaler
     # idle capacity of these node types may take new workers
@@ -186,7 +187,8 @@ class HorovodRules(StrictModel):
     # HOROVOD_ELASTIC_TIMEOUT / horovodrun --elastic-timeout (default 600 s, horovod/runner/
     # elastic/driver.py ElasticDriver.wait_for_available_slots): how long a job may stay below
     # --min-np before Horovod stops it. check-config warns when a failed refill could not be
-    # retried within it: 2 x scale_out.timeout + scale_out.backoff > elastic_timeout.
+    # retried within it: scale_out.timeout + scale_out.backoff + a pod's start (1m) >
+    # elastic_timeout.
     elastic_timeout: Duration = timedelta(seconds=600)
 
 
