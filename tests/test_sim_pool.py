@@ -163,3 +163,42 @@ def test_the_snapshot_carries_the_progress_jobs_report() -> None:
     assert (job.started_at, job.progress, job.progress_rate) == (EPOCH, pytest.approx(0.1), 0.05)
     bare = sim_cluster(config).snapshot(_at(3600)).jobs[0]
     assert (bare.started_at, bare.progress, bare.progress_rate) == (None, None, None)
+
+
+def _scarce(seed: int, **settings: object) -> SimulatedCluster:
+    template = SimNode("", 1, CapacityType.ON_DEMAND, PRICE, "p3.2xlarge", pooled=True)
+    pool = NodePool(OnDemandPool.model_validate({"empty_node_ttl": "30s", **settings}), template)
+    return SimulatedCluster(
+        [SimJob(name="train", min_workers=1, max_workers=8)],
+        pod_startup=timedelta(seconds=45),
+        scale_out_timeout=timedelta(hours=2),
+        scale_in_grace=timedelta(seconds=5),
+        pool=pool,
+        seed=seed,
+    )
+
+
+def test_scarce_nodes_take_a_seeded_delay_between_the_bounds() -> None:
+    delays = []
+    for seed in range(1, 9):
+        cluster = _scarce(seed, provisioning_delay="2m", provisioning_delay_max="20m")
+        _scale_out(cluster, _at(0), 1)
+        delays.append((cluster.claims[0].ready_at - _at(0)).total_seconds())
+    assert all(120 <= d <= 1200 for d in delays) and len(set(delays)) == len(delays)
+    again = _scarce(3, provisioning_delay="2m", provisioning_delay_max="20m")
+    _scale_out(again, _at(0), 1)
+    assert (again.claims[0].ready_at - _at(0)).total_seconds() == delays[2]  # seeded
+
+
+def test_a_refused_node_never_joins_and_its_pods_get_a_new_claim() -> None:
+    cluster, accounts = _scarce(1, provisioning_delay="2m", refusal_probability=1.0), Accounts()
+    _scale_out(cluster, _at(0), 2)
+    _run(cluster, accounts, 3600)
+    assert _pooled(cluster) == [] and accounts.cost_usd == 0  # refused: nothing paid
+    assert cluster.claims_refused >= 2 * 29 and len(cluster.claims) == 2  # retried every 2 min
+    assert not any(p.running for p in cluster.pods.values())
+
+
+def test_a_delay_max_below_the_delay_is_refused() -> None:
+    with pytest.raises(ValueError, match="provisioning_delay_max is below"):
+        OnDemandPool.model_validate({"provisioning_delay": "5m", "provisioning_delay_max": "2m"})

@@ -115,7 +115,7 @@ def _reconciled(
     config = sim_config(world, notices=True, policies=rules, pool=world.deadline is not None)
     progress = world.progress()
     ring = RingProgress(progress)
-    cluster = sim_cluster(config, ring, progress=ring)
+    cluster = sim_cluster(config, ring, progress=ring, seed=world.seed)
     logger = file_logger(decisions_out) if decisions_out is not None else _Discard()
     reconciler = Reconciler(cluster, cluster, config.policy_set, logger)
     result = _replayed(name, world, config, cluster, reconciler.tick, progress)

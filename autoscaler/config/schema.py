@@ -73,10 +73,23 @@ class OnDemandPool(StrictModel):
 
     # EC2 launch to a Ready node (Karpenter: roughly 45-90 s for GPU AMIs); 90 s is the slow end
     provisioning_delay: Duration = timedelta(seconds=90)
+    # scarce on-demand: each node takes between provisioning_delay and this (uniform, seeded;
+    # GPU nodes: 2-5 min is common, 20 min when a zone is short); None: provisioning_delay
+    provisioning_delay_max: Duration | None = None
+    # the chance a node is refused when it would join (EC2 InsufficientInstanceCapacity): its
+    # pods stay Pending and the pool tries again with a new node
+    refusal_probability: Annotated[float, Field(ge=0, le=1)] = 0.0
     # short, so an emptied node is not paid for long, yet a pod rescheduled right away still
     # finds it (Karpenter's consolidateAfter, default 0 s for WhenEmpty; 30 s is common)
     empty_node_ttl: Duration = timedelta(seconds=30)
     max_nodes: Annotated[int, Field(ge=1)] | None = None  # Karpenter NodePool limits; None: any
+
+    @model_validator(mode="after")
+    def _delays(self) -> OnDemandPool:
+        top = self.provisioning_delay_max
+        if top is not None and top < self.provisioning_delay:
+            raise ValueError("provisioning_delay_max is below provisioning_delay")
+        return self
 
 
 class SimulationSettings(StrictModel):

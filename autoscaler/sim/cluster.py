@@ -5,11 +5,13 @@ ScaleOut pods get fresh indices and are all rolled back if they do not run withi
 a ScaleIn deletes exactly the named pods after the launcher lets go; one scaler per job; nodes
 with a notice are tainted (the scheduler avoids them); a node that dies takes its pods with it.
 With a `NodePool`, a node autoscaler (Karpenter) provisions on-demand nodes for pods nothing can
-take and removes them once empty.
+take and removes them once empty; on-demand may be scarce: slow (a delay drawn per node), capped
+(`max_nodes`) and refused (a node that never joins).
 """
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Protocol
@@ -152,6 +154,7 @@ class SimulatedCluster:
         listener: RingListener | None = None,
         pool: NodePool | None = None,
         progress: ProgressSource | None = None,
+        seed: int = 0,
     ) -> None:
         self.pod_startup = pod_startup
         self.nodes: dict[str, SimNode] = {}
@@ -165,6 +168,8 @@ class SimulatedCluster:
         self.pool = pool
         self.claims: list[NodeClaim] = []
         self.claims_made = 0
+        self.claims_refused = 0
+        self.rng = random.Random(seed)  # the pool's delays and refusals
         self.empty_since: dict[str, datetime] = {}  # pool node -> when its last pod went
         self.progress = progress
         self.rates = ProgressRates()  # the daemon's measurement of each job's pace
@@ -251,12 +256,16 @@ class SimulatedCluster:
 
     # --- the node pool -------------------------------------------------------------------------
     def _land(self, now: datetime) -> None:
-        """Claims still wanted whose time has come become nodes; the others are cancelled."""
+        """Claims still wanted whose time has come become nodes, unless refused (their pods
+        then get a new claim); the others are cancelled."""
         self._drop_unwanted_claims()
         for claim in [c for c in self.claims if c.ready_at <= now]:
             assert self.pool is not None  # claims exist only with a pool
             self.claims.remove(claim)
-            self.add_node(replace(self.pool.template, name=claim.name))
+            if self.rng.random() < self.pool.settings.refusal_probability:
+                self.claims_refused += 1
+            else:
+                self.add_node(replace(self.pool.template, name=claim.name))
 
     def _drop_unwanted_claims(self) -> None:
         """A pod that was deleted (its ScaleOut rolled back) or bound elsewhere in the meantime
@@ -281,12 +290,19 @@ class SimulatedCluster:
                 if cap is not None and pooled + len(self.claims) >= cap:
                     return
                 self.claims_made += 1
-                delay = pool.settings.provisioning_delay
+                delay = self._delay(pool.settings)
                 claim = NodeClaim(
                     f"on-demand-pool-{self.claims_made}", now + delay, pool.template.gpus
                 )
                 self.claims.append(claim)
             claim.pods[pod.name] = pod.gpus
+
+    def _delay(self, settings: OnDemandPool) -> timedelta:
+        """How long the next node takes: `provisioning_delay`, or drawn up to its max."""
+        low, top = settings.provisioning_delay, settings.provisioning_delay_max
+        if top is None or top == low:
+            return low
+        return low + (top - low) * self.rng.random()
 
     def _consolidate(self, ttl: timedelta, now: datetime) -> None:
         """Pool nodes with no pod since `ttl` ago are removed (Karpenter's consolidateAfter)."""

@@ -108,8 +108,10 @@ def sim_cluster(
     listener: RingListener | None = None,
     scale_out_timeout: timedelta | None = None,
     progress: ProgressSource | None = None,
+    seed: int = 0,
 ) -> SimulatedCluster:
-    """The simulated cluster `config.simulate` describes; ScaleOut timeout from the policies."""
+    """The simulated cluster `config.simulate` describes; ScaleOut timeout from the policies;
+    `seed` draws the on-demand pool's delays and refusals."""
     settings = config.simulate
     if scale_out_timeout is None:
         timeouts = [p.scale_out.timeout for p in config.policy_set.policies]
@@ -123,6 +125,7 @@ def sim_cluster(
         listener=listener,
         pool=None if pool is None else NodePool(pool, _node(config, "", spot=False, pooled=True)),
         progress=progress,
+        seed=seed,
     )
 
 
@@ -133,7 +136,7 @@ def simulate(
     decisions_out: TextIO,
     progress: Callable[[float, float], None] | None = None,
 ) -> dict[str, Any]:
-    cluster = sim_cluster(config)
+    cluster = sim_cluster(config, seed=seed)
     decisions: Counter[tuple[str, str]] = Counter()
 
     def count(decision: Decision) -> None:
