@@ -21,6 +21,11 @@ from contextlib import contextmanager
 _SENDING = threading.local()  # the fenced write this thread is sending: (fence, what)
 
 
+def sending_now() -> bool:
+    """Whether this thread is sending a fenced write (inside `Fence.sending`)."""
+    return getattr(_SENDING, "value", None) is not None
+
+
 def check_sending() -> None:
     """The fence of the write this thread is sending (Fence.sending), asked again: called by the
     HTTP connection immediately before a request's bytes leave. No-op outside a fenced write."""

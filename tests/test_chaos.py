@@ -884,6 +884,31 @@ def test_the_proxy_answers_errors_and_loses_replies_after_the_write() -> None:
         assert proxy.counts["lost_reply"] == 1 and proxy.injected == 21
 
 
+def test_the_proxy_drops_a_write_held_past_its_timeout_as_the_api_server_would() -> None:
+    """A write that says `?timeout=` (every fenced write of the daemon does) and spends longer
+    than that on the way (here a latency fault, seeded: 0.38 s) is answered 504 and never
+    forwarded, as kube-apiserver ends a request past its deadline; within it, it goes."""
+    import urllib.error
+
+    def post(name: str, timeout: str) -> urllib.request.Request:
+        body = json.dumps({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}})
+        return urllib.request.Request(
+            f"{proxy.url}/api/v1/namespaces/default/configmaps?timeout={timeout}",
+            data=body.encode(),
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
+
+    with RecordingServer() as server, FaultProxy(server.url, FaultRates(latency=1.0)) as proxy:
+        proxy.active.set()
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(post("late", "100ms"), timeout=5)
+        assert err.value.code == 504 and server.get("ConfigMap", "late", "default") is None
+        with urllib.request.urlopen(post("in-time", "10000ms"), timeout=5) as resp:
+            assert resp.status == 201
+        assert server.get("ConfigMap", "in-time", "default") is not None
+
+
 # --- the drain's time fence (adapters/kube/actuator.py `_checked_drain`) -------------------------
 # A drain rests on a notice read at one moment (the cache's current copy, or the server's GET); it
 # must land within CONFIRMED_FOR (1 s) of that read, as a ScaleIn must. The faults that hold a

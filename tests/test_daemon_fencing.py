@@ -353,6 +353,23 @@ def test_a_write_is_asked_again_as_its_bytes_leave(
     assert [r.method for r in api.request_log] == []
 
 
+def test_a_fenced_write_tells_the_server_its_deadline(api: AuditedApi, tmp_path: Path) -> None:
+    """The write's total timeout goes to the server as `?timeout=`: kube-apiserver ends a
+    request not done by then, so one our client abandoned cannot commit after the lease ran
+    out. Reads carry none."""
+    from autoscaler.adapters.kube.client import api_client
+
+    fence = Fence(write_timeout=0.5)
+    fence.bind(lambda: True)
+    objects = ObjectApi(api_client(tmp_path / "kubeconfig"), retries=0, fence=fence)
+    api.clear_requests()
+    objects.merge_patch(NODES, "", "node-0", {"metadata": {"labels": {"a": "b"}}})
+    objects.get(NODES, "", "node-0")
+    [patch] = api.requests("PATCH")
+    assert patch.query["timeout"].endswith("ms") and 0 < int(patch.query["timeout"][:-2]) <= 500
+    assert "timeout" not in api.requests("GET")[0].query
+
+
 def test_wiring_bounds_writes_by_the_lease_margin_and_names_the_replica(tmp_path: Path) -> None:
     from test_daemon_support import wired_daemon
 

@@ -214,6 +214,7 @@ def _status(code: int, message: str) -> bytes:
         503: "ServiceUnavailable",
         429: "TooManyRequests",
         410: "Expired",
+        504: "Timeout",
     }.get(code, "InternalError")
     return json.dumps(
         {
@@ -234,6 +235,7 @@ class _FaultHandler(ForwardingHandler):
     _sent = 0.0  # when it was forwarded
 
     def before(self, watch: bool) -> bool:
+        arrived = time.monotonic()
         if (scripted := self.proxy.scripted(self.command, self.path)) is not None:
             time.sleep(scripted.delay)
             self._error(scripted.status)
@@ -244,6 +246,9 @@ class _FaultHandler(ForwardingHandler):
             return True
         if kind == "latency":
             time.sleep(param)
+        if self._past_deadline(arrived):
+            self._error(504)  # what kube-apiserver answers a request past its `timeout`
+            return True
         if self.proxy.expired(watch, self.path):
             self._gone()
             return True
@@ -270,6 +275,15 @@ class _FaultHandler(ForwardingHandler):
                 )
             )
         return self._fault[0] == "lost_reply"  # the write happened; the client never hears of it
+
+    def _past_deadline(self, arrived: float) -> bool:
+        """The request's `?timeout=` (Go duration in ms, as the daemon sends it) is over: the
+        way here (latency, a slow test process) counts, as a queue in front of the API server's
+        handler would."""
+        value = (parse_qs(urlsplit(self.path).query).get("timeout") or [""])[-1]
+        if not value.endswith("ms") or not value[:-2].isdigit():
+            return False
+        return time.monotonic() - arrived > int(value[:-2]) / 1000
 
     def cut_after(self) -> float | None:
         kind, param = self._fault

@@ -15,7 +15,7 @@ from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from autoscaler.backoff import Backoff
-from autoscaler.fencing import check_sending
+from autoscaler.fencing import check_sending, sending_now
 
 _SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 _POOL_SIZE = 128  # connections kept open to the API server: watches + concurrent writes
@@ -81,11 +81,27 @@ class _FencedHTTPSConnection(_FencedSend, HTTPSConnection):
     pass
 
 
-class _FencedHTTPPool(HTTPConnectionPool):
+class _ServerDeadline:
+    """A fenced write's total timeout also goes to the server, as `?timeout=`: kube-apiserver
+    ends a request it has not done by then (k8s.io/apiserver pkg/endpoints/filters
+    request_deadline.go `WithRequestDeadline`). The client abandoning it is not enough: a
+    request held in a queue on the way (APF, a proxy) could still commit after our lease ran
+    out, when another replica may lead (the fault suite's `write_by_non_leader`, seed 113)."""
+
+    def urlopen(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        timeout = kwargs.get("timeout")
+        total = getattr(timeout, "total", None)
+        if sending_now() and isinstance(total, int | float) and total > 0:
+            ms = max(1, int(total * 1000))
+            url = f"{url}{'&' if '?' in url else '?'}timeout={ms}ms"
+        return super().urlopen(method, url, *args, **kwargs)  # type: ignore[misc]
+
+
+class _FencedHTTPPool(_ServerDeadline, HTTPConnectionPool):
     ConnectionCls = _FencedHTTPConnection
 
 
-class _FencedHTTPSPool(HTTPSConnectionPool):
+class _FencedHTTPSPool(_ServerDeadline, HTTPSConnectionPool):
     ConnectionCls = _FencedHTTPSConnection
 
 
