@@ -3,7 +3,9 @@ serves (API discovery), says which backends are live, and picks up a CRD install
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from test_daemon_kube import json_lines
 from test_daemon_support import JOB, KUBE_CONFIG, http_get, metric, node, wired_daemon, worker
 
 from autoscaler.config import parse_config
+from autoscaler.daemon.service import Daemon
 
 # the CRDs are looked up again every 0.2 s here (60 s by default)
 FAST_DISCOVERY = KUBE_CONFIG.replace(
@@ -28,6 +31,26 @@ CCE_JOB = {
     "spec": {"faultTolerant": True, "replicaSpecs": {"trainer": {"replicas": 1}}},
     "status": {"phase": "Running"},
 }
+
+
+@contextlib.contextmanager
+def ready_daemon(api: KubeApiServer, tmp_path: Path, what: str) -> Iterator[tuple[Daemon, int]]:
+    """The wired daemon running against `api` (CRDs looked up every 0.2 s), once ready; its
+    endpoints' port."""
+    kubeconfig = Path(api.kubeconfig(str(tmp_path / "kubeconfig")))
+    daemon, _ = wired_daemon(parse_config(FAST_DISCOVERY), kubeconfig)
+    stop = threading.Event()
+    thread = threading.Thread(target=daemon.run_until, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        wait_for(
+            lambda: daemon.endpoints is not None and daemon.parts.synced(), timeout=10, what=what
+        )
+        assert daemon.endpoints is not None
+        yield daemon, daemon.endpoints.port
+    finally:
+        stop.set()
+        thread.join(10)
 
 
 def test_once_acts_on_a_cluster_without_the_cce_crd(tmp_path: Path) -> None:
@@ -57,19 +80,7 @@ def test_readyz_and_metrics_say_which_backends_live_and_a_later_crd_is_picked_up
         api.unserve("AITrainingJob")
         api.unserve("ScaleIn")  # et-operator half installed: it cannot act either
         api.seed(node(0), worker(0), JOB)
-        kubeconfig = Path(api.kubeconfig(str(tmp_path / "kubeconfig")))
-        daemon, _ = wired_daemon(parse_config(FAST_DISCOVERY), kubeconfig)
-        stop = threading.Event()
-        thread = threading.Thread(target=daemon.run_until, args=(stop,), daemon=True)
-        thread.start()
-        try:
-            wait_for(
-                lambda: daemon.endpoints is not None and daemon.parts.synced(),
-                timeout=10,
-                what="ready without the CRDs",
-            )
-            assert daemon.endpoints is not None
-            port = daemon.endpoints.port
+        with ready_daemon(api, tmp_path, "ready without the CRDs") as (daemon, port):
             code, body = http_get(port, "/readyz")
             not_served = (
                 "cce=not-served et-operator=not-served mpi-operator=not-served"
@@ -91,9 +102,6 @@ def test_readyz_and_metrics_say_which_backends_live_and_a_later_crd_is_picked_up
                 return {j.key for j in daemon.parts.observer.snapshot(datetime.now(UTC)).jobs}
 
             wait_for(lambda: "default/ernie" in jobs(), timeout=10, what="the CCE job seen")
-        finally:
-            stop.set()
-            thread.join(10)
 
 
 def test_a_kind_rbac_forbids_is_left_alone_and_taken_up_when_granted(tmp_path: Path) -> None:
@@ -103,19 +111,7 @@ def test_a_kind_rbac_forbids_is_left_alone_and_taken_up_when_granted(tmp_path: P
     with KubeApiServer() as api, structlog.testing.capture_logs() as logs:
         api.seed(node(0), worker(0), JOB, CCE_JOB)
         api.fail_next(1_000_000, 403, path_contains="/aitrainingjobs", method="GET")
-        kubeconfig = Path(api.kubeconfig(str(tmp_path / "kubeconfig")))
-        daemon, _ = wired_daemon(parse_config(FAST_DISCOVERY), kubeconfig)
-        stop = threading.Event()
-        thread = threading.Thread(target=daemon.run_until, args=(stop,), daemon=True)
-        thread.start()
-        try:
-            wait_for(
-                lambda: daemon.endpoints is not None and daemon.parts.synced(),
-                timeout=10,
-                what="ready without the forbidden kind",
-            )
-            assert daemon.endpoints is not None
-            port = daemon.endpoints.port
+        with ready_daemon(api, tmp_path, "ready without the forbidden kind") as (_, port):
             code, body = http_get(port, "/readyz")
             assert code == 200 and "cce=not-served et-operator=live" in body
             wait_for(lambda: api.count("GET", "/aitrainingjobs") >= 3, what="asked again")
@@ -127,6 +123,3 @@ def test_a_kind_rbac_forbids_is_left_alone_and_taken_up_when_granted(tmp_path: P
                 timeout=10,
                 what="the kind live once granted",
             )
-        finally:
-            stop.set()
-            thread.join(10)
