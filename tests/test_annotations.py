@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from autoscaler.adapters.kube.progress import ProgressRates
 from autoscaler.annotations import decode_progress
 from autoscaler.core import Job, Worker
+from autoscaler.core.progress_rates import ProgressRates
 
 T0 = datetime(2026, 3, 2, 12, tzinfo=UTC)
 

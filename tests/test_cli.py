@@ -4,6 +4,7 @@ pipes that close early close quietly; `decisions` reads what log rotation leaves
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import json
 import socket
@@ -17,6 +18,7 @@ from test_daemon_support import KUBE_CONFIG
 from test_decision_log import NOOP, SCALE_IN, SCALE_OUT, write_log
 
 from autoscaler import cli
+from autoscaler.cli import simulate as simulate_command
 from autoscaler.core import Action, Decision, Reason
 
 
@@ -141,6 +143,22 @@ def test_piped_table_rows_do_not_wrap(tmp_path: Path) -> None:
     assert len(rows[0]) > 200  # one line, however long, rather than folded at 80 columns
 
 
+# --- every command: listed, loaded when it runs ------------------------------------------------
+def test_help_lists_every_command() -> None:
+    done = spot_autoscaler("--help")
+    assert done.returncode == 0, done.stderr
+    listing = " ".join(done.stdout.split())  # argparse wraps long help lines
+    for command in cli.COMMANDS:
+        assert f"{command.name} {command.help}" in listing
+
+
+def test_each_command_is_added_by_its_own_module() -> None:
+    for command in cli.COMMANDS:
+        sub = argparse.ArgumentParser().add_subparsers()
+        command.register(sub)
+        assert sub.choices[command.name].get_default("func").__module__ == command.module
+
+
 # --- every command: no traceback ---------------------------------------------------------------
 def test_an_unforeseen_error_is_one_line_and_debug_shows_where(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
@@ -148,7 +166,7 @@ def test_an_unforeseen_error_is_one_line_and_debug_shows_where(
     def broken(*_: object, **__: object) -> None:
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(cli, "simulate", broken)
+    monkeypatch.setattr(simulate_command, "simulate", broken)
     assert cli.main(["simulate", "--out", str(tmp_path)]) == cli.EXIT_FAILED
     assert capsys.readouterr().err == "error: RuntimeError: disk on fire (--debug shows where)\n"
     with pytest.raises(RuntimeError, match="disk on fire"):

@@ -32,21 +32,48 @@ def test_core_never_reads_the_clock_or_files() -> None:
 
 
 def test_without_the_cloud_extras_everything_but_the_cloud_sources_imports() -> None:
-    """boto3 and the Alibaba SDKs are extras: the CLI, the Kubernetes and standalone daemons,
-    the node agent and the discovery sidecar must load without them."""
+    """boto3 and the Alibaba SDKs are extras: the CLI (each command's module), the Kubernetes
+    and standalone daemons, the node agent and the discovery sidecar must load without them."""
     code = (
         "import sys\n"
         "for sdk in ('boto3', 'botocore', 'aliyunsdkcore', 'aliyunsdkecs',"
         " 'alibabacloud_credentials'):\n"
         "    sys.modules[sdk] = None\n"
-        "import autoscaler.cli, autoscaler.daemon.wiring, autoscaler.adapters.kube\n"
+        "import importlib, autoscaler.daemon.wiring, autoscaler.adapters.kube\n"
+        "from autoscaler.cli import COMMANDS\n"
+        "for command in COMMANDS:\n"
+        "    importlib.import_module(command.module)\n"
         "import autoscaler.adapters.standalone, autoscaler.programs.node_agent\n"
         "import autoscaler.programs.discovery_sidecar, autoscaler.sim.run\n"
     )
+    _python(code)
+
+
+def _python(code: str) -> str:
+    """What `code` prints, run by a fresh interpreter from the repository's root."""
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def _loads_kubernetes(code: str) -> bool:
+    """Whether running `code` in a fresh interpreter loads any module of the kubernetes SDK."""
+    check = (
+        "import sys\n"
+        "print(any(m == 'kubernetes' or m.startswith('kubernetes.') for m in sys.modules))"
+    )
+    return _python(f"{code}\n{check}").strip() == "True"
+
+
+def test_the_simulator_loads_no_kubernetes_module() -> None:
+    """`simulate` needs no cluster: the SDK (~0.7 s to import) stays out (daemon/wiring.py)."""
+    assert not _loads_kubernetes("import autoscaler.sim.run")
+    assert not _loads_kubernetes(
+        "from autoscaler.cli import build_parser\nbuild_parser(['simulate'])"
+    )
+    assert _loads_kubernetes("import autoscaler.adapters.kube.actuator")  # the check sees it
 
 
 # --- import circles ------------------------------------------------------------------------------

@@ -31,7 +31,6 @@ _JSON_LINES = {"json": True, "console": False, "auto": None}
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "run",
-        help="run the autoscaler daemon against a cluster (or standalone hosts)",
         description="Watch the cluster and cloud notices, reconcile every elastic job's worker "
         "count, serve /metrics, /healthz and /readyz. Stops cleanly on SIGTERM or SIGINT.",
     )

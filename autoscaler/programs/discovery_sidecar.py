@@ -8,7 +8,6 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from kubernetes.config import ConfigException
 from pydantic import ValidationError
 
 from autoscaler.adapters.discovery.scripts import install_scripts
@@ -26,7 +25,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     defaults = DiscoverySettings()
     p = sub.add_parser(
         "discovery-sidecar",
-        help="in the launcher pod: the drain file from the job, the assigned hosts to the job",
         description="Watch one job (an et-operator TrainingJob, or of --kind) and write "
         "DIR/DRAIN_FILE (one hostname per line, atomically) from its "
         "spot-autoscaler.io/drained-hosts annotation, for the shipped discover_hosts.sh; publish "
@@ -80,7 +78,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def add_scripts_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "discovery-scripts",
-        help="copy the Horovod discovery scripts into a directory (e.g. from an init container)",
         description="Install discover_hosts.sh (overlay for et-operator and mpi-operator jobs) "
         "and owned_hosts.sh (standalone) into DIR with mode 0755; prints their paths.",
     )
@@ -96,6 +93,9 @@ def _job_ref(text: str) -> JobRef:
 
 
 def cmd_discovery_sidecar(args: argparse.Namespace) -> int:
+    # here, where the sidecar runs: the module itself names no SDK (`discovery-scripts`)
+    from kubernetes.config import ConfigException
+
     configure(level=args.log_level)
     try:
         settings = DiscoverySettings(

@@ -16,7 +16,6 @@ from autoscaler.shutdown import stop_on_signals
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "node-agent",
-        help="report this node's spot notices from instance metadata onto its Node",
         description="Poll the instance metadata service (AWS IMDSv2 or Alibaba) and write a notice "
         "to the Node's spot-autoscaler.io/notice annotation, once per notice.",
     )

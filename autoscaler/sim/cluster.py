@@ -16,7 +16,6 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from autoscaler.adapters.kube.progress import ProgressRates
 from autoscaler.config.schema import OnDemandPool, SimJob
 from autoscaler.core import (
     Action,
@@ -31,6 +30,7 @@ from autoscaler.core import (
     Snapshot,
     Worker,
 )
+from autoscaler.core.progress_rates import ProgressRates
 
 
 class SimulationError(RuntimeError):
@@ -76,7 +76,7 @@ class JobProgress:
     started_at: datetime
     done: float  # fraction of the job done, 0..1
     # fraction of the job one worker does per hour; None: measured from the readings, as the
-    # daemon does (adapters/kube/progress.py), with the ring's speed by size and changeovers
+    # daemon does (core/progress_rates.py), with the ring's speed by size and changeovers
     rate: float | None
 
 

@@ -24,7 +24,6 @@ from autoscaler.adapters.kube.kinds import KINDS
 from autoscaler.adapters.kube.kinds.base import JobContext, JobKind
 from autoscaler.adapters.kube.nodetable import NodeTable, NodeView
 from autoscaler.adapters.kube.podindex import PodIndex
-from autoscaler.adapters.kube.progress import ProgressRates
 from autoscaler.adapters.kube.rejects import Rejections
 from autoscaler.adapters.kube.resources import NODES, PODS, Obj, Resource, key_of
 from autoscaler.adapters.kube.scalers import ScalerFacts, by_job, scaler_facts
@@ -32,6 +31,7 @@ from autoscaler.boards import NoticeBoard, PriceBook
 from autoscaler.config import Prices
 from autoscaler.config.kubernetes import KubernetesSettings
 from autoscaler.core.model import CapacityType, Job, Notice, Scaler, Snapshot
+from autoscaler.core.progress_rates import ProgressRates
 
 log = structlog.get_logger()
 T = TypeVar("T")

@@ -14,7 +14,8 @@ too. Per job, from the readings of the snapshots:
   the last, which also starts the windows again), and the hours workers ran since the progress
   last moved.
 State lives here, per job, and is rebuilt after a restart: no pace until a window has passed,
-and the core then acts as Uniform Progress does.
+and the core then acts as Uniform Progress does. The daemon's observer and the simulator keep one
+each; it reads only the core's model, so it sits in the core (the simulator loads no adapter).
 """
 
 from __future__ import annotations
