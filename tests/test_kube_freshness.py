@@ -27,8 +27,8 @@ from kube_fixtures import (
 from support.waiting import wait_for
 
 from autoscaler.adapters.kube.kinds.et_operator import SCALE_INS, SCALE_OUTS
+from autoscaler.adapters.kube.kinds.et_operator_scalers import scaler_facts
 from autoscaler.adapters.kube.resources import NODES, PODS
-from autoscaler.adapters.kube.scalers import scaler_facts
 from autoscaler.annotations import DRAINED_ANNOTATION
 from autoscaler.core import Action, Decision, Reason, decide
 

@@ -28,7 +28,7 @@ from kube_fixtures import (
 from kubernetes import client
 
 from autoscaler.adapters.kube.kinds.et_operator import scaler_name, with_unseen
-from autoscaler.adapters.kube.scalers import ScalerFacts
+from autoscaler.adapters.kube.kinds.et_operator_scalers import ScalerFacts
 from autoscaler.annotations import ASSIGNED_ANNOTATION
 from autoscaler.core import Action, Reason, ScalerKind, Worker
 

@@ -24,7 +24,7 @@ from support.rbac import role_grants
 from support.sidecar import sidecar_thread
 from support.waiting import wait_for
 
-from autoscaler.adapters.discovery.jobref import JobRef
+from autoscaler.adapters.kube.kinds.jobref import JobRef
 from autoscaler.adapters.kube.kinds.mpi_operator import MAX_ANNOTATION, MIN_ANNOTATION, MPI_JOBS
 from autoscaler.annotations import ASSIGNED_ANNOTATION, DRAINED_ANNOTATION, decode_drained
 from autoscaler.core import Action, Decision, Reason

@@ -47,7 +47,7 @@ from support.real_namespace import POOL, RealNamespace, daemon_config, isolated
 from support.sidecar import sidecar_thread
 from support.waiting import wait_for
 
-from autoscaler.adapters.discovery.jobref import JobRef
+from autoscaler.adapters.kube.kinds.jobref import JobRef
 from autoscaler.adapters.kube.kinds.mpi_operator import MAX_ANNOTATION, MIN_ANNOTATION, MPI_JOBS
 from autoscaler.adapters.kube.resources import MANAGER
 from autoscaler.annotations import DRAINED_ANNOTATION, decode_drained

@@ -17,7 +17,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from autoscaler.adapters.discovery.hostlines import valid_host
-from autoscaler.adapters.discovery.jobref import JobRef
+from autoscaler.adapters.kube.kinds.jobref import JobRef
 from autoscaler.annotations import ASSIGNED_ANNOTATION, encode_assigned
 
 MERGE_PATCH = "application/merge-patch+json"

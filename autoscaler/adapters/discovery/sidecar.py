@@ -23,9 +23,9 @@ from kubernetes import client
 
 from autoscaler.adapters.discovery.assigned import AssignedPublisher
 from autoscaler.adapters.discovery.drainfile import write_drain_file
-from autoscaler.adapters.discovery.jobref import JobRef
 from autoscaler.adapters.discovery.podexit import ContainerExit, ContainerRef
 from autoscaler.adapters.discovery.watch import ObjectWatch
+from autoscaler.adapters.kube.kinds.jobref import JobRef
 from autoscaler.adapters.kube.resources import Obj
 from autoscaler.annotations import DRAINED_ANNOTATION, decode_drained
 

@@ -22,11 +22,11 @@ from autoscaler.adapters.kube.cache import KubeCache
 from autoscaler.adapters.kube.jobs import build_job
 from autoscaler.adapters.kube.kinds import KINDS
 from autoscaler.adapters.kube.kinds.base import JobContext, JobKind
+from autoscaler.adapters.kube.kinds.et_operator_scalers import ScalerFacts, by_job, scaler_facts
 from autoscaler.adapters.kube.nodetable import NodeTable, NodeView
 from autoscaler.adapters.kube.podindex import PodIndex
 from autoscaler.adapters.kube.rejects import Rejections
 from autoscaler.adapters.kube.resources import NODES, PODS, Obj, Resource, key_of
-from autoscaler.adapters.kube.scalers import ScalerFacts, by_job, scaler_facts
 from autoscaler.boards import NoticeBoard, PriceBook
 from autoscaler.config import Prices
 from autoscaler.config.kubernetes import KubernetesSettings

@@ -13,7 +13,6 @@ from autoscaler.adapters.kube.view import WatchedJobs, Watchlist
 
 KINDS: tuple[JobKind, ...] = (et_operator.KIND, cce.KIND, mpi_operator.KIND, pytorch.KIND)
 
-JOB_RESOURCES: tuple[Resource, ...] = tuple(k.jobs for k in KINDS)
 # every kind a kind needs: a backend acts only while the API server serves all of them
 BACKENDS: dict[str, tuple[Resource, ...]] = {k.backend: k.resources for k in KINDS}
 _BY_JOBS = {k.jobs: k for k in KINDS}

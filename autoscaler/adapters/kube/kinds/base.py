@@ -18,8 +18,8 @@ from autoscaler.core.model import Decision, Scaler, Worker
 
 if TYPE_CHECKING:  # only types: the cache imports the kinds (view.CacheView is what they read)
     from autoscaler.adapters.kube.events import EventRecorder
+    from autoscaler.adapters.kube.kinds.et_operator_scalers import ScalerFacts, ScalerState
     from autoscaler.adapters.kube.objects import ObjectApi
-    from autoscaler.adapters.kube.scalers import ScalerFacts, ScalerState
     from autoscaler.adapters.kube.view import CacheView
 
 

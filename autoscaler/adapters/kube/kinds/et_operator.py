@@ -27,6 +27,14 @@ from autoscaler.adapters.kube.kinds.base import (
     count,
     status_phase,
 )
+from autoscaler.adapters.kube.kinds.et_operator_scalers import (
+    FAILED,
+    SUCCEEDED,
+    ScalerFacts,
+    ScalerState,
+    scaler_facts,
+    scaler_state,
+)
 from autoscaler.adapters.kube.outcomes import already_done, refuse, summary
 from autoscaler.adapters.kube.pods import TERMINATED_PHASES, name_index, pod_alive, pod_created
 from autoscaler.adapters.kube.resources import (
@@ -37,14 +45,6 @@ from autoscaler.adapters.kube.resources import (
     Resource,
     key_of,
     labels_of,
-)
-from autoscaler.adapters.kube.scalers import (
-    FAILED,
-    SUCCEEDED,
-    ScalerFacts,
-    ScalerState,
-    scaler_facts,
-    scaler_state,
 )
 from autoscaler.core.model import Decision, ScalerKind, Worker
 from autoscaler.core.policy import ScaleOutRules
