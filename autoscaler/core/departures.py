@@ -204,7 +204,7 @@ def _removable(job: Job, leaving: tuple[Worker, ...]) -> tuple[str, ...]:
     it could leave a ScaleIn whose pods are all gone by the time et-operator reads it (see
     _cancel). A job whose operator removes the highest indices can lose only the leaving pods
     at the top; the others are drained and die with their nodes, unless the job's scale-in
-    deletes its victims by name (its clamp victims are the top ones: _leaving_with_reasons)."""
+    deletes its victims by name (its clamp victims are the top ones: _above_max)."""
     going = {w.pod for w in leaving if not w.terminating}
     if not job.removes_highest_first or job.deletes_victims:
         return tuple(w.pod for w in leaving if w.pod in going)
@@ -224,7 +224,6 @@ def _leaving_with_reasons(
     Hard notices ignore min (the node dies anyway); a rebalance drain respects it.
     """
     why: dict[str, Reason] = {}
-    held_at_min = False
     # one look per worker (every job, every pass): most jobs have none on a noticed node
     noticed = [(w, r) for w in job.workers if (r := risk.hard.get(w.node or "")) is not None]
     for w, reason in noticed:
@@ -234,23 +233,37 @@ def _leaving_with_reasons(
     # name a healthy worker instead (one the server check then refuses, pass after pass, while
     # the pod finishes its grace period); against min, it is gone.
     live = [w for w in job.workers if not w.terminating]
-    # A rebalance recommendation drains early only while the job stays at or above min.
+    held_at_min = _rebalance(noticed, live, why, lo)
+    rest = [w for w in live if w.pod not in why]
+    why.update((w.pod, Reason.CLAMP_MAX) for w in _above_max(job, rest, hi, risk, nodes))
+    return why, held_at_min
+
+
+def _rebalance(
+    noticed: list[tuple[Worker, Reason]], live: list[Worker], why: dict[str, Reason], lo: int
+) -> bool:
+    """Add to `why` the workers a rebalance recommendation drains early, only while the job
+    stays at or above min; whether min held one back."""
+    held_at_min = False
     for w, reason in noticed:
         if reason is Reason.REBALANCE:
             if len(live) - sum(x.pod in why for x in live) > lo:
                 why[w.pod] = Reason.REBALANCE
             else:
                 held_at_min = True
-    rest = [w for w in live if w.pod not in why]
+    return held_at_min
+
+
+def _above_max(
+    job: Job, rest: list[Worker], hi: int, risk: NodeRisk, nodes: Mapping[str, GpuNode]
+) -> list[Worker]:
+    """The workers of `rest` (those that would stay) that max clamps away."""
     excess = len(rest) - hi
-    if excess > 0:
-        if job.removes_highest_first:  # the only ones its operator can remove
-            rest.sort(key=lambda w: -w.index)
-        else:
-            rest.sort(key=lambda w: _clamp_victim_order(w, risk, nodes))
-        for w in rest[:excess]:
-            why[w.pod] = Reason.CLAMP_MAX
-    return why, held_at_min
+    if excess <= 0:
+        return []
+    if job.removes_highest_first:  # the only ones its operator can remove
+        return sorted(rest, key=lambda w: -w.index)[:excess]
+    return sorted(rest, key=lambda w: _clamp_victim_order(w, risk, nodes))[:excess]
 
 
 def _clamp_victim_order(w: Worker, risk: NodeRisk, nodes: Mapping[str, GpuNode]) -> tuple:
@@ -279,25 +292,36 @@ def _last_host_to_keep(
     candidates = [w for w in job.workers if w.pod in why and not w.pending]
     if not candidates:
         return None
-    settled_by = now - rules.join_grace
-    joined = [w.ready_since for w in candidates]
-    if None not in joined:  # as old as the oldest doomed host is settled enough
-        settled_by = max(settled_by, min(t for t in joined if t is not None))
-    synced_by = now - rules.assigned_settle
-    since = [job.assigned_since.get(w.host) for w in candidates]
-    if None not in since:  # assigned with the oldest doomed host: it holds the same state
-        synced_by = max(synced_by, min(t for t in since if t is not None))
+    # as old as the oldest doomed host is settled enough, as is one assigned with it: it holds
+    # the same state
+    settled_by = _no_earlier_than(now - rules.join_grace, [w.ready_since for w in candidates])
+    synced_by = _no_earlier_than(
+        now - rules.assigned_settle, [job.assigned_since.get(w.host) for w in candidates]
+    )
     if any(_settled_survivor(job, w, why, settled_by, synced_by) for w in job.workers):
         return None
-
-    def lives_longest(w: Worker) -> tuple:
-        deadline = risk.deadlines.get(w.node or "")  # unknown deadline: assume the latest
-        return (why[w.pod] is Reason.CLAMP_MAX, deadline is None, deadline, -w.index)
-
-    kept = max(candidates, key=lives_longest)
+    kept = _longest_lived(candidates, why, risk)
     if _release_near_deadline(job, why, risk.deadlines.get(kept.node or ""), rules, now):
         return None
     return kept
+
+
+def _no_earlier_than(bound: datetime, times: list[datetime | None]) -> datetime:
+    """`bound`, or the oldest of `times` if that is later and all of them are known."""
+    if None in times:
+        return bound
+    return max(bound, min(t for t in times if t is not None))
+
+
+def _longest_lived(candidates: list[Worker], why: dict[str, Reason], risk: NodeRisk) -> Worker:
+    """The doomed worker to keep: one clamped away rather than noticed, else the one whose node
+    dies last (an unknown deadline counts as the latest), else the lowest index."""
+
+    def lives_longest(w: Worker) -> tuple:
+        deadline = risk.deadlines.get(w.node or "")
+        return (why[w.pod] is Reason.CLAMP_MAX, deadline is None, deadline, -w.index)
+
+    return max(candidates, key=lives_longest)
 
 
 def _release_near_deadline(

@@ -94,17 +94,21 @@ def _health(
         return []
     start = detail.get("startTime")
     deadline = _health_time(start) if isinstance(start, str) else None
+    return [
+        InstanceEvent(event_id, i, NoticeKind.MAINTENANCE, time, deadline, HEALTH)
+        for i in _affected_instances(event, detail)
+    ]
+
+
+def _affected_instances(event: dict[str, Any], detail: dict[str, Any]) -> list[str]:
+    """The instance ids a Health event names, sorted, each once."""
     entities = detail.get("affectedEntities") or []
     if not isinstance(entities, list):
         raise Unparsable("affectedEntities is not a list")
     ids = [e.get("entityValue") for e in entities if isinstance(e, dict)]
     if not ids:  # older payloads list the instances only in `resources`
         ids = [r.rsplit("/", 1)[-1] for r in event.get("resources") or [] if isinstance(r, str)]
-    instances = sorted({i for i in ids if isinstance(i, str) and i.startswith("i-")})
-    return [
-        InstanceEvent(event_id, i, NoticeKind.MAINTENANCE, time, deadline, HEALTH)
-        for i in instances
-    ]
+    return sorted({i for i in ids if isinstance(i, str) and i.startswith("i-")})
 
 
 def _str(obj: dict[str, Any], key: str) -> str:

@@ -125,19 +125,27 @@ class ScalerState:
 
 def scaler_state(job: Obj, job_key: str, scalers: list[ScalerFacts]) -> ScalerState:
     finished = sorted((s for s in scalers if s.outcome), key=lambda s: s.finish_order)
-    running = [s for s in scalers if not s.outcome]
-    # The job's own pointer covers a scaler this cache does not hold (yet); a pointer to a scaler
-    # we know has finished is stale.
-    pointer = current_scaler(job, job_key)
-    if pointer is not None and all(s.name != pointer.name for s in scalers):
-        running.append(pointer)
-    running.sort(key=lambda s: s.order)
     outs = [s for s in finished if s.kind is ScalerKind.SCALE_OUT]
     failed_outs = [s for s in outs if s.outcome == FAILED]
     grown = [s for s in outs if s.outcome != FAILED and not s.refill]
     return ScalerState(
-        in_flight=tuple(running),
-        last_scale_out_at=grown[-1].finished_at if grown else None,
-        last_failed_scale_out_at=failed_outs[-1].finished_at if failed_outs else None,
+        in_flight=_in_flight(job, job_key, scalers),
+        last_scale_out_at=_last_finished_at(grown),
+        last_failed_scale_out_at=_last_finished_at(failed_outs),
         latest_finished=finished[-1].name if finished else "",
     )
+
+
+def _in_flight(job: Obj, job_key: str, scalers: list[ScalerFacts]) -> tuple[ScalerFacts, ...]:
+    """The unfinished scalers, newest last. The job's own pointer covers a scaler this cache does
+    not hold (yet); a pointer to a scaler we know has finished is stale."""
+    running = [s for s in scalers if not s.outcome]
+    pointer = current_scaler(job, job_key)
+    if pointer is not None and all(s.name != pointer.name for s in scalers):
+        running.append(pointer)
+    return tuple(sorted(running, key=lambda s: s.order))
+
+
+def _last_finished_at(finished: list[ScalerFacts]) -> datetime | None:
+    """When the last of `finished` (in finishing order) finished."""
+    return finished[-1].finished_at if finished else None
