@@ -7,7 +7,16 @@ from datetime import timedelta
 
 from core_fixtures import NOW, job, node, notice, only, policies, run, snapshot, workers
 
-from autoscaler.core import Action, NoticeKind, Reason, Scaler, ScalerKind, Worker
+from autoscaler.core import (
+    Action,
+    NoticeKind,
+    PassMemo,
+    Reason,
+    Scaler,
+    ScalerKind,
+    Worker,
+    decide,
+)
 from autoscaler.core.policy import POLICY_LABEL
 
 
@@ -341,14 +350,13 @@ def test_hosts_assigned_together_are_survivors_for_each_other() -> None:
 
 
 def test_the_plan_is_redone_when_the_replacement_settles_or_the_margin_is_reached() -> None:
-    from autoscaler.core.decide import _replan_at
-    from autoscaler.core.notices import classify
-
-    snap = _every_host_replaced(ready_for=5, assigned_for=2, deadline_in=60)
-    policy = policies().policies[0]
-    risk = classify(snap.notices, policy.preemption, NOW)
-    at = _replan_at(snap.jobs[0], policy, risk, NOW)
-    assert at == NOW + timedelta(seconds=13)  # assigned 2 s ago + assigned_settle 15 s
-    snap = _every_host_replaced(ready_for=5, assigned_for=2, deadline_in=12)
-    risk = classify(snap.notices, policy.preemption, NOW)
-    assert _replan_at(snap.jobs[0], policy, risk, NOW) == NOW + timedelta(seconds=2)
+    ps = policies()
+    # assigned 2 s ago + assigned_settle 15 s; a deadline 12 s away less release_margin 10 s
+    for deadline_in, flip in ((60, 13), (12, 2)):
+        snap = _every_host_replaced(ready_for=5, assigned_for=2, deadline_in=deadline_in)
+        memo, at = PassMemo(), NOW + timedelta(seconds=flip)
+        decide(snap, ps, NOW, memo)
+        decide(snap, ps, at - timedelta(microseconds=1), memo)
+        assert memo.replanned == 0
+        assert decide(snap, ps, at, memo) == decide(snap, ps, at)
+        assert memo.replanned == 1

@@ -3,8 +3,9 @@ what a pass without it does, and it does reuse what did not change."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from core_fixtures import NOW, job, node, notice, policies, snapshot
 from hypothesis import given, settings
@@ -22,6 +23,10 @@ from autoscaler.core import (
     decide,
     track_idle,
 )
+from autoscaler.core.moment import Moment
+from autoscaler.core.notices import classify
+
+TICK = timedelta(microseconds=1)
 
 # Policies whose rules read the clock: cooldown, backoff, min_idle, join_grace, a stuck scaler's
 # age, a window that opens and closes, a maintenance horizon, a deadline with an anchor.
@@ -30,7 +35,7 @@ TIMED = [
     policies(
         scale_out={"cooldown": "2m", "backoff": "5m", "min_idle": "3m", "quantum": "power_of_two"},
         preemption={"rebalance": "drain", "join_grace": "4m", "maintenance_horizon": "10m"},
-        scalers={"max_age": "6m"},
+        scalers={"max_age": "7m"},  # above scale_out.timeout (6m)
     ),
     policies(
         windows=[
@@ -174,6 +179,38 @@ def test_time_alone_plans_again_when_a_rule_flips() -> None:
     later = NOW + timedelta(minutes=11)
     assert decide(snap, ps, later, memo) == decide(snap, ps, later)
     assert memo.replanned == 1
+
+
+def test_a_plan_is_kept_until_the_first_flip_its_rules_asked_about() -> None:
+    """The memo needs no list of the time rules: any rule that reads the time through the plan's
+    Moment has the plan made again when its answer flips, and one that shows the time itself
+    (a stuck scaler's age) at every pass."""
+    ps = policies()
+    policy, j = ps.policies[0], job("j0", placement=["n0"])
+    risk = classify((), policy.preemption, NOW)
+    soon, later = NOW + timedelta(minutes=1), NOW + timedelta(minutes=5)
+    memo = PassMemo()
+
+    def plan_at(now: datetime, rule: Callable[[Moment], object]) -> object:
+        memo.begin(ps, now)
+        return memo.plan(j, policy, {}, frozenset(), risk, now, rule)
+
+    def timed(m: Moment) -> object:
+        return m.reached(later), m.passed(soon)
+
+    assert plan_at(NOW, timed) == (False, False)
+    assert plan_at(soon, timed) == (False, False) and memo.replanned == 0  # over just after
+    assert plan_at(soon + TICK, timed) == (False, True) and memo.replanned == 1
+    assert plan_at(later - TICK, timed) == (False, True) and memo.replanned == 0
+    assert plan_at(later, timed) == (True, True) and memo.replanned == 1
+    assert plan_at(later + timedelta(days=1), timed) == (True, True) and memo.replanned == 0
+
+    def aged(m: Moment) -> object:
+        return m.age(NOW)
+
+    memo = PassMemo()
+    for step in range(3):
+        assert plan_at(NOW + step * TICK, aged) == step * TICK and memo.replanned == 1
 
 
 def test_new_policies_or_time_going_back_forget_everything() -> None:

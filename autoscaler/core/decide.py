@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from autoscaler.core.capacity import CapacityPool, Claim, fill, grant_of
 from autoscaler.core.deadline import needs_fleet, on_demand
@@ -26,6 +26,7 @@ from autoscaler.core.model import (
     Snapshot,
     Worker,
 )
+from autoscaler.core.moment import Moment
 from autoscaler.core.notices import NodeRisk, classify
 from autoscaler.core.policy import POLICY_LABEL, Policy, PolicySet, PreemptionRules
 
@@ -111,15 +112,12 @@ def _plan_jobs(
             risks[policy.preemption] = classify(snapshot.notices, policy.preemption, now)
         risk = risks[policy.preemption]
 
-        def plan(job: Job = job, policy: Policy = policy, risk: NodeRisk = risk) -> _Plan:
-            return _plan_job(job, policy, risk, nodes, now, _pin_problem(job, policies, policy))
+        def plan(
+            moment: Moment, job: Job = job, policy: Policy = policy, risk: NodeRisk = risk
+        ) -> _Plan:
+            return _plan_job(job, policy, risk, nodes, moment, _pin_problem(job, policies, policy))
 
-        def until(
-            job: Job = job, policy: Policy = policy, risk: NodeRisk = risk
-        ) -> datetime | None:
-            return _replan_at(job, policy, risk, now)
-
-        plans.append(memo.plan(job, policy, nodes, noticed, risk, now, plan, until))
+        plans.append(memo.plan(job, policy, nodes, noticed, risk, now, plan))
     return plans
 
 
@@ -140,10 +138,11 @@ def _plan_job(
     policy: Policy,
     risk: NodeRisk,
     nodes: Mapping[str, GpuNode],
-    now: datetime,
+    moment: Moment,
     pin_problem: str = "",
 ) -> _Plan:
-    """One job: who leaves, whether it may grow (a claim on idle GPUs), its spend per hour."""
+    """One job: who leaves, whether it may grow (a claim on idle GPUs), its spend per hour. Its
+    time rules read the time only through `moment`, which tells the memo when they flip."""
     if problem := _unscalable(job, policy):  # left alone: one noop says why, nothing else
         return _Plan(
             job,
@@ -156,14 +155,14 @@ def _plan_job(
             note=problem,
         )
     lo, hi = policy.bounds(job)
-    departures = plan_departures(job, policy, risk, nodes, (lo, hi), now)
+    departures = plan_departures(job, policy, risk, nodes, (lo, hi), moment)
     ceiling = hi - (departures.kept is not None)
     # a doomed host kept for Horovod's sake counts towards max, not towards min: refill it
     staying = _staying(job, departures)
     blocked = (
         departures.blocks_scale_out
         or (Reason.UNKNOWN_POLICY if pin_problem else None)
-        or _growth_blocked(job, policy, now)
+        or _growth_blocked(job, policy, moment)
     )
     holds = False
     if blocked is None and len(staying) >= ceiling:
@@ -188,33 +187,6 @@ def _unscalable(job: Job, policy: Policy) -> str:
             f"({most}): not scaled until one of them changes"
         )
     return ""
-
-
-def _replan_at(job: Job, policy: Policy, risk: NodeRisk, now: datetime) -> datetime | None:
-    """When time alone could change the job's plan (None: never; `now`: at every pass): the
-    moments its time rules flip. Keep in step with every rule of `_plan_job` that reads `now`:
-    scaler_block (max_age), _growth_blocked (backoff), _last_host_to_keep (join_grace,
-    assigned_settle, release_margin); the memo's safety net (Reconciler) finds a rule left out."""
-    times: list[datetime] = []
-    scaler = job.scaler
-    if scaler is not None and scaler.created_at is not None:
-        stuck_at = scaler.created_at + policy.scalers.max_age
-        if stuck_at < now:
-            return now  # stuck: its message carries the scaler's age
-        times.append(stuck_at + _TICK)  # stuck once older than max_age, not at it
-    failed = job.last_failed_scale_out_at
-    if failed is not None:
-        times.append(failed + policy.scale_out.backoff)
-    if policy.preemption.keep_last_host:
-        grace = policy.preemption.join_grace
-        times.extend(w.ready_since + grace for w in job.workers if w.ready_since is not None)
-        settle = policy.preemption.assigned_settle
-        times.extend(t + settle for t in job.assigned_since.values())
-        margin = policy.preemption.release_margin
-        times.extend(
-            d - margin for w in job.workers if (d := risk.deadlines.get(w.node or "")) is not None
-        )
-    return min((t for t in times if t > now), default=None)
 
 
 def _grow(
@@ -293,8 +265,6 @@ def _share(pool: CapacityPool, plans: list[_Plan], now: datetime) -> dict[str, C
     return claims
 
 
-_TICK = timedelta(microseconds=1)  # datetime's resolution
-
 # Growth blocks that do not lift within a scaler's lifetime: no room is held for these.
 _NOT_SOON = frozenset(
     {
@@ -307,15 +277,15 @@ _NOT_SOON = frozenset(
 )
 
 
-def _growth_blocked(job: Job, policy: Policy, now: datetime) -> Reason | None:
-    if (block := scaler_block(job, policy, now)) is not None:
+def _growth_blocked(job: Job, policy: Policy, moment: Moment) -> Reason | None:
+    if (block := scaler_block(job, policy, moment)) is not None:
         return block[0]
     if not job.running:
         return Reason.JOB_NOT_RUNNING
     if not policy.scale_out.enabled:
         return Reason.SCALE_OUT_DISABLED
     failed = job.last_failed_scale_out_at
-    if failed is not None and now - failed < policy.scale_out.backoff:
+    if failed is not None and not moment.reached(failed + policy.scale_out.backoff):
         return Reason.BACKOFF
     return None
 
@@ -353,7 +323,7 @@ def _growth_decision(
     if claim is None:
         reason = blocked or Reason.STEADY
         message = plan.note or reason.info.message
-        if reason is Reason.SCALER_STUCK and (block := scaler_block(job, policy, now)):
+        if reason is Reason.SCALER_STUCK and (block := scaler_block(job, policy, Moment(now))):
             message = block[1]
         return Decision.noop(job, reason, policy.name, tags=below, message=message)
     grant = grant_of(claim, pool, at_max=claim.target == plan.ceiling)

@@ -20,6 +20,7 @@ from autoscaler.core.model import (
     ScalerKind,
     Worker,
 )
+from autoscaler.core.moment import Moment
 from autoscaler.core.notices import NodeRisk
 from autoscaler.core.policy import Policy, PreemptionRules
 
@@ -49,9 +50,9 @@ def plan_departures(
     risk: NodeRisk,
     nodes: Mapping[str, GpuNode],
     bounds: tuple[int, int],
-    now: datetime,
+    moment: Moment,
 ) -> Departures:
-    leaving = _who_leaves(job, policy, risk, nodes, bounds, now)
+    leaving = _who_leaves(job, policy, risk, nodes, bounds, moment)
     out = Departures(leaving=leaving.workers, kept=leaving.kept)
     cancel = _cancel(job, policy)
     if cancel is not None:
@@ -68,7 +69,7 @@ def plan_departures(
     out.blocks_scale_out = leaving.reason
     victims = _removable(job, leaving.workers)
     if victims:
-        _scale_in_or_wait(job, policy, leaving, victims, now, out, deadline)
+        _scale_in_or_wait(job, policy, leaving, victims, moment, out, deadline)
     return out
 
 
@@ -84,14 +85,14 @@ def _who_leaves(
     risk: NodeRisk,
     nodes: Mapping[str, GpuNode],
     bounds: tuple[int, int],
-    now: datetime,
+    moment: Moment,
 ) -> _Leaving:
     lo, hi = bounds
     why, held_at_min = _leaving_with_reasons(job, risk, nodes, lo, hi)
     tags: list[Reason] = [Reason.CLAMP_MIN] if held_at_min else []
     kept = None
     if why and policy.preemption.keep_last_host:
-        kept = _last_host_to_keep(job, why, risk, policy, now)
+        kept = _last_host_to_keep(job, why, risk, policy, moment)
     # the drain/scale-in decision carries the most urgent reason among its victims
     reason = min(why.values(), key=_urgency) if why else None
     if kept is not None:
@@ -152,7 +153,7 @@ def _scale_in_or_wait(
     policy: Policy,
     leaving: _Leaving,
     victims: tuple[str, ...],
-    now: datetime,
+    moment: Moment,
     out: Departures,
     deadline: datetime | None,
 ) -> None:
@@ -161,7 +162,9 @@ def _scale_in_or_wait(
     hosts = tuple(dict.fromkeys(w.host for w in leaving.workers))
     nodes = _nodes_of(leaving.workers)
     deferred = (
-        None if _deleted_now(job, leaving.reason) else _scale_in_deferred(job, policy, victims, now)
+        None
+        if _deleted_now(job, leaving.reason)
+        else _scale_in_deferred(job, policy, victims, moment)
     )
     if deferred is not None:
         out.blocks_scale_out = deferred[0]
@@ -274,7 +277,7 @@ def _clamp_victim_order(w: Worker, risk: NodeRisk, nodes: Mapping[str, GpuNode])
 
 
 def _last_host_to_keep(
-    job: Job, why: dict[str, Reason], risk: NodeRisk, policy: Policy, now: datetime
+    job: Job, why: dict[str, Reason], risk: NodeRisk, policy: Policy, moment: Moment
 ) -> Worker | None:
     """If no settled host would stay in discovery, keep the one that lives longest.
 
@@ -292,25 +295,43 @@ def _last_host_to_keep(
     candidates = [w for w in job.workers if w.pod in why and not w.pending]
     if not candidates:
         return None
-    # as old as the oldest doomed host is settled enough, as is one assigned with it: it holds
-    # the same state
-    settled_by = _no_earlier_than(now - rules.join_grace, [w.ready_since for w in candidates])
-    synced_by = _no_earlier_than(
-        now - rules.assigned_settle, [job.assigned_since.get(w.host) for w in candidates]
+    settling = _Settling(
+        moment,
+        rules,
+        _oldest([w.ready_since for w in candidates]),
+        _oldest([job.assigned_since.get(w.host) for w in candidates]),
     )
-    if any(_settled_survivor(job, w, why, settled_by, synced_by) for w in job.workers):
+    if any(_settled_survivor(job, w, why, settling) for w in job.workers):
         return None
     kept = _longest_lived(candidates, why, risk)
-    if _release_near_deadline(job, why, risk.deadlines.get(kept.node or ""), rules, now):
+    if _release_near_deadline(job, why, risk.deadlines.get(kept.node or ""), rules, moment):
         return None
     return kept
 
 
-def _no_earlier_than(bound: datetime, times: list[datetime | None]) -> datetime:
-    """`bound`, or the oldest of `times` if that is later and all of them are known."""
-    if None in times:
-        return bound
-    return max(bound, min(t for t in times if t is not None))
+@dataclass(frozen=True, slots=True)
+class _Settling:
+    """When a survivor counts as settled: ready for `join_grace`, or in the rank assignment for
+    `assigned_settle`; or, however recently, no later than the oldest doomed host (it holds the
+    same state)."""
+
+    moment: Moment
+    rules: PreemptionRules
+    oldest_ready: datetime | None  # of the doomed hosts; None: one of them is not known
+    oldest_assigned: datetime | None
+
+    def ready(self, since: datetime) -> bool:
+        as_old = self.oldest_ready is not None and since <= self.oldest_ready
+        return as_old or self.moment.reached(since + self.rules.join_grace)
+
+    def synced(self, since: datetime) -> bool:
+        as_old = self.oldest_assigned is not None and since <= self.oldest_assigned
+        return as_old or self.moment.reached(since + self.rules.assigned_settle)
+
+
+def _oldest(times: list[datetime | None]) -> datetime | None:
+    """The oldest of `times` if all of them are known."""
+    return None if None in times else min(t for t in times if t is not None)
 
 
 def _longest_lived(candidates: list[Worker], why: dict[str, Reason], risk: NodeRisk) -> Worker:
@@ -329,7 +350,7 @@ def _release_near_deadline(
     why: dict[str, Reason],
     deadline: datetime | None,
     rules: PreemptionRules,
-    now: datetime,
+    moment: Moment,
 ) -> bool:
     """Whether the kept host goes now, though no survivor has settled: its node dies within
     `release_margin` and a survivor is in Horovod's rank assignment (the launcher's report).
@@ -353,7 +374,7 @@ def _release_near_deadline(
     a death with the replacement assigned costs only a rollback or a restart. Without a report
     there is no evidence either way: `join_grace` stays the bound.
     """
-    if deadline is None or deadline - now > rules.release_margin:
+    if deadline is None or not moment.reached(deadline - rules.release_margin):
         return False
     if job.assigned_hosts is None:
         return False
@@ -367,36 +388,35 @@ def _release_near_deadline(
     )
 
 
-def _settled_survivor(
-    job: Job, w: Worker, why: dict[str, Reason], settled_by: datetime, synced_by: datetime
-) -> bool:
+def _settled_survivor(job: Job, w: Worker, why: dict[str, Reason], settling: _Settling) -> bool:
     """A worker that stays, runs, is shown to Horovod and is in its rank assignment."""
     if w.pod in why or w.pending or w.terminating or w.host in job.drained_hosts:
         return False
-    return _in_assignment(job, w, settled_by, synced_by)
+    return _in_assignment(job, w, settling)
 
 
-def _in_assignment(job: Job, w: Worker, settled_by: datetime, synced_by: datetime) -> bool:
+def _in_assignment(job: Job, w: Worker, settling: _Settling) -> bool:
     """Whether Horovod has `w`'s host in its current rank assignment, so dropping the others
     keeps a host of the previous set (driver.py `_update_host_assignments`), and (where the
-    report says since when) has had it there since `synced_by`, so its join's reset is over.
+    report says since when) has had it there long enough, so its join's reset is over.
     The launcher's own report (its worker processes) is the evidence; without one, a host that
-    has been ready since `settled_by` is assumed to have passed a reset."""
+    has been ready long enough is assumed to have passed a reset (`_Settling`)."""
     if job.assigned_hosts is not None:
         if w.host not in job.assigned_hosts:
             return False
         since = job.assigned_since.get(w.host)
-        return since is None or since <= synced_by
-    return w.ready_since is None or w.ready_since <= settled_by
+        return since is None or settling.synced(since)
+    return w.ready_since is None or settling.ready(w.ready_since)
 
 
-def scaler_block(job: Job, policy: Policy, now: datetime) -> tuple[Reason, str] | None:
+def scaler_block(job: Job, policy: Policy, moment: Moment) -> tuple[Reason, str] | None:
     """Why the job's outstanding scaler blocks new ones: in flight, or stuck past max_age."""
     scaler = job.scaler
     if scaler is None:
         return None
-    age = now - scaler.created_at if scaler.created_at is not None else None
-    if age is not None and age > policy.scalers.max_age:
+    created = scaler.created_at
+    if created is not None and moment.passed(created + policy.scalers.max_age):
+        age = moment.age(created)  # in its message: a stuck scaler's plan is made every pass
         return Reason.SCALER_STUCK, (
             f"{scaler.kind}/{scaler.name} unfinished after {int(age.total_seconds())}s: see"
             " docs/kubernetes.md#stuck-scalers (delete it once its pods are handled)"
@@ -435,12 +455,12 @@ def _deleted_now(job: Job, reason: Reason) -> bool:
 
 
 def _scale_in_deferred(
-    job: Job, policy: Policy, victims: tuple[str, ...], now: datetime
+    job: Job, policy: Policy, victims: tuple[str, ...], moment: Moment
 ) -> tuple[Reason, str] | None:
     """(reason, message) when the ScaleIn cannot be created now; message '' = nothing to say."""
     scaler = job.scaler
     if scaler is not None:
-        block = scaler_block(job, policy, now)
+        block = scaler_block(job, policy, moment)
         assert block is not None
         if block[0] is Reason.SCALER_STUCK:
             return block

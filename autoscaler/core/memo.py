@@ -5,8 +5,9 @@ times, while between two passes a few jobs change. So `decide` asks this memo fi
 
 - a job's plan (departures, claim, spend) is reused while the job, its effective policy, the
   nodes its workers are on and the notices on those nodes are the very same (equal) objects, and
-  no time rule of the job has flipped since (`until`: a scaler turning stuck, a backoff ending,
-  a worker settling past join_grace);
+  no time rule of the job has flipped since: the rules read the time only through the plan's
+  `Moment` (core/moment.py), which records when each answer they got flips (a scaler turning
+  stuck, a backoff ending, a worker settling past join_grace), so a new rule cannot be left out;
 - the growth decisions (idle capacity shared between all jobs) are reused while every plan, every
   node, every job, the idle clocks and the noticed nodes are the same, and no cooldown has ended
   and no idle node settled since.
@@ -25,6 +26,7 @@ from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 from autoscaler.core.model import Decision, GpuNode, Job
+from autoscaler.core.moment import Moment
 from autoscaler.core.notices import NodeRisk
 from autoscaler.core.policy import Policy, PolicySet
 
@@ -85,13 +87,14 @@ class PassMemo:
         noticed: frozenset[str],
         risk: NodeRisk,
         now: datetime,
-        make: Callable[[], P],
-        until: Callable[[], datetime | None],
+        make: Callable[[Moment], P],
     ) -> P:
-        """`job`'s plan: the last pass's if made from the same inputs and still valid at `now`."""
+        """`job`'s plan: the last pass's if made from the same inputs and still valid at `now`,
+        else `make`'s at `now`, kept until the first flip of a time rule it asked about."""
+        moment = Moment(now)
         if not self._keep:
             self.replanned += 1
-            return make()
+            return make(moment)
         kept = self._last.get(job.key)
         if kept is not None and kept.valid_at(now):
             old_job, old_policy, places, old_nodes, old_risk = kept.inputs
@@ -104,7 +107,7 @@ class PassMemo:
                 self._this[job.key] = kept
                 return kept.value  # type: ignore[no-any-return]
         self.replanned += 1
-        value = make()
+        value = make(moment)
         places = tuple({w.node: None for w in job.workers if w.node is not None})
         inputs = (
             job,
@@ -113,7 +116,7 @@ class PassMemo:
             tuple(map(nodes.get, places)),
             _risk_on(risk, places, noticed),
         )
-        self._this[job.key] = _Kept(inputs, now, until(), value)
+        self._this[job.key] = _Kept(inputs, now, moment.next_flip, value)
         return value
 
     def growth(
