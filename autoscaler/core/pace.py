@@ -1,5 +1,5 @@
 """What a job's own history says of its speed and its changeovers, and the bounds a deadline rule
-takes from it (core/deadline.py). Pure: the daemon (adapters/kube/progress.py) and the simulator
+takes from it (core/deadline.py). Pure: the daemon (core/progress_rates.py) and the simulator
 measure from the progress annotation and the workers; this only reads the measurements.
 
 Throughput is bounded, never extrapolated linearly. Two facts of a data-parallel ring hold for
