@@ -90,6 +90,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from autoscaler.adapters.discovery.scripts import OWNED_SCRIPT, script_path  # noqa: E402
+from autoscaler.notice import STANDALONE_SUFFIX  # noqa: E402
 from tests.support.horovod_job import (  # noqa: E402
     BIN,
     TrainLog,
@@ -150,6 +151,9 @@ class Settings:
     baseline_s: float = 60.0
     ready_timeout: float = 300.0
     join_grace: str = "30s"  # the daemon's (policy and standalone): its default
+    # spot-autoscaler's runs read its checkpoint signal (<discovery file>.notice) and commit at
+    # the next step (elastic_train.py E2E_COMMIT_ON_NOTICE)
+    commit_on_notice: bool = False
 
 
 def schedule(
@@ -195,11 +199,20 @@ class Job:
         self.hostfile = self.tmp / "hostfile"
 
     def env(self) -> dict[str, str]:
+        signal = self.settings.commit_on_notice and self.mode == "spot-autoscaler"
         return train_env(
             self.log.train_log,
             self.tmp / "stop",
             E2E_COMMIT_EVERY=str(self.settings.commit_every),
             E2E_STEP_SECONDS=str(self.settings.step_seconds),
+            **(
+                {
+                    "E2E_COMMIT_ON_NOTICE": "1",
+                    "SPOT_AUTOSCALER_NOTICE_FILE": str(self.tmp / f"hosts{STANDALONE_SUFFIX}"),
+                }
+                if signal
+                else {}
+            ),
         )
 
     @contextmanager
@@ -605,6 +618,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--preemptions", type=int, help="of the one-host schedule (default 3)")
     ap.add_argument("--hosts", type=int, default=3, help="the job's hosts")
     ap.add_argument("--commit-every", type=int, default=10)
+    ap.add_argument(
+        "--commit-on-notice",
+        action="store_true",
+        help="spot-autoscaler's job also commits at the step after its checkpoint signal",
+    )
     ap.add_argument("--step-seconds", type=float, default=0.1)
     ap.add_argument("--recover", type=float, default=120.0, help="s to wait for a recovery")
     ap.add_argument("--baseline-s", type=float, help="the run without preemptions (s)")
@@ -715,6 +733,7 @@ def main(argv: list[str] | None = None) -> int:
         recover=args.recover,
         baseline_s=args.baseline_s or (30.0 if args.quick else 60.0),
         join_grace=args.join_grace,
+        commit_on_notice=args.commit_on_notice,
     )
     pool = local_hosts()
     needed = settings.hosts + max(REPLACEMENTS[k] for k in args.schedules)
