@@ -22,11 +22,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 import yaml
 from kubernetes import client
+from pydantic import BaseModel
 from support.control_plane import ControlPlane, free_port
 from support.helm import CHART, Helm, Obj, config_of, helm_binary, parse
 from support.rbac import Grant, role_grants
@@ -39,7 +40,7 @@ from autoscaler.adapters.kube.kinds import KINDS
 from autoscaler.cli import main
 from autoscaler.config import Config
 from autoscaler.config.daemon import DaemonSettings, LeaderElectionSettings
-from autoscaler.core.policy import Policy, PolicySet
+from autoscaler.core.policy import Policy, PolicySet, Window
 
 EKS = {"enabled": True, "roleArn": "arn:aws:iam::1:role/x", "queueUrl": "https://sqs/q"}
 ACK = {"enabled": True, "roleName": "spot-autoscaler", "region": "cn-hangzhou"}
@@ -216,6 +217,10 @@ BAD_VALUES = {  # values -> what the error names
         {"config": {"policies": [{"name": "a", "scale_ot": {}}], "default_policy": "a"}},
         "at '/config/policies/0': additional properties 'scale_ot' not allowed",
     ),
+    "unknown key in a policy section": (
+        {"config": {"policies": [{"name": "a", "scale_out": {"min_idel": "60s"}}]}},
+        "at '/config/policies/0/scale_out': additional properties 'min_idel' not allowed",
+    ),
     "unknown config section": (
         {"config": {"kubernets": {}}},
         "at '/config': additional properties 'kubernets' not allowed",
@@ -260,17 +265,17 @@ def test_bad_values_fail_to_render_naming_the_key(helm: Helm, case: str) -> None
 def test_what_only_check_config_catches_renders_and_check_config_names_it(
     helm: Helm, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Below a policy's sections the chart checks no keys or values (the chart's README):
-    such a policy renders, and check-config (and the daemon, which keeps its previous config)
+    """The chart checks a policy section's keys, not their values (the chart's README): such
+    a policy renders, and check-config (and the daemon, which keeps its previous config)
     rejects it naming the key."""
     values = {
         "config": {
-            "policies": [{"name": "a", "scale_out": {"min_idel": "60s", "cooldown": "soon"}}],
+            "policies": [{"name": "a", "scale_out": {"min_idle": "often", "cooldown": "soon"}}],
             "default_policy": "a",
         }
     }
     report = check_config(config_of(helm.template(values)), tmp_path, capsys)
-    assert "policies[0].scale_out.min_idel" in report and "cooldown" in report, report
+    assert "policies[0].scale_out.min_idle" in report and "cooldown" in report, report
 
 
 def test_the_schema_knows_the_config_keys_the_daemon_knows() -> None:
@@ -280,12 +285,26 @@ def test_the_schema_knows_the_config_keys_the_daemon_knows() -> None:
     config = schema["properties"]["config"]["properties"]
     sections = set(Config.model_fields) - {"policy_set"} | set(PolicySet.model_fields)
     assert set(config) == sections
-    assert set(config["policies"]["items"]["properties"]) == set(Policy.model_fields)
+    policy = config["policies"]["items"]["properties"]
+    assert set(policy) == set(Policy.model_fields)
+    for name, field in Policy.model_fields.items():  # each section's keys, typos refused
+        model = next(
+            (t for t in (field.annotation, *get_args(field.annotation)) if _is_model(t)), None
+        )
+        if name == "windows":
+            assert set(policy[name]["items"]["properties"]) == set(Window.model_fields)
+        elif model is not None:
+            assert policy[name]["additionalProperties"] is False
+            assert set(policy[name]["properties"]) == set(model.model_fields), name
     daemon_keys = config["daemon"]["properties"]
     assert set(daemon_keys) == set(DaemonSettings.model_fields)
     assert set(daemon_keys["leader_election"]["properties"]) == set(
         LeaderElectionSettings.model_fields
     )
+
+
+def _is_model(t: object) -> bool:
+    return isinstance(t, type) and issubclass(t, BaseModel)
 
 
 def test_the_chart_ships_the_package_version() -> None:
