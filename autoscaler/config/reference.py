@@ -34,6 +34,11 @@ Every key is optional unless its default says *required*. Durations take `90s`, 
 
 The policy keys (`policies`, `default_policy`, `cluster_budget_per_hour`) sit at the top level of
 the file; `policies[]` is a list of policies, each with the keys under `policies[].`.
+
+Installed with Helm, this file is the chart's `config:` value (the same keys, under `config:` in
+your values file); the chart's own values (image, replicas, RBAC per job kind, monitoring, EKS
+and ACK, the node agent) are in
+[deploy/helm/spot-autoscaler/README.md](../deploy/helm/spot-autoscaler/README.md).
 """
 
 
