@@ -8,7 +8,10 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.message import Message
@@ -22,17 +25,44 @@ from support.kube_api import KubeApiServer
 
 from autoscaler.adapters.nodeagent.agent import NodeAgent
 from autoscaler.adapters.nodeagent.annotator import NodeAnnotator
-from autoscaler.adapters.nodeagent.metadata import (
-    AlibabaMetadata,
-    AwsImds,
-    MetadataError,
-    detect,
-)
+from autoscaler.adapters.nodeagent.detect import detect
+from autoscaler.adapters.nodeagent.metadata import AlibabaMetadata, AwsImds, MetadataError
 from autoscaler.annotations import NOTICE_ANNOTATION, decode_notice
 from autoscaler.core import NoticeKind
 
 NODE = "ip-10-0-1-7.ec2.internal"
 ROOT = Path(__file__).resolve().parents[1]
+
+
+# (method, path with query, request headers, request body) -> (status, body, reply headers)
+Answer = Callable[[str, str, Message, bytes], tuple[int, str, dict[str, str]]]
+
+
+@contextmanager
+def metadata_server(answer: Answer) -> Iterator[str]:
+    """A metadata service on 127.0.0.1 (a thread per request, so an answer may hang as a long
+    poll does); yields its base URL."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def _serve(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            request_body = self.rfile.read(length) if length else b""
+            status, body, headers = answer(self.command, self.path, self.headers, request_body)
+            data = body.encode()
+            self.send_response(status)
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_PUT = do_POST = _serve  # noqa: N815 - http.server's naming
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with serving(Handler) as address:
+        yield f"http://{address}"
 
 
 @dataclass
@@ -47,7 +77,13 @@ class FakeMetadata:
     token_puts: int = 0
     url: str = ""
 
-    def answer(self, method: str, path: str, headers: Message) -> tuple[int, str]:
+    def answer(
+        self, method: str, path: str, headers: Message, _: bytes
+    ) -> tuple[int, str, dict[str, str]]:
+        status, body = self._answer(method, path, headers)
+        return status, body, {}
+
+    def _answer(self, method: str, path: str, headers: Message) -> tuple[int, str]:
         if self.provider == "alibaba":
             if method == "GET" and path == "/latest/meta-data/instance-id":
                 return 200, "i-bp1"
@@ -74,23 +110,7 @@ class FakeMetadata:
 @pytest.fixture
 def imds() -> Iterator[FakeMetadata]:
     fake = FakeMetadata()
-
-    class Handler(BaseHTTPRequestHandler):
-        def _serve(self) -> None:
-            status, body = fake.answer(self.command, self.path, self.headers)
-            data = body.encode()
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        do_GET = do_PUT = _serve  # noqa: N815 - http.server's naming
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    with serving(Handler) as address:
-        fake.url = f"http://{address}"
+    with metadata_server(fake.answer) as fake.url:
         yield fake
 
 
@@ -107,6 +127,33 @@ def annotation(api: KubeApiServer) -> str | None:
 
 def patches(api: KubeApiServer) -> int:
     return api.count("PATCH", f"/api/v1/nodes/{NODE}")
+
+
+def fails_without_notice(agent: NodeAgent, api: KubeApiServer, errors: int = 1) -> None:
+    """The poll raises (for the loop to back off), is counted, and annotates nothing."""
+    with pytest.raises(MetadataError):
+        agent.poll_once()
+    assert agent.counts["metadata_errors"] == errors and annotation(api) is None
+
+
+def seconds_to_annotation(
+    agent: NodeAgent, api: KubeApiServer, settled: Callable[[], bool], announce: Callable[[], None]
+) -> float:
+    """Run the agent's loop in a thread; once `settled()`, `announce()` a notice: the seconds
+    until it is on the Node. The loop must then stop on request."""
+    stop = threading.Event()
+    thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        api.wait_until(settled, timeout=10)
+        announced_at = time.monotonic()
+        announce()
+        api.wait_until(lambda: annotation(api) is not None, timeout=5)
+        return time.monotonic() - announced_at
+    finally:
+        stop.set()
+        thread.join(5)
+        assert not thread.is_alive()
 
 
 def aws_agent(imds: FakeMetadata, client: ApiClient) -> NodeAgent:
