@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: simulate test test-real horovod control-plane helm lint chaos docs clean
+.PHONY: simulate test test-real horovod control-plane helm karpenter lint chaos docs clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,9 +19,9 @@ simulate: $(VENV)/.installed
 # line says so and how.
 test: $(VENV)/.installed
 	@if command -v go >/dev/null 2>&1 || [ -x /usr/local/go/bin/go ]; then \
-		scripts/build-control-plane.sh && scripts/build-helm.sh; \
+		scripts/build-control-plane.sh && scripts/build-helm.sh && scripts/build-karpenter.sh; \
 	else \
-		echo "make test: no Go here: the real-cluster and chart tests are skipped (install Go 1.26, then make control-plane helm)"; \
+		echo "make test: no Go here: the real-cluster and chart tests are skipped (install Go 1.26, then make control-plane helm karpenter)"; \
 	fi
 	$(BIN)/python -m pytest
 
@@ -29,6 +29,7 @@ test: $(VENV)/.installed
 test-real: $(VENV)/.installed
 	scripts/build-control-plane.sh
 	scripts/build-helm.sh
+	scripts/build-karpenter.sh
 	REQUIRE_REAL_CLUSTER=1 $(BIN)/python -m pytest -m real_cluster
 
 # Optional: horovod 0.28.1 + torch (CPU) for the end-to-end test; needs a compiler, ~4 min cold.
@@ -44,6 +45,11 @@ control-plane:
 # needs Go, ~4 min cold.
 helm:
 	scripts/build-helm.sh
+
+# Karpenter's kwok provider (scripts/karpenter.versions) from the Go module proxy, for the
+# Karpenter tests (tests/test_real_karpenter.py); needs Go, ~8 min cold.
+karpenter:
+	scripts/build-karpenter.sh
 
 lint: $(VENV)/.installed  # import contracts, ruff check + format, mypy: also part of `make test`
 	$(BIN)/python -m pytest -q tests/test_layering.py tests/test_static_checks.py

@@ -543,6 +543,7 @@ class ControlPlane:
         self._made_dir = False
         self._failed = False
         self._users: dict[str, _Pair] = {}
+        self._extra_probes: dict[str, Callable[[], bool]] = {}  # start_extra's processes
 
     # --- paths and clients ---------------------------------------------------------------
 
@@ -774,10 +775,45 @@ class ControlPlane:
                 f"http://127.0.0.1:{self.ports.get('training-operator-probe')}/readyz"
             ),
         }
+        probes.update(self._extra_probes)
         return {
             name: proc.popen.poll() is None and probes[name]()
             for name, proc in self.processes.items()
         }
+
+    # --- extra processes (e.g. Karpenter: support/karpenter.py) --------------------------
+
+    def start_extra(
+        self,
+        name: str,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        probe: Callable[[], bool],
+        timeout: float | None = None,
+    ) -> None:
+        """Run one more process beside the plane, in its own process group like the others
+        (log in logs/<name>.log, killed with the plane), and wait until `probe()` is true;
+        `health()` then reports it. ControlPlaneError (with its log) if it exits or times out."""
+        self._extra_probes[name] = probe
+        self._spawn(name, argv, env)
+        self._wait_healthy(name, probe, self.timeout if timeout is None else timeout)
+
+    def stop_extra(self, name: str, grace: float = 10.0) -> int | None:
+        """SIGTERM one process started by `start_extra` (SIGKILL after `grace` seconds) and
+        forget it; its exit code (negative: the signal that ended it), None if not running."""
+        with self._lock:
+            proc = self.processes.pop(name, None)
+            self._extra_probes.pop(name, None)
+        if proc is None:
+            return None
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.popen.pid, signal.SIGTERM)
+        try:
+            return proc.popen.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.popen.pid, signal.SIGKILL)
+            return proc.popen.wait()
 
     # --- components ----------------------------------------------------------------------
 
