@@ -257,7 +257,9 @@ def test_a_termination_grace_period_deletes_a_guarded_worker_at_tgp_minus_its_ow
             c["type"] == "DisruptionTarget" for c in deleting.obj["status"]["conditions"]
         )
     took = deleting.at - requested
-    assert after - 0.5 < took < after + 3.0, f"deleted {took:.1f} s after the interruption"
+    # the deadline is the NodeClaim's deletionTimestamp (whole seconds: up to 1 s before our
+    # request) plus the TGP, so the delete may come up to 1 s before `after`
+    assert after - 1.5 < took < after + 3.0, f"deleted {took:.1f} s after the interruption"
     [event] = [
         e for e in karpenter.events(NS, "Disrupted") if e.involved_object.name == "forced-worker-0"
     ]
