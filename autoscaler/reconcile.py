@@ -161,8 +161,9 @@ class Reconciler:
         self.writes.settle(stop, timeout)
 
     def finish(self, timeout: float) -> None:
-        """Wait (at most `timeout` seconds) for writes still going out behind the fast path."""
-        self.writes.settle(never, timeout)
+        """Wait (at most `timeout` seconds) for writes still going out behind the fast path and
+        the passes."""
+        self.writes.settle(never, timeout, growth=True)
 
     def keep_more(self, now: datetime) -> bool:
         """A few more standing-object writes for the jobs of the last pass; True when done."""

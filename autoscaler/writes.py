@@ -3,10 +3,14 @@
 The Reconciler observes and decides; this carries the decisions out and logs them:
 - departures first (drains, then cancels, then ScaleIns), each action's decisions of different
   jobs at once: a drain races its node's death and must not queue behind other jobs' writes;
-- the rest (growth, undrains, alerts) a batch of different jobs at a time, asking between
-  batches whether a waiting notice should have the loop (`give_way`, `notice_waits`);
-- the fast path's ScaleIns written behind its drains on their own threads, the job held (only
-  its drains go) until its write ends;
+- growth (ScaleOuts) handed to its own threads and not waited for: a ScaleOut is two round trips
+  (the server's count of the job's workers, then the create) and a pass deciding tens of them
+  held every notice that came meanwhile (1,000 nodes with churn: p99 2.5 s before a notice's
+  pass began, docs/benchmarks.md);
+- the rest (undrains, alerts) a batch of different jobs at a time, asking between batches
+  whether a waiting notice should have the loop (`give_way`, `notice_waits`);
+- the fast path's ScaleIns written behind its drains on their own threads; a job with a write
+  behind (ScaleIn or ScaleOut) is held (only its drains go) until that write ends;
 - standing objects (PodDisruptionBudgets) a few writes at a time;
 - every action logged, a noop once per episode (its reason for that job changes); failures
   logged and counted, never raised: the next pass sees the world again.
@@ -83,12 +87,15 @@ class Writes:
         # deaths; a ScaleIn is three: the server check's reads and the create)
         self._pool = _pool(workers, "writer")
         self._batch = max(1, workers)
-        # the fast path's ScaleIns, written behind its drains: job -> its write. Until it ends,
-        # nothing but drains is applied for that job (one scaler at a time, and a cache that has
-        # not seen the write must not make a second); its end calls `on_written`. Their own
-        # workers: a slow ScaleIn must never hold the next notice's drains.
+        # writes behind: job -> its write (the fast path's ScaleIns, a pass's ScaleOuts). Until
+        # it ends, nothing but drains is applied for that job (one scaler at a time, and a cache
+        # that has not seen the write must not make a second); its end calls `on_written`.
+        # Their own workers, apart from the drains': a slow scaler never holds a notice's drains,
+        # and ScaleIns apart from growth: a notice's ScaleIn never queues behind tens of ScaleOuts.
         self._behind = _pool(workers, "behind")
+        self._growth = _pool(workers, "growth")
         self._writing: dict[str, Future[bool]] = {}
+        self._departing: set[str] = set()  # jobs of `_writing` whose write is a ScaleIn
         self._lock = threading.Lock()
         self._on_written = on_written
 
@@ -141,6 +148,9 @@ class Writes:
         hundreds of undrains after a wave of ScaleIns must not hold a waiting notice for more
         than one batch's round trip. False when it stopped for a waiting notice."""
         rest = [d for d in to_apply if d.action not in _ANSWERS_NOTICES]
+        if self._growth is not None:  # not waited for; the job's other writes wait for it
+            self._submit(self._growth, [d for d in rest if d.action is Action.SCALE_OUT], now)
+            rest = self.not_writing([d for d in rest if d.action is not Action.SCALE_OUT])
         batches = 0
         for action in sorted({d.action for d in rest}, key=_APPLY_ORDER.__getitem__):
             of_action = [d for d in rest if d.action is action]
@@ -151,9 +161,9 @@ class Writes:
                 batches += 1
         return True
 
-    # --- the fast path's ScaleIns, behind its drains --------------------------------------------
+    # --- writes behind: the fast path's ScaleIns, a pass's growth --------------------------------
     def not_writing(self, decisions: list[Decision]) -> list[Decision]:
-        """Without the decisions, drains aside, of jobs whose ScaleIn is still being written:
+        """Without the decisions, drains aside, of jobs whose scaler is still being written:
         the pass after its end decides them again."""
         with self._lock:
             writing = set(self._writing)
@@ -162,31 +172,40 @@ class Writes:
         return [d for d in decisions if d.action is Action.DRAIN or d.job not in writing]
 
     def write_behind(self, decisions: list[Decision], now: datetime) -> None:
-        """Log and apply in the pool without waiting (at once when there is none)."""
+        """The fast path's ScaleIns: log and apply in the pool without waiting (at once when
+        there is none)."""
         if self._behind is None:
             self.act(decisions, now)
             return
         for decision in decisions:
             if self.on_decision is not None:
                 self.on_decision(decision)
+        self._submit(self._behind, decisions, now)
+
+    def _submit(self, pool: ThreadPoolExecutor, decisions: list[Decision], now: datetime) -> None:
+        for decision in decisions:
             with self._lock:
-                future = self._behind.submit(self._log_and_apply, decision, now)
+                future = pool.submit(self._log_and_apply, decision, now)
                 self._writing[decision.job] = future
+                if decision.action is Action.SCALE_IN:
+                    self._departing.add(decision.job)
             future.add_done_callback(partial(self._written, decision.job))
 
     def _written(self, job: str, future: Future[bool]) -> None:
         with self._lock:
             del self._writing[job]
+            self._departing.discard(job)
         self._count_failed(future.exception() is not None or not future.result())
         self._on_written()
 
-    def settle(self, stop: Callable[[], bool], timeout: float) -> None:
-        """Wait for the writes going out behind the fast path: at most `timeout` seconds, and
-        only while `stop()` is False (asked every _SETTLE_POLL seconds)."""
+    def settle(self, stop: Callable[[], bool], timeout: float, growth: bool = False) -> None:
+        """Wait for the ScaleIns going out behind the fast path (and the growth behind passes
+        too with `growth`): at most `timeout` seconds, and only while `stop()` is False (asked
+        every _SETTLE_POLL seconds)."""
         deadline = time.monotonic() + timeout
         while not stop() and (left := deadline - time.monotonic()) > 0:
             with self._lock:
-                pending = list(self._writing.values())
+                pending = [f for j, f in self._writing.items() if growth or j in self._departing]
             if not pending:
                 return
             wait(pending, min(left, _SETTLE_POLL))

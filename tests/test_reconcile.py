@@ -113,6 +113,7 @@ def test_growth_of_different_jobs_goes_out_at_once() -> None:
     world = MeetingWorld(snap)
     reconciler = Reconciler(world, world, grow_now, file_logger(io.StringIO()), write_workers=2)
     reconciler.tick(NOW)
+    reconciler.finish(5)  # growth goes out behind the pass
     assert reconciler.errors == 0
     assert sorted(world.applied) == [("ml/a", Action.SCALE_OUT), ("ml/b", Action.SCALE_OUT)]
 
@@ -231,3 +232,49 @@ def test_settle_waits_for_the_writes_behind_until_a_notice_comes() -> None:
     threading.Timer(0.2, world.gate.set).start()
     reconciler.settle(lambda: False, 5)  # until both ScaleIns are written
     assert sorted(j for j, a in world.applied if a is Action.SCALE_IN) == ["ml/a", "ml/b"]
+
+
+class GrowthGatedWorld(FixedWorld):
+    """ScaleOuts wait at a gate until the test opens it; everything else goes through."""
+
+    def __init__(self, snap: Snapshot) -> None:
+        super().__init__(snap)
+        self.gate = threading.Event()
+        self.lock = threading.Lock()
+
+    def apply(self, decision: Decision, now: datetime) -> None:
+        if decision.action is Action.SCALE_OUT and not self.gate.wait(5):
+            raise TimeoutError("the gate stayed shut")
+        with self.lock:
+            super().apply(decision, now)
+
+
+def test_a_pass_hands_its_growth_off_and_a_notice_does_not_wait_for_it() -> None:
+    """A pass does not wait for its ScaleOuts (two round trips each; tens of them held every
+    notice that came meanwhile): the job is held while its ScaleOut is written (no second
+    scaler), another job's notice is answered at once (its ScaleIn not queued behind growth),
+    settling after a notice does not wait for growth, and finish does."""
+    jobs = [job("a", placement=["n1"]), job("b", hi=2, placement=["n2", "n3"])]  # b at its max
+    world = GrowthGatedWorld(snapshot([node("n1", used=1), node("n2"), node("n3")], jobs))
+    written = threading.Event()
+    grow_now = policies(scale_out={"min_idle": "0s"})
+    reconciler = Reconciler(
+        world, world, grow_now, file_logger(io.StringIO()), write_workers=2, on_written=written.set
+    )
+    decided = reconciler.tick(NOW)
+    assert [d.job for d in decided if d.action is not Action.NOOP] == ["ml/a"]
+    assert world.applied == [] and not reconciler.gave_way  # handed off, not waited for
+    assert all(d.job != "ml/a" for d in reconciler.tick(NOW))  # held: no second scaler
+
+    world.snap = replace(world.snap, notices=(notice("n2"),))
+    urgent = reconciler.react(NOW)
+    assert {(d.job, d.action) for d in urgent} == {
+        ("ml/b", Action.DRAIN),
+        ("ml/b", Action.SCALE_IN),
+    }
+    reconciler.settle(lambda: False, 5)  # the ScaleIn, not the gated growth
+    assert sorted(world.applied) == [("ml/b", Action.DRAIN), ("ml/b", Action.SCALE_IN)]
+
+    world.gate.set()
+    reconciler.finish(5)
+    assert world.applied.count(("ml/a", Action.SCALE_OUT)) == 1 and reconciler.errors == 0

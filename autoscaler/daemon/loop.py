@@ -27,6 +27,7 @@ _SYNC_POLL = 0.2  # seconds between looks at the caches until they have synced
 # of Node events, which may be one) must not starve growth, which waits for idle capacity for a
 # minute anyway (scale_out.min_idle), nor hold a notice for more than one batch of it.
 GIVE_WAY_FOR = 2.0
+_BACK_OFF_POLL = 0.02  # seconds between looks for a waiting notice during a back-off
 SETTLE_FOR = 2.0  # seconds the fast path's ScaleIns get before the full pass runs anyway
 
 
@@ -90,6 +91,7 @@ class ReconcileLoop:
         self.heartbeat = time.monotonic()  # when the loop last came round: /healthz
         self._giving_way_since: float | None = None  # first pass of a streak that gave way
         self.passes = 0  # completed passes (tests and --once read it)
+        self._errors_seen = 0  # the reconciler's write failures when the last full pass ended
 
     def set_policies(self, policies: PolicySet) -> None:
         """Swap the policies between passes (config reload), then reconcile under them."""
@@ -114,7 +116,6 @@ class ReconcileLoop:
         if (pending := self._pending) is not None:
             self._pending = None
             self.reconciler.policies = pending
-        errors_before = self.reconciler.errors
         started = time.perf_counter()
         try:
             decisions = self.reconciler.tick(datetime.now(UTC), self._give_way, self._notice_waits)
@@ -148,7 +149,16 @@ class ReconcileLoop:
             decisions=len(decisions),
             seconds=round(time.perf_counter() - started, 3),
         )
-        return self.reconciler.errors == errors_before
+        # failures since the last full pass, the writes behind it and the fast path's included
+        errors_before, self._errors_seen = self._errors_seen, self.reconciler.errors
+        return self._errors_seen == errors_before
+
+    def finish_writes(self, timeout: float) -> bool:
+        """Wait (at most `timeout` seconds) for the writes still going out behind the passes
+        (`--once` lets go of the lease after them); False if one failed."""
+        self.reconciler.finish(timeout)
+        errors_before, self._errors_seen = self._errors_seen, self.reconciler.errors
+        return self._errors_seen == errors_before
 
     def _give_way(self) -> bool:
         """Only while the loop's thread runs (it answers the notice next); `--once` never."""
@@ -212,12 +222,20 @@ class ReconcileLoop:
             if self.run_pass(reasons):
                 self._backoff.reset()
             else:
-                delay = self._backoff.next_delay()
-                self._logger.info("backing_off", seconds=delay, failures=self._backoff.failures)
-                # A new event (a notice, a node going) ends the back-off at once: a drain must
-                # never wait behind the failure of some other write. Otherwise retry at its end.
-                if not self._wake.wait(delay) and not self._stop.is_set():
-                    self._wake("retry after failure")
+                self._back_off()
+
+    def _back_off(self) -> None:
+        """After a failed pass: the next one after the back-off's delay, or at once for a wake
+        that may be a notice (a drain must never wait behind the failure of some other write).
+        Other wakes wait: a write behind the pass that failed wakes the loop as it ends, and
+        would otherwise retry it in a hot loop."""
+        delay = self._backoff.next_delay()
+        self._logger.info("backing_off", seconds=delay, failures=self._backoff.failures)
+        deadline = time.monotonic() + delay
+        while not self._wake.notice_pending() and (left := deadline - time.monotonic()) > 0:
+            if self._stop.wait(min(left, _BACK_OFF_POLL)):
+                return
+        self._wake("retry after failure")
 
 
 def _logged(reasons: set[WakeReason]) -> list[str]:

@@ -277,7 +277,8 @@ class Daemon:
             ):
                 self._logger.error("not_leader", why="another replica holds the lease")
                 return False
-            return self.loop.run_pass({"once"})
+            decided = self.loop.run_pass({"once"})
+            return self.loop.finish_writes(_STOP_TIMEOUT) and decided
         finally:
             self.parts.settle()
             self.leadership.release()
