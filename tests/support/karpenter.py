@@ -243,6 +243,11 @@ class Karpenter:
                 },
             },
         }
+        return self.create_node_pool(body)
+
+    def create_node_pool(self, body: Obj) -> Obj:
+        """Create the NodePool `body`; returns it once Ready."""
+        name = body["metadata"]["name"]
         self.custom.create_cluster_custom_object(*KARPENTER, "nodepools", body)
 
         def ready() -> Obj | None:
