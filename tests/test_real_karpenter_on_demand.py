@@ -28,11 +28,13 @@ from support.karpenter import (
     NODEPOOL_LABEL,
     POOL_VALUE,
     Karpenter,
+    daemon_beside,
     karpenter,
     recording,
+    remove_test_objects,
 )
 from support.pytorch_cluster import NS, SETTLE, WORKER_SELECTOR, Cluster, cluster, pytorch_job
-from support.real_daemon import deployed, forbidden, json_lines
+from support.real_daemon import json_lines
 from support.real_namespace import POOL, daemon_config, isolated
 from support.waiting import wait_for
 
@@ -143,11 +145,7 @@ def recipe_pools(cluster: Cluster, karpenter: Karpenter) -> Iterator[list[str]]:
             karpenter.create_node_pool(pool)
         yield names
     finally:
-        cluster.cleanup()
-        policy = client.PolicyV1Api(cluster.api)
-        for pdb in policy.list_namespaced_pod_disruption_budget(NS).items:
-            with contextlib.suppress(ApiException):
-                policy.delete_namespaced_pod_disruption_budget(pdb.metadata.name, NS)
+        remove_test_objects(cluster)
         for name in names:
             karpenter.delete_node_pool(name)
         with contextlib.suppress(ApiException):
@@ -159,18 +157,9 @@ def recipe_pools(cluster: Cluster, karpenter: Karpenter) -> Iterator[list[str]]:
 @pytest.fixture(scope="module")
 def daemon(karpenter: Karpenter, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """`spot-autoscaler run` as deployed, with the `deadline` policy; its logs' directory."""
-    plane, tmp = karpenter.plane, tmp_path_factory.mktemp("daemon")
-    api = plane.api_client()
-    with contextlib.suppress(ApiException):  # 409: made by an earlier test
-        client.CoreV1Api(api).create_namespace({"metadata": {"name": NS}})
-    try:
-        with deployed(api, plane, NS, tmp, daemon_config(NS, POLICY)) as proc:
-            yield tmp
-            assert proc.poll() is None, (tmp / "err.log").read_text()[-3000:]
-        assert proc.returncode == 0, (tmp / "err.log").read_text()[-3000:]
-        assert forbidden(tmp / "err.log") == []
-    finally:
-        api.close()
+    config = daemon_config(NS, POLICY)
+    with daemon_beside(karpenter, tmp_path_factory.mktemp("daemon"), NS, config) as logs:
+        yield logs
 
 
 def idle_spot_node(cluster: Cluster) -> str:
