@@ -40,6 +40,12 @@ def test_notice_delay_runs() -> None:
     assert "median" in result.stdout
 
 
+def test_cloud_notices_runs() -> None:
+    result = run("cloud_notices.py", "-n", "1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert [line.split(":")[0] for line in result.stdout.splitlines()] == ["gce", "azure"]
+
+
 @pytest.mark.real_cluster
 def test_reaction_runs_on_a_real_control_plane(tmp_path: Path) -> None:
     """reaction.py --cluster real at a tiny size, two runs on one cluster: kwok nodes, workers

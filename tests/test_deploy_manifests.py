@@ -28,7 +28,8 @@ from autoscaler.adapters.sources import SOURCES
 from autoscaler.boards import NoticeWake
 from autoscaler.cli import main
 from autoscaler.config import parse_config
-from autoscaler.core import Notice, NoticeKind
+from autoscaler.config.kubernetes import KubernetesSettings
+from autoscaler.core import CapacityType, Notice, NoticeKind
 from autoscaler.core.policy import POLICY_LABEL
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -368,3 +369,31 @@ def test_the_image_pins_every_runtime_dependency() -> None:
         ]
     assert needed - pinned == set(), "run scripts/lock.sh"
     assert "-c constraints.txt" in (ROOT / "Dockerfile").read_text()
+
+
+def test_the_node_agent_runs_on_every_spot_label_the_daemon_reads_at_its_providers_poll() -> None:
+    """Its affinity selects each spot label of the daemon's default capacity rules (GKE and AKS
+    included), and it is given no --interval: GCE's 1 s long poll and Azure's 1 s poll, not a
+    5 s one for all (docs/cloud.md); the chart renders the same (test_helm_kustomize.py)."""
+    [agent] = [d for d in docs([DEPLOY / "node-agent-daemonset.yaml"]) if d["kind"] == "DaemonSet"]
+    pod = agent["spec"]["template"]["spec"]
+    assert "--interval" not in pod["containers"][0]["args"]
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    selected = {
+        (e["key"], value)
+        for term in terms["nodeSelectorTerms"]
+        for e in term["matchExpressions"]
+        for value in e["values"]
+    }
+    spot_labels = {
+        (rule.label, rule.equals)
+        for rule in KubernetesSettings().capacity_type_labels
+        if rule.type is CapacityType.SPOT and rule.equals is not None
+    }
+    assert spot_labels <= selected
+    assert {
+        ("karpenter.sh/capacity-type", "spot"),
+        ("eks.amazonaws.com/capacityType", "SPOT"),
+        ("cloud.google.com/gke-provisioning", "spot"),
+        ("kubernetes.azure.com/scalesetpriority", "spot"),
+    } <= selected

@@ -221,13 +221,15 @@ def test_capacity_types_and_prices_from_labels(kube: Kube) -> None:
         labelled("ack", {"node.alibabacloud.com/spot-strategy": "SpotAsPriceGo"}),
         labelled("ack-od", {"node.alibabacloud.com/spot-strategy": "NoSpot"}),
         labelled("gke", {"cloud.google.com/gke-spot": "true"}),
+        labelled("aks", {"kubernetes.azure.com/scalesetpriority": "spot"}),
+        labelled("aks-od", {"kubernetes.azure.com/scalesetpriority": "regular"}),
         labelled("plain", {}),
         node("reserved-1"),  # spot label, but the override wins
     )
     kube.price_book.update({("p3.16xlarge", "us-east-1a"): 6.5}, now())
     nodes = by_name(snap(kube).nodes)
     spot = {n for n, v in nodes.items() if v.capacity_type is CapacityType.SPOT}
-    assert spot == {"karpenter-spot", "eks", "ack", "gke"}
+    assert spot == {"karpenter-spot", "eks", "ack", "gke", "aks"}
     assert nodes["karpenter-spot"].price_per_hour == 6.5  # live spot price by type and zone
     assert nodes["plain"].price_per_hour == 24.48  # on-demand: from the config
     assert nodes["karpenter-spot"].zone == "us-east-1a"

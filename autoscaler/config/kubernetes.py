@@ -59,6 +59,9 @@ def _default_capacity_rules() -> list[CapacityRule]:
         CapacityRule(label="node.alibabacloud.com/spot-strategy", not_equals="NoSpot", type=spot),
         CapacityRule(label="cloud.google.com/gke-spot", equals="true", type=spot),
         CapacityRule(label="cloud.google.com/gke-preemptible", equals="true", type=spot),
+        # AKS labels spot pools' nodes so (regular ones carry no such label: on-demand by
+        # default); MicrosoftDocs/azure-aks-docs articles/aks/spot-node-pool.md
+        CapacityRule(label="kubernetes.azure.com/scalesetpriority", equals="spot", type=spot),
     ]
 
 
@@ -123,7 +126,7 @@ class KubernetesSettings(StrictModel):
     shared_gpu: SharedGpuSettings | None = Field(default_factory=SharedGpuSettings)
     # Node name glob -> capacity type, checked before the label rules (first match wins).
     capacity_type_override: dict[str, CapacityType] = {}
-    # Karpenter, EKS, ACK and GKE labels by default; a list given here replaces them all.
+    # Karpenter, EKS, ACK, GKE and AKS labels by default; a list given here replaces them all.
     capacity_type_labels: list[CapacityRule] = Field(default_factory=_default_capacity_rules)
     # For nodes no override or rule matches: on-demand is the safe guess for unlabelled nodes.
     default_capacity_type: CapacityType = CapacityType.ON_DEMAND

@@ -343,9 +343,14 @@ def _explain(p: _Pacing, slack: float | None, d: float, anchor: OnDemandNeed) ->
             f"{p.hours:.1f} h left, {alone:.1f} h at {p.size} on-demand (lower bound) "
             f"+ 2 x {d:.2f} h changeover: slack {slack:.1f} h"
         )
+    on_demand = f"{len(p.fleet.on_demand)} on on-demand"
+    # Pending ones count: a ScaleOut past idle capacity made them, the node autoscaler brings
+    # them up (asking again for them would overshoot)
+    if pending := sum(1 for w in p.fleet.on_demand if w.pending):
+        on_demand += f" ({pending} Pending: provisioning)"
     return (
         f"{p.deadline.rule}: progress {p.progress:.1%}, line {p.line():.1%} "
-        f"(+2 d̂ {p.line(2 * d):.1%}); {net}; {p.spot} on spot; {anchor.message}"
+        f"(+2 d̂ {p.line(2 * d):.1%}); {net}; {p.spot} on spot, {on_demand}; {anchor.message}"
     )
 
 

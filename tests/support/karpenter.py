@@ -46,6 +46,7 @@ from kubernetes.client.rest import ApiException
 
 from support.control_plane import ControlPlane, free_port
 from support.pytorch_cluster import Cluster, pytorch_job
+from support.real_daemon import deployed, forbidden
 from support.real_namespace import POOL, isolated
 from support.waiting import wait_for
 
@@ -243,6 +244,11 @@ class Karpenter:
                 },
             },
         }
+        return self.create_node_pool(body)
+
+    def create_node_pool(self, body: Obj) -> Obj:
+        """Create the NodePool `body`; returns it once Ready."""
+        name = body["metadata"]["name"]
         self.custom.create_cluster_custom_object(*KARPENTER, "nodepools", body)
 
         def ready() -> Obj | None:
@@ -371,6 +377,33 @@ def karpenter(training_operator: ControlPlane) -> Iterator[Karpenter]:
     with Karpenter(training_operator, karpenter_bin_dir()) as k:
         yield k
     assert k.exit_code == -signal.SIGTERM, f"karpenter exited {k.exit_code}:\n{k.log()[-3000:]}"
+
+
+@contextlib.contextmanager
+def daemon_beside(karpenter: Karpenter, tmp: Path, namespace: str, config: str) -> Iterator[Path]:
+    """`spot-autoscaler run` as deployed (support.real_daemon) for `namespace` with `config`;
+    yields its logs' directory. It must still run at the end, exit 0 when stopped, and never
+    have been forbidden anything."""
+    api = karpenter.plane.api_client()
+    with contextlib.suppress(ApiException):  # 409: made by an earlier test
+        client.CoreV1Api(api).create_namespace({"metadata": {"name": namespace}})
+    try:
+        with deployed(api, karpenter.plane, namespace, tmp, config) as proc:
+            yield tmp
+            assert proc.poll() is None, (tmp / "err.log").read_text()[-3000:]
+        assert proc.returncode == 0, (tmp / "err.log").read_text()[-3000:]
+        assert forbidden(tmp / "err.log") == []
+    finally:
+        api.close()
+
+
+def remove_test_objects(cluster: Cluster) -> None:
+    """A test's jobs and pods (an empty node drains at once), and the daemon's guards."""
+    cluster.cleanup()
+    policy = client.PolicyV1Api(cluster.api)
+    for pdb in policy.list_namespaced_pod_disruption_budget(cluster.namespace).items:
+        with contextlib.suppress(ApiException):
+            policy.delete_namespaced_pod_disruption_budget(pdb.metadata.name, cluster.namespace)
 
 
 # --- watching what happens, with the time each change was seen --------------------
