@@ -60,9 +60,11 @@ chaos: $(VENV)/.installed
 	CHAOS_LONG=1 $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/test_chaos.py
 	CONFIG_FUZZ_FILES=10000 $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_config_fuzz.py
 
-# docs/configuration.md from the config model (tests/test_config_reference.py fails while stale)
+# docs/configuration.md and the chart's values.schema.json `config` from the config model
+# (tests/test_config_reference.py, tests/test_helm_schema.py fail while stale)
 docs: $(VENV)/.installed
 	$(BIN)/python -m autoscaler.config.reference > docs/configuration.md
+	$(BIN)/python -m autoscaler.config.helm_schema
 
 clean:
 	rm -rf $(VENV) simulate-out .pytest_cache

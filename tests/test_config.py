@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from structlog.testing import capture_logs
 
 from autoscaler.cli import main
@@ -21,7 +21,7 @@ from autoscaler.config import (
     load_config,
     parse_config,
 )
-from autoscaler.core.policy import Policy, PolicySet, Quantum, ScaleOutRules
+from autoscaler.core.policy import Policy, PolicySet, Quantum, ScaleOutRules, Window
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -331,3 +331,13 @@ def test_a_bad_duration_says_which_forms_work(text: str) -> None:
         PolicySet.model_validate(
             {"policies": [{"name": "p", "scale_out": {"cooldown": text}}], "default_policy": "p"}
         )
+
+
+def test_a_window_on_a_day_its_months_lack_is_refused() -> None:
+    """`0 0 31 2 *` never fires: croniter finds no previous firing and `Window.active` raised on
+    every pass; check-config refuses it instead."""
+    with pytest.raises(ValidationError, match="not a 5-field cron"):
+        Window.model_validate({"name": "w", "schedule": "0 0 31 2 *", "duration": "1h"})
+    assert Window.model_validate({"name": "w", "schedule": "0 0 29 2 *", "duration": "1h"}).active(
+        datetime(2028, 2, 29, 0, 30, tzinfo=UTC)
+    )

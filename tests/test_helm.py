@@ -3,7 +3,8 @@
 - `helm lint` and `helm template` for each option set (every switch on and off): the objects,
   the per-kind RBAC trimmed to the daemon's own kind registry, and the rendered config accepted
   by the daemon's `check-config`;
-- bad values (an unknown key, a wrong type, a policy the templates can check) fail naming the
+- bad values (an unknown key, a wrong type, a bad value in a policy: values.schema.json, its
+  `config` generated from the config model; a rule across keys: the templates) fail naming the
   key, and on the real plane leave nothing installed; what only check-config catches is shown;
 - on the real control plane (support/real_cluster.py): `helm install`, then the real daemon
   (`spot-autoscaler run`) with the token of the chart's ServiceAccount and the config of the
@@ -211,7 +212,15 @@ def test_each_job_kind_switch_trims_the_cluster_role_to_that_kinds_resources(
     )
 
 
-BAD_VALUES = {  # values -> what the error names
+WINDOW = {"name": "w", "schedule": "0 8 * * 1-5", "duration": "1h"}
+
+
+def policy_values(policy: Obj) -> Obj:
+    """Values whose config has one policy `a` with `policy`'s sections."""
+    return {"config": {"policies": [{"name": "a", **policy}], "default_policy": "a"}}
+
+
+BAD_VALUES: dict[str, tuple[Obj, str]] = {  # values -> what the error names
     "unknown key": ({"replicaCont": 3}, "additional properties 'replicaCont' not allowed"),
     "unknown policy key": (
         {"config": {"policies": [{"name": "a", "scale_ot": {}}], "default_policy": "a"}},
@@ -251,6 +260,47 @@ BAD_VALUES = {  # values -> what the error names
         },
         "config.policies[0].limits: min_workers 5 > max_workers 2",
     ),
+    "on_demand min above max": (
+        policy_values({"on_demand": {"min_on_demand": 3, "max_on_demand": 1}}),
+        "config.policies[0].on_demand: min_on_demand 3 > max_on_demand 1",
+    ),
+    "a window's min above max": (
+        policy_values({"windows": [{**WINDOW, "limits": {"min_workers": 4, "max_workers": 1}}]}),
+        "config.policies[0].windows[0].limits: min_workers 4 > max_workers 1",
+    ),
+    "a deadline with neither at nor within": (
+        policy_values({"deadline": {"margin": "1h"}}),
+        "config.policies[0].deadline: set exactly one of deadline.at and deadline.within",
+    ),
+    # values inside a policy's sections: the schema generated from the config model
+    "a duration in words": (
+        policy_values({"scale_out": {"timeout": "6 minutes"}}),
+        "at '/config/policies/0/scale_out/timeout': '6 minutes' does not match pattern",
+    ),
+    "a negative minimum": (
+        policy_values({"limits": {"min_workers": -1}}),
+        "at '/config/policies/0/limits/min_workers': minimum: got -1, want 0",
+    ),
+    "a bad cron": (
+        policy_values({"windows": [{**WINDOW, "schedule": "61 * * * *"}]}),
+        "at '/config/policies/0/windows/0/schedule': '61 * * * *' does not match pattern",
+    ),
+    "an unknown enum value": (
+        policy_values({"preemption": {"rebalance": "evict"}}),
+        "at '/config/policies/0/preemption/rebalance': value must be one of 'avoid', 'drain'",
+    ),
+    "a deadline without a time zone": (
+        policy_values({"deadline": {"at": "2026-12-01T18:00:00"}}),
+        "at '/config/policies/0/deadline/at': '2026-12-01T18:00:00' is not valid date-time",
+    ),
+    "a non-positive daemon interval": (
+        {"config": {"daemon": {"tick_interval": 0}}},
+        "at '/config/daemon/tick_interval': exclusiveMinimum: got 0, want 0",
+    ),
+    "an unknown key in another section": (
+        {"config": {"kubernetes": {"namespace": ["ml"]}}},
+        "at '/config/kubernetes': additional properties 'namespace' not allowed",
+    ),
     "eks without its queue": ({"eks": {"enabled": True}}, "eks.queueUrl: required"),
     "ack without its region": ({"ack": {"enabled": True}}, "ack.region: required"),
 }
@@ -262,20 +312,34 @@ def test_bad_values_fail_to_render_naming_the_key(helm: Helm, case: str) -> None
     assert named in helm.render_error(values)
 
 
+ONLY_CHECK_CONFIG: dict[
+    str, tuple[Obj, str]
+] = {  # values the schema and the templates take -> what check-config names
+    "a rule between two durations": (
+        policy_values({"scale_out": {"timeout": "20m"}}),
+        "scalers.max_age (0:15:00) must exceed scale_out.timeout",
+    ),
+    "a day no month of the window has": (
+        policy_values({"windows": [{**WINDOW, "schedule": "0 0 31 2 *"}]}),
+        "policies[0].windows[0].schedule: not a 5-field cron expression",
+    ),
+    "a duration's text beyond its bound": (
+        {"config": {"daemon": {"tick_interval": "0s"}}},
+        "daemon.tick_interval: Input should be greater than",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", ONLY_CHECK_CONFIG)
 def test_what_only_check_config_catches_renders_and_check_config_names_it(
-    helm: Helm, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    helm: Helm, case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The chart checks a policy section's keys, not their values (the chart's README): such
-    a policy renders, and check-config (and the daemon, which keeps its previous config)
-    rejects it naming the key."""
-    values = {
-        "config": {
-            "policies": [{"name": "a", "scale_out": {"min_idle": "often", "cooldown": "soon"}}],
-            "default_policy": "a",
-        }
-    }
+    """What neither JSON Schema nor the templates can check (the chart's README): such a config
+    renders, and check-config (and the daemon, which keeps its previous config) rejects it
+    naming the key."""
+    values, named = ONLY_CHECK_CONFIG[case]
     report = check_config(config_of(helm.template(values)), tmp_path, capsys)
-    assert "policies[0].scale_out.min_idle" in report and "cooldown" in report, report
+    assert named in report, report
 
 
 def test_the_schema_knows_the_config_keys_the_daemon_knows() -> None:
@@ -518,7 +582,14 @@ class TestInstalledWithHelm:
         assert {s["metadata"]["name"] for s in released.world.scalers("ScaleOut")} == scalers
 
 
-REFUSED_ON_INSTALL = ("unknown key", "wrong type in config", "default_policy naming no policy")
+REFUSED_ON_INSTALL = (
+    "unknown key",
+    "wrong type in config",
+    "default_policy naming no policy",
+    "min above max",  # a rule across keys: the templates
+    "a duration in words",  # a value in a policy's section: the generated schema
+    "a bad cron",
+)
 
 
 def test_bad_values_fail_the_install_and_leave_nothing(

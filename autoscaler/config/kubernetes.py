@@ -6,7 +6,9 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Annotated, Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, GetJsonSchemaHandler, field_validator, model_validator
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
 from autoscaler.config.selectors import label_matcher
 from autoscaler.core.model import CapacityType, NoticeKind
@@ -102,6 +104,17 @@ class SharedGpuSettings(StrictModel):
             data = {**data, "node_label_values": [data["node_label_value"]]}
             del data["node_label_value"]
         return data
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        """`node_label_value` too, never with `node_label_values`."""
+        reference = handler(schema)
+        full = handler.resolve_ref_schema(reference)
+        full["properties"]["node_label_value"] = {"type": "string"}
+        full["not"] = {"required": ["node_label_value", "node_label_values"]}
+        return reference
 
     def shares(self, labels: Mapping[str, str]) -> bool:
         return labels.get(self.node_label) in self.node_label_values

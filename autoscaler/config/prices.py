@@ -11,15 +11,17 @@ See docs/pricing.md.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Annotated, Any
 
 import structlog
-from pydantic import field_validator
+from pydantic import WithJsonSchema, field_validator
 
 from autoscaler.core.policy import Price, StrictModel
 
 log = structlog.get_logger()
 
+# a removed key: null only (the chart's schema says so too)
+Removed = Annotated[Any, WithJsonSchema({"type": "null"})]
 _RENAMED = {
     "default_spot": "default_spot_per_gpu_hour",
     "default_on_demand": "default_on_demand_per_gpu_hour",
@@ -40,8 +42,8 @@ class Prices(StrictModel):
     default_spot_per_gpu_hour: Price | None = None  # the same for spot nodes
     # Removed (one per-node figure for every unknown type): only null is accepted, so an old
     # config fails check-config naming the new key instead of silently mispricing nodes.
-    default_on_demand: Any = None
-    default_spot: Any = None  # removed: only null is accepted (see default_on_demand)
+    default_on_demand: Removed = None
+    default_spot: Removed = None  # removed: only null is accepted (see default_on_demand)
 
     @field_validator("default_on_demand", "default_spot")
     @classmethod

@@ -29,8 +29,12 @@ _HEADER = """# Configuration reference
 
 Generated from the config model (`autoscaler/config/`, `autoscaler/core/policy.py`) by
 `python -m autoscaler.config.reference > docs/configuration.md`; a test fails when it is stale.
-Every key is optional unless its default says *required*. Durations take `90s`, `5m`, `1h30m`,
-`1d12h` or ISO 8601 (`PT1H30M`). `check-config FILE` lists every problem of a file with its line.
+Every key is optional unless its default says *required*. Durations take seconds (`90`), `90s`,
+`5m`, `1h30m`, `1d12h`, `250ms` (spaces may stand between a number and its unit and between
+parts: `1h 30m`) or ISO 8601 (`PT1H30M`), digits 0-9 only. A window's `schedule` is standard
+5-field cron: numbers, month and weekday names, ranges, steps and lists (croniter's `L`, `W`,
+`#`, `?` and `H` are refused); a day none of its months has (`0 0 31 2 *`) is refused too.
+`check-config FILE` lists every problem of a file with its line.
 
 The policy keys (`policies`, `default_policy`, `cluster_budget_per_hour`) sit at the top level of
 the file; `policies[]` is a list of policies, each with the keys under `policies[].`.
@@ -38,7 +42,13 @@ the file; `policies[]` is a list of policies, each with the keys under `policies
 Installed with Helm, this file is the chart's `config:` value (the same keys, under `config:` in
 your values file); the chart's own values (image, replicas, RBAC per job kind, monitoring, EKS
 and ACK, the node agent) are in
-[deploy/helm/spot-autoscaler/README.md](../deploy/helm/spot-autoscaler/README.md).
+[deploy/helm/spot-autoscaler/README.md](../deploy/helm/spot-autoscaler/README.md). The chart's
+`values.schema.json` holds this model too: its `config` part is generated from it
+(`python -m autoscaler.config.helm_schema`, `make docs`; tests/test_helm_schema.py fails when it
+is stale), with the duration and cron patterns the parser itself matches, so `helm install`
+refuses an unknown key, a wrong type, a value out of its bounds or enum, a bad duration or cron,
+naming the key. What JSON Schema cannot say is in the chart's README ("What is checked at
+install").
 """
 
 

@@ -8,7 +8,18 @@ from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
 from croniter import croniter
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    GetJsonSchemaHandler,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
 from autoscaler.core.model import CapacityType, Job
 
@@ -21,6 +32,30 @@ _ISO = re.compile(rf"^P(?:({_NUMBER})D)?(?:T(?:({_NUMBER})H)?(?:({_NUMBER})M)?(?
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
+def _duration_pattern() -> str:
+    """Every text `parse_duration` takes, as one pattern in the syntax Python's `re` and Go's
+    RE2 share: the chart's values.schema.json holds it as is (autoscaler/config/helm_schema.py),
+    so `helm install` refuses what the daemon would. ASCII: digits 0-9, ISO 8601's letters in
+    either case, spaces between a number and its unit and between parts, whitespace around."""
+    number, sp = r"[0-9]+(?:\.[0-9]+)?", " *"
+    parts = rf"{number}{sp}(?:ms|[smhd])(?:{sp}{number}{sp}(?:ms|[smhd]))*"
+
+    def iso(letter: str) -> str:
+        return rf"{number}{sp}[{letter}{letter.lower()}]"
+
+    hms = [iso("H"), iso("M"), iso("S")]
+    # at least one of hours, minutes, seconds, in that order
+    time = "|".join(
+        "".join([hms[i], *(rf"(?:{sp}{later})?" for later in hms[i + 1 :])]) for i in range(3)
+    )
+    iso8601 = rf"[Pp]{sp}(?:{iso('D')}(?:{sp}[Tt]{sp}(?:{time}))?|[Tt]{sp}(?:{time}))"
+    ws = r"[ \t\n\r\f\v]*"
+    return rf"^{ws}(?:{number}|{parts}|{iso8601}){ws}$"
+
+
+DURATION_PATTERN = _duration_pattern()
+
+
 def parse_duration(value: Any) -> Any:
     """Accept `90` (seconds), `90s`, `5m`, `1.5h`, `1h30m`, `2d`, ISO 8601 `PT1H30M` (or a
     timedelta) as a duration."""
@@ -31,7 +66,7 @@ def parse_duration(value: Any) -> Any:
     try:
         if isinstance(value, int | float):
             return timedelta(seconds=value)
-        if isinstance(value, str):
+        if isinstance(value, str) and re.fullmatch(DURATION_PATTERN, value):
             seconds = _seconds(value.strip().replace(" ", ""))
             if seconds is not None:
                 return timedelta(seconds=seconds)
@@ -55,6 +90,33 @@ def _seconds(text: str) -> float | None:
 Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
 Price = Annotated[float, Field(ge=0)]
 Workers = Annotated[int, Field(ge=0)]
+
+
+def _cron_pattern() -> str:
+    """The 5-field cron a window's `schedule` may be, as one pattern (Python's `re` and Go's
+    RE2 alike; the chart's values.schema.json holds it): per field `*`, a number in the field's
+    range or (month, day of week) a name, a range `a-b`, a step `/n` after `*`, a number or a
+    range, and comma lists. croniter's extensions (`L`, `W`, `#`, `?`, `H`) are refused."""
+    months = "jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec"
+    fields = [
+        "[0-5]?[0-9]",  # minute
+        "[01]?[0-9]|2[0-3]",  # hour
+        "0?[1-9]|[12][0-9]|3[01]",  # day of month
+        f"0?[1-9]|1[0-2]|(?i:{months})",  # month
+        "0?[0-7]|(?i:sun|mon|tue|wed|thu|fri|sat)",  # day of week (0 and 7: Sunday)
+    ]
+    step = "/0*[1-9][0-9]*"
+
+    def field(value: str) -> str:
+        item = rf"(?:\*|(?:{value})(?:-(?:{value}))?)(?:{step})?"
+        return rf"{item}(?:,{item})*"
+
+    return "^[ \t]*" + "[ \t]+".join(field(v) for v in fields) + "[ \t]*$"
+
+
+CRON_PATTERN = _cron_pattern()
+Cron = Annotated[str, WithJsonSchema({"type": "string", "pattern": CRON_PATTERN})]
+
 
 # A job (TrainingJob label) can name its policy outright.
 POLICY_LABEL = "spot-autoscaler.io/policy"
@@ -81,6 +143,21 @@ class Quantum(StrictModel):
         if isinstance(value, dict) and set(value) == {"multiple_of"}:
             return {"mode": "multiple_of", "n": value["multiple_of"]}
         return value
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        """The shorthands too: a mode's name, or `{multiple_of: n}`."""
+        full = handler(schema)
+        fields = handler.resolve_ref_schema(full)["properties"]
+        multiple_of = {
+            "type": "object",
+            "properties": {"multiple_of": fields["n"]},
+            "required": ["multiple_of"],
+            "additionalProperties": False,
+        }
+        return {"anyOf": [fields["mode"], multiple_of, full]}
 
     def allows(self, workers: int) -> bool:
         if self.mode == "power_of_two":
@@ -291,7 +368,7 @@ class Window(StrictModel):
     """Overrides in force for `duration` after each time the cron `schedule` fires."""
 
     name: str  # for the decision log
-    schedule: str  # 5-field cron, evaluated in UTC
+    schedule: Cron  # 5-field cron, evaluated in UTC
     duration: Duration  # how long the overrides last after each firing
     limits: Limits | None = None  # replaces the policy's limits meanwhile
     max_price_per_gpu_hour: Price | None = None  # replaces cost.max_price_per_gpu_hour meanwhile
@@ -301,7 +378,9 @@ class Window(StrictModel):
     @field_validator("schedule")
     @classmethod
     def _cron(cls, value: str) -> str:
-        if len(value.split()) != 5 or not croniter.is_valid(value):
+        # strict: a day no month in the field has (`0 0 31 2 *`) never fires, and `active`
+        # would raise (croniter finds no previous firing)
+        if not re.fullmatch(CRON_PATTERN, value) or not croniter.is_valid(value, strict=True):
             raise ValueError(f"not a 5-field cron expression: {value!r}")
         return value
 

@@ -97,6 +97,23 @@ metadata:
 {{- if or (not (hasKey $election "enabled")) $election.enabled }}true{{ end -}}
 {{- end -}}
 
+{{/* Fails when section.lo > section.hi, both numbers (the config model's rule). Args: key, section, lo, hi. */}}
+{{- define "spot-autoscaler.ordered" -}}
+{{- $section := .section | default dict -}}
+{{- $lo := get $section .lo -}}
+{{- $hi := get $section .hi -}}
+{{- if and (regexMatch "^(float64|int64|int)$" (kindOf $lo)) (regexMatch "^(float64|int64|int)$" (kindOf $hi)) -}}
+{{- if gt (float64 $lo) (float64 $hi) -}}
+{{- fail (printf "%s: %s %v > %s %v" .key .lo $lo .hi $hi) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when section.key is there and not null. Args: section, key. */}}
+{{- define "spot-autoscaler.set" -}}
+{{- if and (hasKey .section .key) (not (kindIs "invalid" (get .section .key))) }}true{{ end -}}
+{{- end -}}
+
 {{/*
 The daemon's config.yaml: values' `config`, with eks/ack's cloud sections and the Lease's name.
 What a template can check fails here, naming the key; `spot-autoscaler check-config` checks all.
@@ -113,12 +130,15 @@ What a template can check fails here, naming the key; `spot-autoscaler check-con
 {{- fail (printf "config.policies[%d].name: %q names two policies" $i $policy.name) -}}
 {{- end -}}
 {{- $names = append $names $policy.name -}}
-{{- $limits := $policy.limits | default dict -}}
-{{- $min := $limits.min_workers -}}
-{{- $max := $limits.max_workers -}}
-{{- if and (regexMatch "^(float64|int64|int)$" (kindOf $min)) (regexMatch "^(float64|int64|int)$" (kindOf $max)) -}}
-{{- if gt (float64 $min) (float64 $max) -}}
-{{- fail (printf "config.policies[%d].limits: min_workers %v > max_workers %v" $i $min $max) -}}
+{{- $key := printf "config.policies[%d]" $i -}}
+{{- include "spot-autoscaler.ordered" (dict "key" (printf "%s.limits" $key) "section" $policy.limits "lo" "min_workers" "hi" "max_workers") -}}
+{{- include "spot-autoscaler.ordered" (dict "key" (printf "%s.on_demand" $key) "section" $policy.on_demand "lo" "min_on_demand" "hi" "max_on_demand") -}}
+{{- range $j, $window := $policy.windows | default list -}}
+{{- include "spot-autoscaler.ordered" (dict "key" (printf "%s.windows[%d].limits" $key $j) "section" $window.limits "lo" "min_workers" "hi" "max_workers") -}}
+{{- end -}}
+{{- with $policy.deadline -}}
+{{- if eq (include "spot-autoscaler.set" (dict "section" . "key" "at")) (include "spot-autoscaler.set" (dict "section" . "key" "within")) -}}
+{{- fail (printf "%s.deadline: set exactly one of deadline.at and deadline.within" $key) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
