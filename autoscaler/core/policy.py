@@ -151,7 +151,7 @@ class PreemptionRules(StrictModel):
     # carry karpenter.sh/do-not-disrupt, so Karpenter does not pick their nodes; a node it
     # disrupts anyway gets no new workers and its workers stay until it is deleted (then it is
     # an interruption). drain: no annotation; a node Karpenter disrupts is drained at once, like
-    # a notice (reason karpenter_disruption). docs/cloud.md, "Karpenter's voluntary disruption"
+    # a notice (reason karpenter_disruption). docs/kubernetes.md, "Karpenter's voluntary disruption"
     voluntary: Literal["protect", "drain"] = "protect"
     # a scheduled maintenance counts as a hard notice once its deadline is this close
     maintenance_horizon: Duration = timedelta(minutes=10)
