@@ -15,25 +15,24 @@ the do-not-disrupt annotation is what protects, and the drain is what moves.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kubernetes import client
-from kubernetes.client.rest import ApiException
 from support.karpenter import (
     CAPACITY_TYPE,
     KARPENTER,
     POOL_VALUE,
     Karpenter,
+    daemon_beside,
+    has_eviction,
     karpenter,
     karpenter_job,
     recording,
     tainted,
 )
 from support.pytorch_cluster import NS, Cluster, cluster
-from support.real_daemon import deployed, forbidden, json_lines
+from support.real_daemon import json_lines
 from support.real_namespace import POOL, daemon_config, isolated
 from support.waiting import wait_for
 
@@ -54,21 +53,11 @@ MOVE = (
 
 @pytest.fixture(scope="module")
 def daemon(karpenter: Karpenter, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    plane, tmp = karpenter.plane, tmp_path_factory.mktemp("daemon")
-    api = plane.api_client()
-    with contextlib.suppress(ApiException):  # 409: made by an earlier module
-        client.CoreV1Api(api).create_namespace({"metadata": {"name": NS}})
     config = daemon_config(NS, MOVE).replace(
         "  watch_timeout: 30s", "  guard_evictions: false\n  watch_timeout: 30s"
     )
-    try:
-        with deployed(api, plane, NS, tmp, config) as proc:
-            yield tmp
-            assert proc.poll() is None, (tmp / "err.log").read_text()[-3000:]
-        assert proc.returncode == 0, (tmp / "err.log").read_text()[-3000:]
-        assert forbidden(tmp / "err.log") == []
-    finally:
-        api.close()
+    with daemon_beside(karpenter, tmp_path_factory.mktemp("daemon"), config) as tmp:
+        yield tmp
 
 
 @pytest.fixture
@@ -108,19 +97,14 @@ def managed(name: str, policy: str) -> dict:
     return body
 
 
-def has_eviction(pod: dict) -> bool:
-    return any(
-        c.get("type") == "DisruptionTarget" and c.get("reason") == "EvictionByEvictionAPI"
-        for c in (pod.get("status") or {}).get("conditions") or ()
-    )
-
-
 def test_consolidation_never_evicts_a_protected_worker_while_it_moves_an_unprotected_one(
     cluster: Cluster, karpenter: Karpenter, pool: None, daemon: Path
 ) -> None:
     """Two 1-worker jobs on on-demand nodes; only `kprot` is managed (policy hold: protect).
     Karpenter consolidates `kfree`'s node (its worker evicted, "Evicted pod: Underutilized")
-    and never `kprot`'s: the daemon's do-not-disrupt blocks it (Event DisruptionBlocked)."""
+    and never `kprot`'s: the daemon's do-not-disrupt blocks it. (Its Event DisruptionBlocked
+    is not asserted: Karpenter keeps one per reason and node for 2 min, and the first may say
+    "Node is nominated for a pending pod".)"""
     cluster.create(managed("kprot", "hold"))
     cluster.create(karpenter_job("kfree"))
     cluster.wait_settled("kprot", 1)
@@ -153,12 +137,6 @@ def test_consolidation_never_evicts_a_protected_worker_while_it_moves_an_unprote
         ]
         [event] = wait_for(evicted, CONSOLIDATED, "kfree's worker consolidated away")
         assert event.message == "Evicted pod: Underutilized"
-        blocked = [
-            e.message
-            for e in karpenter.events("default", "DisruptionBlocked")
-            if e.involved_object.name == protected_node
-        ]
-        assert any(DO_NOT_DISRUPT in m for m in blocked), blocked
         assert pods.first(lambda s: has_eviction(s.obj) or s.type == "DELETED") is None
         assert nodes.first(lambda s: tainted(s.obj)) is None
     now = cluster.workers("kprot")["kprot-worker-0"]

@@ -45,7 +45,8 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from support.control_plane import ControlPlane, free_port
-from support.pytorch_cluster import Cluster, pytorch_job
+from support.pytorch_cluster import NS, Cluster, pytorch_job
+from support.real_daemon import deployed, forbidden
 from support.real_namespace import POOL, isolated
 from support.waiting import wait_for
 
@@ -373,6 +374,23 @@ def karpenter(training_operator: ControlPlane) -> Iterator[Karpenter]:
     assert k.exit_code == -signal.SIGTERM, f"karpenter exited {k.exit_code}:\n{k.log()[-3000:]}"
 
 
+@contextlib.contextmanager
+def daemon_beside(karpenter: Karpenter, tmp: Path, config: str) -> Iterator[Path]:
+    """`spot-autoscaler run` as deployed (support.real_daemon) with `config`; its logs' directory.
+    It must still run at the end, then exit 0 and never have been refused by RBAC."""
+    plane, api = karpenter.plane, karpenter.plane.api_client()
+    with contextlib.suppress(ApiException):  # 409: made by an earlier test
+        client.CoreV1Api(api).create_namespace({"metadata": {"name": NS}})
+    try:
+        with deployed(api, plane, NS, tmp, config) as proc:
+            yield tmp
+            assert proc.poll() is None, (tmp / "err.log").read_text()[-3000:]
+        assert proc.returncode == 0, (tmp / "err.log").read_text()[-3000:]
+        assert forbidden(tmp / "err.log") == []
+    finally:
+        api.close()
+
+
 # --- watching what happens, with the time each change was seen --------------------
 @dataclass
 class Seen:
@@ -504,7 +522,7 @@ def summary(runs: Sequence[Interruption]) -> Obj:
     }
 
 
-def _has_eviction(pod: Obj) -> bool:
+def has_eviction(pod: Obj) -> bool:
     return any(
         c.get("type") == "DisruptionTarget" and c.get("reason") == "EvictionByEvictionAPI"
         for c in (pod.get("status") or {}).get("conditions") or ()
@@ -565,7 +583,7 @@ def interrupt_worker(
         deleting = pods.first(
             lambda s: mine(s) and bool(s.obj["metadata"].get("deletionTimestamp"))
         )
-        evicted = pods.first(lambda s: mine(s) and _has_eviction(s.obj))
+        evicted = pods.first(lambda s: mine(s) and has_eviction(s.obj))
         first = evicted is not None and (deleting is None or evicted.n <= deleting.n)
     forced = any(e.involved_object.uid == uid for e in karpenter.events(ns, "Disrupted"))
     return Interruption(
