@@ -26,6 +26,11 @@ ASSIGNED_ANNOTATION = "spot-autoscaler.io/assigned-hosts"
 # e.g. after each checkpoint): a fraction "0.42", a percentage "42%" or "done/total" "4200/10000".
 # A policy's deadline reads it (core.deadline).
 PROGRESS_ANNOTATION = "spot-autoscaler.io/progress"
+# On a worker pod: Karpenter's own (pkg/apis/v1/labels.go DoNotDisruptAnnotationKey), "true"
+# while a policy protects the job from consolidation and drift (adapters/kube/shield.py), and
+# ours beside it, saying we wrote it: only such a one is ever removed
+DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
+SHIELD_MARK = "spot-autoscaler.io/do-not-disrupt"
 
 
 def encode_notice(notice: Notice) -> str:

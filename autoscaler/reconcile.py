@@ -22,9 +22,11 @@ from autoscaler.core import (
     Job,
     PassMemo,
     PolicySet,
+    Shield,
     Snapshot,
     decide,
     decide_departures,
+    shielded,
     track_idle,
 )
 from autoscaler.writes import Actuator, Writes, never
@@ -73,6 +75,7 @@ class Reconciler:
         self._passes = 0
         self.gave_way = False  # the last tick stopped for a waiting notice (see tick)
         self._managed: list[Job] = []
+        self._shield: Shield = frozenset()  # their pods Karpenter must leave alone
 
     @property
     def actuator(self) -> Actuator:
@@ -116,10 +119,11 @@ class Reconciler:
             self.gave_way = True
             return []
         self._managed = [j for j in snapshot.jobs if self.policies.for_job(j) is not None]
+        self._shield = shielded(self._managed, self.policies)
         if give_way():
             self.writes.kept = False  # left for keep_more, once no notice waits
         else:
-            self.writes.keep(self._managed, now)
+            self.writes.keep(self._managed, now, self._shield)
         return decisions
 
     def _decide(self, snapshot: Snapshot, now: datetime) -> list[Decision]:
@@ -167,5 +171,5 @@ class Reconciler:
 
     def keep_more(self, now: datetime) -> bool:
         """A few more standing-object writes for the jobs of the last pass; True when done."""
-        self.writes.keep(self._managed, now)
+        self.writes.keep(self._managed, now, self._shield)
         return self.writes.kept

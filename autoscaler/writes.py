@@ -26,7 +26,7 @@ from datetime import datetime
 from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
-from autoscaler.core import Action, Decision, Job
+from autoscaler.core import Action, Decision, Job, Shield
 from autoscaler.decisionlog import log_decision
 
 _APPLY_ORDER = {
@@ -62,8 +62,9 @@ class Keeper(Protocol):
     """An actuator that also keeps standing objects true for the managed jobs each pass (e.g.
     the Kubernetes one's PodDisruptionBudgets)."""
 
-    def keep(self, jobs: list[Job], now: datetime, writes: int) -> bool:
-        """At most `writes` API writes; True when nothing was left for a later pass."""
+    def keep(self, jobs: list[Job], now: datetime, writes: int, shield: Shield) -> bool:
+        """At most `writes` API writes; True when nothing was left for a later pass. `shield`:
+        the pods Karpenter's voluntary disruption must leave alone (core/voluntary.py)."""
         ...
 
 
@@ -211,14 +212,14 @@ class Writes:
             wait(pending, min(left, _SETTLE_POLL))
 
     # --- standing objects -----------------------------------------------------------------------
-    def keep(self, managed: list[Job], now: datetime) -> None:
+    def keep(self, managed: list[Job], now: datetime, shield: Shield) -> None:
         """Standing objects, a few writes at a time (after the decisions): thousands may be
         missing at start-up, and the next notice's drain must not queue behind them all."""
         self.kept = True
         if not isinstance(self.actuator, Keeper):
             return
         try:
-            self.kept = self.actuator.keep(managed, now, _KEEP_WRITES)
+            self.kept = self.actuator.keep(managed, now, _KEEP_WRITES, shield)
         except Exception as exc:  # like a decision's failure: logged, retried after a back-off
             self._count_failed(1)
             self.logger.error("keep_failed", error=f"{type(exc).__name__}: {exc}")

@@ -127,6 +127,34 @@ def test_rebalance_drain_policy_leaves_early_but_never_below_min() -> None:
     assert Reason.CLAMP_MIN in scale_in.tags
 
 
+def test_a_voluntary_disruption_keeps_protected_workers_and_places_nothing_new_there() -> None:
+    j = job(hi=2, placement=["a"])
+    ds = run(
+        snapshot([node("a"), node("b", gpus=1, used=1)], [j], [notice("a", NoticeKind.DISRUPTION)])
+    )
+    assert not only(ds, Action.DRAIN) and not only(ds, Action.SCALE_IN)
+    assert not only(ds, Action.SCALE_OUT)  # a's idle GPUs are on a node that goes
+
+
+def test_a_voluntary_disruption_the_policy_lets_move_drains_first_even_below_min() -> None:
+    j = job(lo=2, hi=8, placement=["a", "b"])
+    ps = policies(preemption={"voluntary": "drain", "keep_last_host": False})
+    ds = run(snapshot([node("a"), node("b")], [j], [notice("a", NoticeKind.DISRUPTION)]), ps)
+    assert [d.action for d in ds][:2] == [Action.DRAIN, Action.SCALE_IN]
+    drain, scale_in = only(ds, Action.DRAIN)[0], only(ds, Action.SCALE_IN)[0]
+    assert drain.reason is scale_in.reason is Reason.KARPENTER_DISRUPTION
+    assert drain.hosts == scale_in.pods == ("bert-worker-0",)  # the node goes: min cannot hold
+    assert Reason.BELOW_MIN in scale_in.tags
+
+
+def test_an_interruption_on_the_same_node_outranks_a_voluntary_disruption() -> None:
+    j = job(placement=["a", "b"])
+    ps = policies(preemption={"voluntary": "drain"})
+    both = [notice("a", NoticeKind.DISRUPTION), notice("a", nid="e2")]
+    ds = run(snapshot([node("a"), node("b")], [j], both), ps)
+    assert only(ds, Action.DRAIN)[0].reason is Reason.PREEMPTION_NOTICE
+
+
 def test_maintenance_is_hard_only_when_near() -> None:
     j = job(placement=["a", "b"])
     far = notice("a", NoticeKind.MAINTENANCE, deadline=NOW + timedelta(days=2))

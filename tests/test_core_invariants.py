@@ -137,7 +137,11 @@ def test_decisions_keep_the_invariants(snap: Snapshot, ps) -> None:
             assert set(d.pods) <= pods and len(d.pods) == d.count  # names, all of them real
             # below min only when a hard notice forces it
             if d.to_workers < j.min_workers:
-                assert d.reason.value in ("preemption_notice", "maintenance")
+                assert d.reason.value in (
+                    "preemption_notice",
+                    "maintenance",
+                    "karpenter_disruption",
+                )
         if d.action is Action.DRAIN:
             assert set(d.pods) <= pods and not set(d.hosts) & j.drained_hosts
         if d.action is Action.UNDRAIN:
@@ -164,6 +168,7 @@ def test_every_reason_and_notice_kind_carries_its_rules_metadata() -> None:
     assert by("urgency") == [
         Reason.PREEMPTION_NOTICE,
         Reason.MAINTENANCE,
+        Reason.KARPENTER_DISRUPTION,
         Reason.REBALANCE,
         Reason.CLAMP_MAX,
     ]
@@ -186,6 +191,7 @@ def test_every_reason_and_notice_kind_carries_its_rules_metadata() -> None:
     assert hardness == {
         NoticeKind.REBALANCE: 0,
         NoticeKind.MAINTENANCE: 1,
+        NoticeKind.DISRUPTION: 1,
         NoticeKind.INTERRUPTION: 2,
         NoticeKind.STATE_CHANGE: 2,
     }

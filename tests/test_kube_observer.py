@@ -641,11 +641,14 @@ def test_a_refill_to_min_does_not_start_the_cooldown(kube: Kube) -> None:
 
 @BOTH
 def test_karpenter_v1_and_pre_v1_disruption_taints_are_notices(kube: Kube) -> None:
+    """v1's taint on a Node not being deleted is the disruption controller's (consolidation,
+    drift: a voluntary disruption); on a deleting Node it is a termination (tests/
+    test_real_karpenter*.py see both from the real Karpenter)."""
     v1 = {"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}
     pre_v1 = {"key": "karpenter.sh/disruption", "value": "disrupting", "effect": "NoSchedule"}
     kube.server.seed(node("v1", taints=[v1]), node("v1beta1", taints=[pre_v1]))
     notices = {(n.node, n.kind) for n in snap(kube).notices}
-    assert notices == {("v1", NoticeKind.INTERRUPTION), ("v1beta1", NoticeKind.INTERRUPTION)}
+    assert notices == {("v1", NoticeKind.DISRUPTION), ("v1beta1", NoticeKind.INTERRUPTION)}
 
 
 @BOTH

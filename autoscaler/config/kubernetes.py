@@ -148,6 +148,13 @@ class KubernetesSettings(StrictModel):
     notice_taints: dict[str, NoticeKind] = Field(
         default_factory=lambda: dict(DEFAULT_NOTICE_TAINTS)
     )
+    # Notice taints that mean a voluntary disruption (NoticeKind.DISRUPTION: consolidation or
+    # drift, which a policy's preemption.voluntary handles) while the Node is not being deleted:
+    # Karpenter's disruption controller taints a live node before it launches the replacement
+    # and deletes the NodeClaim (pkg/controllers/disruption/queue.go `markDisrupted`); on an
+    # interruption, expiry or manual delete the same taint comes from the Node's termination
+    # finalizer, on a Node already being deleted (node/termination/controller.go `finalize`)
+    voluntary_taints: list[str] = ["karpenter.sh/disrupted"]
     # Node condition type (status True) -> notice; ack-node-problem-detector sets InstanceExpired.
     notice_conditions: dict[str, NoticeKind] = {"InstanceExpired": NoticeKind.INTERRUPTION}
     # A cordoned node as a maintenance notice (its workers leave). Off: cordoned nodes only stop

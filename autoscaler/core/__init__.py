@@ -18,6 +18,7 @@ from autoscaler.core.model import (
     Worker,
 )
 from autoscaler.core.policy import Policy, PolicySet
+from autoscaler.core.voluntary import Shield, shielded
 
 __all__ = [
     "Action",
@@ -33,9 +34,11 @@ __all__ = [
     "Reason",
     "Scaler",
     "ScalerKind",
+    "Shield",
     "Snapshot",
     "Worker",
     "decide",
     "decide_departures",
+    "shielded",
     "track_idle",
 ]

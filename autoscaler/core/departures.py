@@ -34,6 +34,10 @@ class Departures:
     blocks_scale_out: Reason | None = None
 
 
+# the node goes whatever the job does: its workers leave even below min
+_NODE_GOES = (Reason.PREEMPTION_NOTICE, Reason.MAINTENANCE, Reason.KARPENTER_DISRUPTION)
+
+
 @dataclass(frozen=True, slots=True)
 class _Leaving:
     """Who leaves a job now and under which reason and tags its decisions go."""
@@ -230,7 +234,7 @@ def _leaving_with_reasons(
     # one look per worker (every job, every pass): most jobs have none on a noticed node
     noticed = [(w, r) for w in job.workers if (r := risk.hard.get(w.node or "")) is not None]
     for w, reason in noticed:
-        if reason in (Reason.PREEMPTION_NOTICE, Reason.MAINTENANCE):
+        if reason in _NODE_GOES:
             why[w.pod] = reason
     # A worker already being deleted has left the count: against max, clamping it in would
     # name a healthy worker instead (one the server check then refuses, pass after pass, while

@@ -43,6 +43,9 @@ class NoticeKind(_Carrying):
     REBALANCE = "rebalance", 0  # elevated risk: soft, policy decides
     STATE_CHANGE = "state-change", 2  # stopping/terminated: already going, hard
     MAINTENANCE = "maintenance", 1  # scheduled: hard once its deadline is near
+    # the node manager's own move (Karpenter's consolidation or drift): the node goes once its
+    # replacement is up, unless the policy protects the job's workers (core/voluntary.py)
+    DISRUPTION = "disruption", 1
 
     @classmethod
     def parse(cls, value: object) -> NoticeKind:
@@ -87,9 +90,11 @@ class Reason(_Carrying):
 
     IDLE_CAPACITY = "idle_capacity", _PLAIN
     PREEMPTION_NOTICE = "preemption_notice", ReasonInfo(urgency=0)
-    REBALANCE = "rebalance", ReasonInfo("idle capacity is on nodes at risk", urgency=2, why_not=3)
+    REBALANCE = "rebalance", ReasonInfo("idle capacity is on nodes at risk", urgency=3, why_not=3)
     MAINTENANCE = "maintenance", ReasonInfo(urgency=1)
-    CLAMP_MAX = "clamp_max", ReasonInfo("at max workers", urgency=3)
+    # a voluntary disruption (NoticeKind.DISRUPTION) the job's policy lets move it
+    KARPENTER_DISRUPTION = "karpenter_disruption", ReasonInfo(urgency=2)
+    CLAMP_MAX = "clamp_max", ReasonInfo("at max workers", urgency=4)
     CLAMP_MIN = "clamp_min", _PLAIN
     BELOW_MIN = "below_min", _PLAIN
     LAST_HOST_KEPT = "last_host_kept", _PLAIN

@@ -50,6 +50,8 @@ def _hard_reason(notice: Notice, rules: PreemptionRules, now: datetime) -> Reaso
     if notice.kind is NoticeKind.MAINTENANCE:
         near = notice.deadline is None or notice.deadline - now <= rules.maintenance_horizon
         return Reason.MAINTENANCE if near else None
+    if notice.kind is NoticeKind.DISRUPTION:  # protect: no new workers there, the old stay
+        return Reason.KARPENTER_DISRUPTION if rules.voluntary == "drain" else None
     return Reason.REBALANCE if rules.rebalance == "drain" else None
 
 

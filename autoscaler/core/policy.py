@@ -224,6 +224,12 @@ class ScaleOutRules(StrictModel):
 class PreemptionRules(StrictModel):
     # avoid: no new workers on a node with a rebalance recommendation; drain: also leave it now
     rebalance: Literal["avoid", "drain"] = "avoid"
+    # Karpenter's voluntary disruption (consolidation, drift). protect: the job's running workers
+    # carry karpenter.sh/do-not-disrupt, so Karpenter does not pick their nodes; a node it
+    # disrupts anyway gets no new workers and its workers stay until it is deleted (then it is
+    # an interruption). drain: no annotation; a node Karpenter disrupts is drained at once, like
+    # a notice (reason karpenter_disruption). docs/kubernetes.md, "Karpenter's voluntary disruption"
+    voluntary: Literal["protect", "drain"] = "protect"
     # a scheduled maintenance counts as a hard notice once its deadline is this close
     maintenance_horizon: Duration = timedelta(minutes=10)
     # Horovod stops a job when no host of the previous set remains: keep one while we refill

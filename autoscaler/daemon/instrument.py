@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 
-from autoscaler.core import Action, Decision, Job, Notice, Snapshot
+from autoscaler.core import Action, Decision, Job, Notice, Shield, Snapshot
 from autoscaler.daemon.metrics import Metrics
 from autoscaler.fencing import NotLeader
 from autoscaler.reconcile import Observer, noticed_view
@@ -130,11 +130,11 @@ class GuardedActuator:
         if decision.action in (Action.DRAIN, Action.SCALE_IN):
             self._tracker.answered(decision.nodes, datetime.now(UTC))
 
-    def keep(self, jobs: list[Job], now: datetime, writes: int) -> bool:
+    def keep(self, jobs: list[Job], now: datetime, writes: int, shield: Shield) -> bool:
         if not isinstance(self._inner, Keeper) or not self._is_leader():
             return True  # standing objects are the leader's to keep, like every write
         try:
-            return self._inner.keep(jobs, now, writes)
+            return self._inner.keep(jobs, now, writes, shield)
         except NotLeader:
             raise
         except Exception:

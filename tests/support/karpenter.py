@@ -537,7 +537,7 @@ def summary(runs: Sequence[Interruption]) -> Obj:
     }
 
 
-def _has_eviction(pod: Obj) -> bool:
+def has_eviction(pod: Obj) -> bool:
     return any(
         c.get("type") == "DisruptionTarget" and c.get("reason") == "EvictionByEvictionAPI"
         for c in (pod.get("status") or {}).get("conditions") or ()
@@ -598,7 +598,7 @@ def interrupt_worker(
         deleting = pods.first(
             lambda s: mine(s) and bool(s.obj["metadata"].get("deletionTimestamp"))
         )
-        evicted = pods.first(lambda s: mine(s) and _has_eviction(s.obj))
+        evicted = pods.first(lambda s: mine(s) and has_eviction(s.obj))
         first = evicted is not None and (deleting is None or evicted.n <= deleting.n)
     forced = any(e.involved_object.uid == uid for e in karpenter.events(ns, "Disrupted"))
     return Interruption(

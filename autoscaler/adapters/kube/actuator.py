@@ -25,9 +25,11 @@ from autoscaler.adapters.kube.objects import ObjectApi
 from autoscaler.adapters.kube.outcomes import refuse, summary
 from autoscaler.adapters.kube.rejects import Rejections
 from autoscaler.adapters.kube.resources import NODES, Obj
+from autoscaler.adapters.kube.shield import DisruptionShield
 from autoscaler.adapters.kube.signal import CheckpointSignal
 from autoscaler.config import Config
 from autoscaler.core.model import Action, Decision, Job, Notice, Reason
+from autoscaler.core.voluntary import Shield
 from autoscaler.fencing import Fence, Stale
 from autoscaler.notice import ANNOTATION
 
@@ -68,21 +70,26 @@ class KubeActuator:
         self._signal = CheckpointSignal(self._objects, recorder)
         guarded = config.kubernetes.guard_evictions
         self._guard = EvictionGuard(self._objects, cache) if guarded else None
+        self._shield = DisruptionShield(self._objects, cache)
 
-    def keep(self, jobs: list[Job], now: datetime, writes: int) -> bool:
+    def keep(self, jobs: list[Job], now: datetime, writes: int, shield: Shield) -> bool:
         """Warning Events for objects the observer rejected; one PodDisruptionBudget per managed
-        job of a kind that guards its workers (guard.py), none for others; at most `writes`
-        budget writes, True when none were left over."""
+        job of a kind that guards its workers (guard.py), none for others; Karpenter's
+        do-not-disrupt on the `shield`'s pods and no others (shield.py); at most `writes`
+        writes of each, True when none were left over."""
         for obj, message in self._rejections.untold() if self._rejections else ():
             self._recorder.record(obj, "ObjectRejected", message, now, warning=True)
-        if self._guard is None or not self._cache.synced():
+        if not self._cache.synced():
             return True
+        shielded = self._shield.keep(shield, writes)
+        if self._guard is None:
+            return shielded
         guarded = []
         for job in jobs:
             found = self._cache.find_job(job.key)
             if found is not None and (labels := kind_of(found[0]).guard_labels) is not None:
                 guarded.append((found[1], labels(job.name)))
-        return self._guard.keep(guarded, writes)
+        return self._guard.keep(guarded, writes) and shielded
 
     def apply(self, decision: Decision, now: datetime) -> None:
         if not self._cache.synced():  # a partial view could hide a scaler that already runs

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from autoscaler.adapters.kube.resources import NODES, PODS, Obj, Resource
-from autoscaler.annotations import NOTICE_ANNOTATION
+from autoscaler.annotations import DO_NOT_DISRUPT, NOTICE_ANNOTATION, SHIELD_MARK
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +55,8 @@ POD_SHAPE: Shape = {
         "deletionTimestamp": KEEP,
         "creationTimestamp": KEEP,
         "labels": KEEP,  # et-operator's worker labels, the replica index
+        # the two the disruption shield keeps (shield.py)
+        "annotations": {DO_NOT_DISRUPT: KEEP, SHIELD_MARK: KEEP},
         "ownerReferences": Shared(  # the controller: whose worker it is
             [{"apiVersion": KEEP, "kind": KEEP, "name": KEEP, "uid": KEEP, "controller": KEEP}]
         ),

@@ -71,7 +71,8 @@ def node_notices(node: Obj, settings: KubernetesSettings) -> list[Notice]:
     """Notices from taints, conditions, cordon (if configured) and our persisted annotation."""
     name = str((node.get("metadata") or {}).get("name", ""))
     spec = node.get("spec") or {}
-    out = _taint_notices(name, spec, settings) + _condition_notices(name, node, settings)
+    deleting = bool((node.get("metadata") or {}).get("deletionTimestamp"))
+    out = _taint_notices(name, spec, deleting, settings) + _condition_notices(name, node, settings)
     # with eviction guards a drain waits for us: the cordon that starts it must make us act
     cordon_counts = settings.cordon_is_notice or settings.guard_evictions
     if cordon_counts and spec.get("unschedulable"):
@@ -82,16 +83,19 @@ def node_notices(node: Obj, settings: KubernetesSettings) -> list[Notice]:
     return out
 
 
-def _taint_notices(name: str, spec: Obj, settings: KubernetesSettings) -> list[Notice]:
+def _taint_notices(
+    name: str, spec: Obj, deleting: bool, settings: KubernetesSettings
+) -> list[Notice]:
     out: list[Notice] = []
     for taint in spec.get("taints") or ():
         key = taint.get("key")
         if key in settings.notice_taints:
             value = taint.get("value") or ""  # NTH puts its event id here
+            voluntary = not deleting and key in settings.voluntary_taints
             out.append(
                 Notice(
                     node=name,
-                    kind=settings.notice_taints[key],
+                    kind=NoticeKind.DISRUPTION if voluntary else settings.notice_taints[key],
                     source="k8s-taint",
                     id=f"{key}={value}" if value else key,
                     received_at=parse_time(taint.get("timeAdded")),

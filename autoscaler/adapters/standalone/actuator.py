@@ -19,6 +19,7 @@ from autoscaler.adapters.standalone.signal import NoticeFile
 from autoscaler.adapters.standalone.workers import job_of, owned_file, with_workers, without_workers
 from autoscaler.config.discovery import StandaloneSettings
 from autoscaler.core.model import Action, Decision, Job, Reason
+from autoscaler.core.voluntary import Shield
 
 # departures that answer a notice: the job hears of them before discovery changes
 _NOTICE_REASONS = frozenset({Reason.PREEMPTION_NOTICE, Reason.MAINTENANCE, Reason.REBALANCE})
@@ -58,7 +59,7 @@ class OwnedDiscoveryActuator:
             return
         self._write(decision, proposed, now)
 
-    def keep(self, jobs: list[Job], now: datetime, writes: int) -> bool:
+    def keep(self, jobs: list[Job], now: datetime, writes: int, shield: Shield) -> bool:
         """Each pass: the notice file goes once no host in it is doomed any more."""
         self.notice.prune(now)
         return True

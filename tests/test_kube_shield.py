@@ -1,0 +1,40 @@
+"""Karpenter's do-not-disrupt on protected workers, kept by the reconciler's standing-object pass
+(adapters/kube/shield.py): added where missing, removed only where we added it."""
+
+from __future__ import annotations
+
+import pytest
+from kube_fixtures import NS, Kube, node, now, training_job, worker
+from support.waiting import wait_for
+
+from autoscaler.annotations import DO_NOT_DISRUPT, SHIELD_MARK
+
+
+def notes(kube: Kube, pod: str) -> dict[str, str]:
+    [found] = [p for p in kube.server.objects("Pod", NS) if p["metadata"]["name"] == pod]
+    return found["metadata"].get("annotations") or {}
+
+
+@pytest.mark.servers("emulator", "real")
+def test_running_workers_are_shielded_while_managed_and_only_our_annotation_goes(
+    kube: Kube,
+) -> None:
+    own = worker("gpt", 0, "a")
+    own["metadata"]["annotations"] = {DO_NOT_DISRUPT: "true"}  # the job's template asks for it
+    kube.server.seed(
+        node("a"),
+        training_job("bert"),
+        worker("bert", 0, "a"),
+        worker("bert", 1, None, phase="Pending"),
+        training_job("gpt"),
+        own,
+    )
+    rec = kube.reconciler()
+    rec.tick(now())
+    assert notes(kube, "bert-worker-0") == {DO_NOT_DISRUPT: "true", SHIELD_MARK: "true"}
+    assert notes(kube, "bert-worker-1") == {}  # on no node yet: nothing to consolidate
+    assert notes(kube, "gpt-worker-0") == {DO_NOT_DISRUPT: "true"}  # already: left as it is
+    for job in ("bert", "gpt"):  # no longer managed: ours goes, the job's own stays
+        kube.server.patch("TrainingJob", job, {"status": {"phase": "Succeeded"}}, NS)
+    wait_for(lambda: rec.tick(now()) is not None and notes(kube, "bert-worker-0") == {})
+    assert notes(kube, "gpt-worker-0") == {DO_NOT_DISRUPT: "true"}
