@@ -39,10 +39,10 @@ from autoscaler.adapters.kube.resources import (
 )
 from autoscaler.adapters.kube.wakes import signature
 from autoscaler.annotations import NOTICE_ANNOTATION, encode_notice
-from autoscaler.boards import NoticeBoard, PriceBook
 from autoscaler.config import Prices
 from autoscaler.config.kubernetes import KubernetesSettings
 from autoscaler.core import Notice, NoticeKind, Snapshot
+from autoscaler.notices_and_prices import NoticeBoard, PriceBook
 
 SETTINGS = KubernetesSettings()
 NOW = datetime(2026, 3, 2, 12, tzinfo=UTC)

@@ -34,9 +34,9 @@ from autoscaler.adapters.kube.resources import (
 from autoscaler.adapters.kube.served import is_served
 from autoscaler.adapters.kube.view import Watchlist
 from autoscaler.adapters.kube.wakes import signature
-from autoscaler.boards import NoticeWake, Wake
 from autoscaler.config.kubernetes import KubernetesSettings
 from autoscaler.config.selectors import LabelMatcher, label_matcher
+from autoscaler.notices_and_prices import NoticeWake, Wake
 
 log = structlog.get_logger()
 
