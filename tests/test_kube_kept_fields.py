@@ -37,7 +37,7 @@ from autoscaler.adapters.kube.resources import (
     Resource,
     key_of,
 )
-from autoscaler.adapters.kube.wakes import signature
+from autoscaler.adapters.kube.wake_signatures import signature
 from autoscaler.annotations import NOTICE_ANNOTATION, encode_notice
 from autoscaler.config import Prices
 from autoscaler.config.kubernetes import KubernetesSettings
@@ -489,7 +489,8 @@ def test_shared_values_nobody_holds_are_dropped_when_the_table_has_doubled() -> 
 
 def test_projection_keeps_absent_keys_absent_and_odd_types_whole() -> None:
     node = full_node("n")
-    node["status"]["conditions"] = None  # wakes.py reads `.get("conditions", [])`: None stays
+    # wake_signatures.py reads `.get("conditions", [])`: None stays
+    node["status"]["conditions"] = None
     del node["spec"]["taints"]
     lean = project(node, NODE_SHAPE)
     assert lean["status"]["conditions"] is None and "taints" not in lean["spec"]

@@ -33,7 +33,7 @@ from autoscaler.adapters.kube.resources import (
 )
 from autoscaler.adapters.kube.served import is_served
 from autoscaler.adapters.kube.view import Watchlist
-from autoscaler.adapters.kube.wakes import signature
+from autoscaler.adapters.kube.wake_signatures import signature
 from autoscaler.config.kubernetes import KubernetesSettings
 from autoscaler.config.selectors import LabelMatcher, label_matcher
 from autoscaler.notices_and_prices import NoticeWake, Wake

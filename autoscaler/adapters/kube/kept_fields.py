@@ -87,7 +87,7 @@ NODE_SHAPE: Shape = {
         "annotations": {NOTICE_ANNOTATION: KEEP},  # the only one read
     },
     "spec": {"providerID": KEEP, "unschedulable": KEEP, "taints": KEEP},
-    # every condition: wakes.py's signature lists them all
+    # every condition: wake_signatures.py's signature lists them all
     "status": {"allocatable": Shared(KEEP), "conditions": [_CONDITION]},
 }
 
