@@ -201,7 +201,7 @@ def on_demand_need(job: Job, policy: Policy, fleet: Fleet, now: datetime) -> OnD
     end = due - deadline.margin
     pace = job.pace or Pace()
     p = _Pacing(job, job.progress, deadline, job.started_at, end, rules, cap, hi, fleet, now, pace)
-    return _trouble(p, anchor) or _deadline(p, _anchor_at_risk(p, anchor))
+    return _infeasible(p, anchor) or _deadline(p, _anchor_at_risk(p, anchor))
 
 
 def _anchor(rules: OnDemandRules, cap: int, fleet: Fleet, now: datetime) -> OnDemandNeed:
@@ -221,7 +221,7 @@ def _with_alert(need: OnDemandNeed, alert: Reason, detail: str) -> OnDemandNeed:
     return replace(need, message=f"{alert.info.message} ({detail})", alert=alert)
 
 
-def _trouble(p: _Pacing, anchor: OnDemandNeed) -> OnDemandNeed | None:
+def _infeasible(p: _Pacing, anchor: OnDemandNeed) -> OnDemandNeed | None:
     """Bad input, said with its shortfall: past the deadline, progress that never moves, or more
     work left than every allowed worker can do (even at the upper bound of their speed)."""
     every = p.every_worker(anchor.want)
@@ -254,7 +254,7 @@ def _deadline(p: _Pacing, anchor: OnDemandNeed) -> OnDemandNeed:
     if p.deadline.rule == "uniform_progress" or slack is None:
         line_want, line_keep = up_want, up_keep
     else:
-        line_want, line_keep = _fewer(p, anchor)
+        line_want, line_keep = _paced(p, anchor)
         # never hold more than uniform_progress would here: above ep(t + 2 d̂) its on-demand
         # leaves for idle spot that takes its place, paced's 80% pace must not keep it
         line_keep = min(line_keep, up_keep)
@@ -298,7 +298,7 @@ def _uniform(p: _Pacing, every: int, anchor: OnDemandNeed) -> tuple[int, int]:
     return want, p.every_worker(anchor.keep, spot=p.spot + p.fleet.spot_room)
 
 
-def _fewer(p: _Pacing, anchor: OnDemandNeed) -> tuple[int, int]:
+def _paced(p: _Pacing, anchor: OnDemandNeed) -> tuple[int, int]:
     """`paced` (want, keep): behind the line, the on-demand workers whose estimated speed next to
     the spot workers holds the line and closes the gap over _CATCH_UP changeovers; in the band
     up to ep(t + 2 d̂), what holds the line with a changeover's catch-up to spare (a worker just
