@@ -40,7 +40,7 @@ from support.real_daemon import deployed  # noqa: E402
 from support.real_namespace import daemon_config  # noqa: E402
 from support.waiting import wait_for  # noqa: E402
 
-from autoscaler.adapters.kube.guard import guard_name  # noqa: E402
+from autoscaler.adapters.kube.eviction_guard import guard_name  # noqa: E402
 from autoscaler.annotations import DRAINED_ANNOTATION  # noqa: E402
 
 JOB, WORKERS, VICTIM = "bench", 3, "bench-worker-1"

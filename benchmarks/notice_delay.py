@@ -29,10 +29,10 @@ import boto3
 from autoscaler.adapters.aws.clients import aws_clients
 from autoscaler.adapters.aws.nodes import Ec2Nodes
 from autoscaler.adapters.aws.queue import SqsNoticeSource
-from autoscaler.boards import NoticeBoard
 from autoscaler.config.cloud import AwsSettings
 from autoscaler.core import Action, GpuNode, Job, PolicySet, Snapshot, Worker, decide
 from autoscaler.logs import configure
+from autoscaler.notices_and_prices import NoticeBoard
 
 REGION = "us-east-1"
 ITN = "EC2 Spot Instance Interruption Warning"

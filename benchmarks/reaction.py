@@ -89,7 +89,7 @@ import boto3  # noqa: E402
 from kubernetes import client, watch  # noqa: E402
 from moto.server import ThreadedMotoServer  # noqa: E402
 
-from autoscaler.adapters.kube.guard import desired_guard  # noqa: E402
+from autoscaler.adapters.kube.eviction_guard import desired_guard  # noqa: E402
 from autoscaler.adapters.kube.kinds import et_operator  # noqa: E402
 from autoscaler.annotations import (  # noqa: E402
     ASSIGNED_ANNOTATION,
@@ -253,9 +253,9 @@ class Cluster(Layout):
         self.api.seed(*objs)
 
     def seed_guards(self) -> None:
-        """Every job's eviction guard, as the daemon writes it (guard.desired_guard), so the run
-        starts in the steady state of a daemon that has been up a while; without it the daemon
-        writes them first, a few per pass (5,000 take longer than the benchmark may)."""
+        """Every job's eviction guard, as the daemon writes it (eviction_guard.desired_guard), so
+        the run starts in the steady state of a daemon that has been up a while; without it the
+        daemon writes them first, a few per pass (5,000 take longer than the benchmark may)."""
         labels = et_operator.KIND.guard_labels
         assert labels is not None
         self.api.seed(

@@ -490,7 +490,7 @@ def measure_kube(nodes: int, jobs: int, repeat: int, config: Any, out: dict[str,
     from autoscaler.adapters.kube.kinds import WATCHLIST
     from autoscaler.adapters.kube.kinds.et_operator import TRAINING_JOBS
     from autoscaler.adapters.kube.resources import NODES, PODS
-    from autoscaler.boards import NoticeBoard, PriceBook
+    from autoscaler.notices_and_prices import NoticeBoard, PriceBook
     from autoscaler.reconcile import Reconciler
 
     gc.collect()
@@ -598,7 +598,7 @@ def _steady_state(
     requests of each part (`count`/`requests`: records with `.watch`) and the ticks' CPU."""
     from autoscaler.adapters.kube import DryRunActuator, KubeCache, KubeObserver
     from autoscaler.adapters.kube.kinds import WATCHLIST
-    from autoscaler.boards import NoticeBoard, PriceBook
+    from autoscaler.notices_and_prices import NoticeBoard, PriceBook
     from autoscaler.reconcile import Reconciler
 
     cache = KubeCache(api_client, config.kubernetes, WATCHLIST)

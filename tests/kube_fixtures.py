@@ -19,10 +19,10 @@ from autoscaler.adapters.kube import EventRecorder, KubeActuator, KubeCache, Kub
 from autoscaler.adapters.kube.kinds import WATCHLIST
 from autoscaler.adapters.kube.rejects import Rejections
 from autoscaler.adapters.kube.resources import MANAGER
-from autoscaler.boards import NoticeBoard, NoticeWake, PriceBook, WakeReason
 from autoscaler.config import Config, Prices
 from autoscaler.config.kubernetes import KubernetesSettings
 from autoscaler.core.policy import Policy, ScaleOutRules
+from autoscaler.notices_and_prices import NoticeBoard, NoticeWake, PriceBook, WakeReason
 from autoscaler.reconcile import Reconciler
 
 Obj = dict[str, Any]

@@ -42,10 +42,10 @@ from autoscaler.adapters.alibaba.recycling import RecyclingPoller
 from autoscaler.adapters.alibaba.webhook import CloudMonitorWebhook
 from autoscaler.adapters.cloud_sources import SpotPriceFeed
 from autoscaler.adapters.sources import SourceContext, build_sources
-from autoscaler.boards import NoticeBoard, NoticeWake, PriceBook
 from autoscaler.config import Config
 from autoscaler.config.cloud import AlibabaSettings
 from autoscaler.core import Action, CapacityType, GpuNode, NoticeKind, decide
+from autoscaler.notices_and_prices import NoticeBoard, NoticeWake, PriceBook
 
 REGION = "cn-hangzhou"
 KEY_ID, SECRET = "LTAI5tTestKeyId0000000000", "test-secret-do-not-log"
@@ -434,7 +434,7 @@ def test_the_default_chain_signs_with_env_keys_and_never_logs_them(ali: FakeAlib
         "from autoscaler.adapters.alibaba.recycling import RecyclingPoller;"
         "from autoscaler.adapters.alibaba.nodes import EcsNodes;"
         "from autoscaler.config.cloud import AlibabaSettings;"
-        "from autoscaler.boards import NoticeBoard;"
+        "from autoscaler.notices_and_prices import NoticeBoard;"
         f"s = AlibabaSettings(enabled=True, region='{REGION}', ecs_endpoint='{ali.url}');"
         "idx = type('I', (), {'node_for_instance': lambda self, i: 'gpu-a'})();"
         "p = RecyclingPoller(make_client(s), NoticeBoard(), print, EcsNodes(idx, s.region));"

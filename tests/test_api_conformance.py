@@ -32,7 +32,7 @@ from support.waiting import wait_for
 
 from autoscaler.adapters.discovery.watch import ObjectWatch
 from autoscaler.adapters.kube.events import EventRecorder
-from autoscaler.adapters.kube.guard import desired_guard
+from autoscaler.adapters.kube.eviction_guard import desired_guard
 from autoscaler.adapters.kube.kinds.et_operator import TRAINING_JOBS
 from autoscaler.adapters.kube.lease import LeaseLock
 from autoscaler.adapters.kube.pods import NOT_TERMINATED_SELECTOR

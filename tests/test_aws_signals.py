@@ -30,10 +30,10 @@ from autoscaler.adapters.cloud_sources import SpotPriceFeed
 from autoscaler.adapters.polling import run_every
 from autoscaler.adapters.sources import SdkMissing, SourceContext, build_sources
 from autoscaler.backoff import Backoff
-from autoscaler.boards import NoticeBoard, NoticeWake, PriceBook
 from autoscaler.config import Config
 from autoscaler.config.cloud import AwsSettings
 from autoscaler.core import Action, CapacityType, GpuNode, NoticeKind, Reason, decide
+from autoscaler.notices_and_prices import NoticeBoard, NoticeWake, PriceBook
 
 REGION = "us-east-1"
 GPU_TYPE = "g5.xlarge"  # moto knows its offerings in us-east-1 (p3 it does not)

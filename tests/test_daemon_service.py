@@ -13,11 +13,11 @@ from structlog.testing import CapturingLogger
 from support.waiting import wait_for
 from test_daemon_support import CONFIG, Recorder, World, config, daemon, events, http_get, metric
 
-from autoscaler.boards import NoticeWake, notice_wake
 from autoscaler.core import Notice, NoticeKind, Snapshot
 from autoscaler.daemon import loop
 from autoscaler.daemon.loop import WakeSignal
 from autoscaler.daemon.service import Daemon, Parts
+from autoscaler.notices_and_prices import NoticeWake, notice_wake
 from autoscaler.reconcile import Reconciler
 
 

@@ -25,12 +25,12 @@ from test_daemon_support import JOB, KUBE_CONFIG, node, wired_daemon, worker
 
 from autoscaler.adapters.kube.kinds import KINDS
 from autoscaler.adapters.sources import SOURCES
-from autoscaler.boards import NoticeWake
 from autoscaler.cli import main
 from autoscaler.config import parse_config
 from autoscaler.config.kubernetes import KubernetesSettings
 from autoscaler.core import CapacityType, Notice, NoticeKind
 from autoscaler.core.policy import POLICY_LABEL
+from autoscaler.notices_and_prices import NoticeWake
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"

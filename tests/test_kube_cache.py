@@ -17,7 +17,7 @@ from kube_fixtures import (
 from support.real_api import RealApi
 from support.waiting import wait_for
 
-from autoscaler.adapters.kube.guard import desired_guard
+from autoscaler.adapters.kube.eviction_guard import desired_guard
 from autoscaler.adapters.kube.kinds.et_operator import SCALE_OUTS, TRAINING_JOBS
 from autoscaler.adapters.kube.resources import NODES, PDBS, PODS
 

@@ -43,7 +43,7 @@ from support.real_daemon import json_lines
 from support.real_namespace import POOL, daemon_config, isolated
 from support.waiting import wait_for
 
-from autoscaler.adapters.kube.guard import guard_name
+from autoscaler.adapters.kube.eviction_guard import guard_name
 from autoscaler.annotations import DRAINED_ANNOTATION
 
 pytestmark = pytest.mark.real_cluster

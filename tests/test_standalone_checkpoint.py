@@ -15,11 +15,11 @@ from structlog.testing import CapturingLogger, capture_logs
 
 from autoscaler.adapters.standalone import OwnedDiscoveryActuator, StandaloneObserver
 from autoscaler.adapters.standalone.signal import notice_path
-from autoscaler.boards import NoticeBoard
 from autoscaler.config import parse_config
 from autoscaler.config.discovery import StandaloneSettings
 from autoscaler.core import Action, Decision, Reason
 from autoscaler.notice import STANDALONE_SUFFIX, Watch, decode
+from autoscaler.notices_and_prices import NoticeBoard
 from autoscaler.reconcile import Reconciler
 
 POLICIES = """

@@ -11,10 +11,10 @@ import pytest
 from structlog.testing import CapturingLogger, capture_logs
 
 from autoscaler.adapters.standalone import OwnedDiscoveryActuator, StandaloneObserver
-from autoscaler.boards import NoticeBoard
 from autoscaler.config import parse_config
 from autoscaler.config.discovery import StandaloneSettings
 from autoscaler.core import Action, Decision, Notice, NoticeKind, PolicySet, Reason
+from autoscaler.notices_and_prices import NoticeBoard
 from autoscaler.reconcile import Reconciler
 
 POLICIES = """

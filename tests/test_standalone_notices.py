@@ -12,8 +12,8 @@ import pytest
 from support.waiting import seconds_until, wait_for
 
 from autoscaler.adapters.standalone.notices import SOURCE, NoticeDirectory
-from autoscaler.boards import may_be_notice
 from autoscaler.core.model import Notice, NoticeKind
+from autoscaler.notices_and_prices import may_be_notice
 
 
 class Wakes:

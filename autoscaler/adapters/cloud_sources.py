@@ -13,8 +13,8 @@ from typing import Any, Protocol
 import structlog
 
 from autoscaler.adapters.polling import run_every
-from autoscaler.boards import NoticeBoard, PriceBook, Wake, notice_wake
 from autoscaler.core.model import Notice
+from autoscaler.notices_and_prices import NoticeBoard, PriceBook, Wake, notice_wake
 
 Clock = Callable[[], datetime]
 # (instance type, zone) -> spot price per hour, for the given instance types at `now`

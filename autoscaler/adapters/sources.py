@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from autoscaler.adapters.cloud_sources import NamedSource, NodeIndex, Source
-from autoscaler.boards import NoticeBoard, PriceBook, Wake
 from autoscaler.config import Config
+from autoscaler.notices_and_prices import NoticeBoard, PriceBook, Wake
 
 T = TypeVar("T")
 

@@ -14,6 +14,7 @@ benchmarks/deadline_seeds.py runs it over the Bamboo traces and a family of adve
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -131,7 +132,7 @@ def gate(rows: list[Row]) -> list[Row]:
 
 def targets(rows: list[Row]) -> dict[str, Any]:
     """Issue 36's targets over `rows`, each with its figure and whether it is met."""
-    ratios = [r.cost_ratio for r in rows if r.cost_ratio is not None and r.up.met]
+    ratios = _ratios(rows)
     median = round(statistics.median(ratios), 4) if ratios else None
     above = sum(x > 1.0 for x in ratios)
     misses = sum(r.up.met and not r.ours.met for r in rows)
@@ -167,32 +168,39 @@ def targets(rows: list[Row]) -> dict[str, Any]:
 def aggregate(rows: list[Row]) -> dict[str, Any]:
     """Misses, cost ratios (where both finished), restarts, the targets and the per-trace gate
     over `rows`."""
-    ratios = [r.cost_ratio for r in rows if r.cost_ratio is not None and r.up.met]
     return {
         "runs": len(rows),
         "uniform_progress_met": sum(r.up.met for r in rows),
         "autoscaler_met": sum(r.ours.met for r in rows),
         "missed_where_uniform_progress_met": sum(r.up.met and not r.ours.met for r in rows),
-        "cost_ratio": None
-        if not ratios
-        else {
-            "min": min(ratios),
-            "median": round(statistics.median(ratios), 4),
-            "max": max(ratios),
-            "above_1": sum(x > 1.0 for x in ratios),
-        },
-        "restarts": {
-            "autoscaler": sum(r.ours.restarts for r in rows),
-            "uniform_progress": sum(r.up.restarts for r in rows),
-        },
-        "restarts_after_completion": {
-            "autoscaler": sum(r.ours.restarts_after for r in rows),
-            "uniform_progress": sum(r.up.restarts_after for r in rows),
-        },
-        "resets": {
-            "autoscaler": sum(r.ours.resets for r in rows),
-            "uniform_progress": sum(r.up.resets for r in rows),
-        },
+        "cost_ratio": _spread(_ratios(rows)),
+        "restarts": _per_policy(rows, lambda o: o.restarts),
+        "restarts_after_completion": _per_policy(rows, lambda o: o.restarts_after),
+        "resets": _per_policy(rows, lambda o: o.resets),
         "targets": targets(rows),
         "gate_broken_by": [f"{r.trace} @ {r.deadline_hours:g} h" for r in gate(rows)],
+    }
+
+
+def _ratios(rows: list[Row]) -> list[float]:
+    """Our cost over UP's on the traces where UP met its deadline and both got there."""
+    return [r.cost_ratio for r in rows if r.cost_ratio is not None and r.up.met]
+
+
+def _spread(ratios: list[float]) -> dict[str, Any] | None:
+    if not ratios:
+        return None
+    return {
+        "min": min(ratios),
+        "median": round(statistics.median(ratios), 4),
+        "max": max(ratios),
+        "above_1": sum(x > 1.0 for x in ratios),
+    }
+
+
+def _per_policy(rows: list[Row], count: Callable[[Outcome], int]) -> dict[str, int]:
+    """`count` summed over `rows`, for each of the two policies."""
+    return {
+        OURS: sum(count(r.ours) for r in rows),
+        UP: sum(count(r.up) for r in rows),
     }

@@ -201,7 +201,7 @@ def on_demand_need(job: Job, policy: Policy, fleet: Fleet, now: datetime) -> OnD
     end = due - deadline.margin
     pace = job.pace or Pace()
     p = _Pacing(job, job.progress, deadline, job.started_at, end, rules, cap, hi, fleet, now, pace)
-    return _trouble(p, anchor) or _deadline(p, _anchor_at_risk(p, anchor))
+    return _infeasible(p, anchor) or _deadline(p, _anchor_at_risk(p, anchor))
 
 
 def _anchor(rules: OnDemandRules, cap: int, fleet: Fleet, now: datetime) -> OnDemandNeed:
@@ -221,7 +221,7 @@ def _with_alert(need: OnDemandNeed, alert: Reason, detail: str) -> OnDemandNeed:
     return replace(need, message=f"{alert.info.message} ({detail})", alert=alert)
 
 
-def _trouble(p: _Pacing, anchor: OnDemandNeed) -> OnDemandNeed | None:
+def _infeasible(p: _Pacing, anchor: OnDemandNeed) -> OnDemandNeed | None:
     """Bad input, said with its shortfall: past the deadline, progress that never moves, or more
     work left than every allowed worker can do (even at the upper bound of their speed)."""
     every = p.every_worker(anchor.want)
@@ -254,7 +254,7 @@ def _deadline(p: _Pacing, anchor: OnDemandNeed) -> OnDemandNeed:
     if p.deadline.rule == "uniform_progress" or slack is None:
         line_want, line_keep = up_want, up_keep
     else:
-        line_want, line_keep = _fewer(p, anchor)
+        line_want, line_keep = _paced(p, anchor)
         # never hold more than uniform_progress would here: above ep(t + 2 d̂) its on-demand
         # leaves for idle spot that takes its place, paced's 80% pace must not keep it
         line_keep = min(line_keep, up_keep)
@@ -298,7 +298,7 @@ def _uniform(p: _Pacing, every: int, anchor: OnDemandNeed) -> tuple[int, int]:
     return want, p.every_worker(anchor.keep, spot=p.spot + p.fleet.spot_room)
 
 
-def _fewer(p: _Pacing, anchor: OnDemandNeed) -> tuple[int, int]:
+def _paced(p: _Pacing, anchor: OnDemandNeed) -> tuple[int, int]:
     """`paced` (want, keep): behind the line, the on-demand workers whose estimated speed next to
     the spot workers holds the line and closes the gap over _CATCH_UP changeovers; in the band
     up to ep(t + 2 d̂), what holds the line with a changeover's catch-up to spare (a worker just
@@ -381,44 +381,77 @@ def on_demand(
     fleet = Fleet.of(job, staying, nodes, noticed)
     need = on_demand_need(job, policy, fleet, now)
     assert need is not None
-    have = len(fleet.on_demand)
     tags = (need.alert,) if need.alert else ()
-    room = min(ceiling - len(staying), policy.scale_out.max_step or ceiling)
-    afford, budget = _affordable(job, policy, staying, nodes)
-    if have < need.want and room > 0 and afford <= 0:
-        message = f"{need.message}; on-demand held back: {budget}"
-        return Decision.noop(job, Reason.BUDGET, policy.name, tags=tags, message=message)
-    if have < need.want and room > 0:
-        count = min(need.want - have, room, afford)
-        return Decision.about(
-            job,
-            Action.SCALE_OUT,
-            need.reason,
-            policy.name,
-            to_workers=len(job.workers) + count,
-            count=count,
-            tags=tags,
-            message=f"{need.message}; past idle spot capacity: the node autoscaler provisions",
-            timeout=policy.scale_out.timeout,
-        )
-    lo, _ = policy.bounds(job)
-    surplus = min(have - need.keep, len(staying) - lo)
-    victims = _newest(job, fleet.on_demand, surplus) if job.scaler is None and job.running else ()
-    if victims:
-        return Decision.scale_in(
-            job,
-            need.release,
-            policy.name,
-            victims,
-            hosts=tuple(w.host for w in staying if w.pod in victims),
-            tags=tags,
-            message=f"{need.message}; remove on-demand {', '.join(victims)}",
-        )
+    changed = _add_on_demand(job, policy, need, fleet, staying, ceiling, nodes, tags)
+    if changed is None:
+        changed = _release_on_demand(job, policy, need, fleet, staying, tags)
+    if changed is not None:
+        return changed
     if need.alert is not None:
         return Decision.noop(
             job, need.alert, policy.name, tags=(growth.reason,), message=need.message
         )
     return replace(growth, message=f"{growth.message}; {need.message}")
+
+
+def _add_on_demand(
+    job: Job,
+    policy: Policy,
+    need: OnDemandNeed,
+    fleet: Fleet,
+    staying: list[Worker],
+    ceiling: int,
+    nodes: Mapping[str, GpuNode],
+    tags: tuple[Reason, ...],
+) -> Decision | None:
+    """A ScaleOut toward `need.want` on-demand workers, or a budget NoOp when the budget allows
+    none; None when no more are wanted or there is no room."""
+    have = len(fleet.on_demand)
+    room = min(ceiling - len(staying), policy.scale_out.max_step or ceiling)
+    if have >= need.want or room <= 0:
+        return None
+    afford, budget = _affordable(job, policy, staying, nodes)
+    if afford <= 0:
+        message = f"{need.message}; on-demand held back: {budget}"
+        return Decision.noop(job, Reason.BUDGET, policy.name, tags=tags, message=message)
+    count = min(need.want - have, room, afford)
+    return Decision.about(
+        job,
+        Action.SCALE_OUT,
+        need.reason,
+        policy.name,
+        to_workers=len(job.workers) + count,
+        count=count,
+        tags=tags,
+        message=f"{need.message}; past idle spot capacity: the node autoscaler provisions",
+        timeout=policy.scale_out.timeout,
+    )
+
+
+def _release_on_demand(
+    job: Job,
+    policy: Policy,
+    need: OnDemandNeed,
+    fleet: Fleet,
+    staying: list[Worker],
+    tags: tuple[Reason, ...],
+) -> Decision | None:
+    """A ScaleIn of the on-demand workers above `need.keep` (within the job's lower bound);
+    None when none can go."""
+    lo, _ = policy.bounds(job)
+    surplus = min(len(fleet.on_demand) - need.keep, len(staying) - lo)
+    victims = _newest(job, fleet.on_demand, surplus) if job.scaler is None and job.running else ()
+    if not victims:
+        return None
+    return Decision.scale_in(
+        job,
+        need.release,
+        policy.name,
+        victims,
+        hosts=tuple(w.host for w in staying if w.pod in victims),
+        tags=tags,
+        message=f"{need.message}; remove on-demand {', '.join(victims)}",
+    )
 
 
 def _affordable(

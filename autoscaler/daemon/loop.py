@@ -15,10 +15,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from autoscaler.backoff import Backoff
-from autoscaler.boards import WakeReason, may_be_notice
 from autoscaler.core import PolicySet
 from autoscaler.daemon.leader import Leadership
 from autoscaler.daemon.metrics import Metrics
+from autoscaler.notices_and_prices import WakeReason, may_be_notice
 from autoscaler.reconcile import Reconciler
 
 _SYNC_POLL = 0.2  # seconds between looks at the caches until they have synced

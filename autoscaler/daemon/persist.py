@@ -11,8 +11,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from autoscaler.boards import NoticeBoard
 from autoscaler.core import Notice
+from autoscaler.notices_and_prices import NoticeBoard
 
 Persist = Callable[[str, Notice], bool]  # (node, notice) -> written
 

@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from autoscaler.adapters.sources import SourceContext, build_sources
-from autoscaler.boards import NoticeBoard, PriceBook, Wake
 from autoscaler.config import Config
 from autoscaler.daemon.persist import PersistingBoard
 from autoscaler.daemon.service import Parts
 from autoscaler.fencing import Fence
+from autoscaler.notices_and_prices import NoticeBoard, PriceBook, Wake
 
 OnError = Callable[[str], None]  # counts a survived failure by component
 _WRITE_WORKERS = 8  # concurrent writes of different jobs in a pass, an action at a time

@@ -55,22 +55,30 @@ class Accounts:
     def advance(self, cluster: SimulatedCluster, now: datetime) -> None:
         hours = (now - self.at).total_seconds() / 3600
         if hours > 0:
-            # a pool node is paid whole while it exists (empty or not); elsewhere a pod pays
-            # for its GPUs (the trace's nodes stand for capacity the node autoscaler would hold
-            # only while pods use it)
-            for pooled in (n for n in cluster.nodes.values() if n.pooled):
-                self._bill(pooled, pooled.gpus, hours)
-            for pod in cluster.pods.values():
-                host = cluster.nodes.get(pod.node or "")
-                if host is None:
-                    continue
-                if not host.pooled:
-                    self._bill(host, pod.gpus, hours)
-                self.worker_hours += hours if pod.running else 0.0
+            self._charge(cluster, hours)
         self.at = now
         t = (now - EPOCH).total_seconds()
         if hours > 0 or not self.cost_over_time:
             self.cost_over_time.append((t, self.cost_usd))
+        self._count_workers(cluster, t)
+
+    def _charge(self, cluster: SimulatedCluster, hours: float) -> None:
+        """Bill `hours` of the cluster as it stands, and count its running workers' hours."""
+        # a pool node is paid whole while it exists (empty or not); elsewhere a pod pays
+        # for its GPUs (the trace's nodes stand for capacity the node autoscaler would hold
+        # only while pods use it)
+        for pooled in (n for n in cluster.nodes.values() if n.pooled):
+            self._bill(pooled, pooled.gpus, hours)
+        for pod in cluster.pods.values():
+            host = cluster.nodes.get(pod.node or "")
+            if host is None:
+                continue
+            if not host.pooled:
+                self._bill(host, pod.gpus, hours)
+            self.worker_hours += hours if pod.running else 0.0
+
+    def _count_workers(self, cluster: SimulatedCluster, t: float) -> None:
+        """Each job's running workers at `t`, recorded where the count changed."""
         for key in cluster.jobs:
             running = sum(1 for p in cluster.pods.values() if p.job == key and p.running)
             series = self.workers_over_time.setdefault(key, [])
@@ -167,18 +175,13 @@ def replay(
     settings = config.simulate
     rng = random.Random(seed)
     accounts = Accounts()
-    notices = NoticeStats()
+    world = _TraceWorld(config, cluster)
     end = horizon(trace, settings.tick, until)
-    events, notices.not_delivered = _schedule(
+    events, world.notices.not_delivered = _schedule(
         trace, settings.notice_lead_time, settings.tick, settings.notice_miss_probability, rng, end
     )
     for i in range(settings.on_demand_nodes):
         cluster.add_node(_node(config, f"on-demand-{i + 1}", spot=False))
-    nodes_max = 0
-    price_factor = 1.0  # on the spot price, from the trace's price lines
-    noticed_workers: dict[str, int] = {}  # noticed node -> running workers it had then
-    spot_nodes: list[tuple[float, int]] = [(0.0, 0)]
-    notices_at: list[float] = []
 
     while events:
         t = events[0][0]
@@ -193,45 +196,67 @@ def replay(
         react = False
         while events and events[0][0] == t:
             _, _, kind, node = heapq.heappop(events)
-            if kind == "add":
-                cluster.add_node(_node(config, node, spot=True, factor=price_factor))
-                nodes_max = max(nodes_max, len(cluster.nodes))
-                spot_nodes.append((t, spot_nodes[-1][1] + 1))
-            elif kind == "remove":
-                losses = cluster.remove_node(node, now)
-                _tally_removal(notices, losses, noticed_workers.pop(node, 0))
-                spot_nodes.append((t, spot_nodes[-1][1] - 1))
-            elif kind == "price":
-                price_factor = float(node)
-                priced = _node(config, "", spot=True, factor=price_factor).price_per_hour
-                for up in cluster.nodes.values():
-                    if up.capacity is CapacityType.SPOT:
-                        up.price_per_hour = priced
-            elif kind == "notice":
-                notices.posted += 1
-                notices_at.append(t)
-                noticed_workers[node] = sum(
-                    1 for p in cluster.pods.values() if p.node == node and p.running
-                )
-                cluster.post_notice(
-                    Notice(
-                        node,
-                        NoticeKind.INTERRUPTION,
-                        "simulator",
-                        f"sim-{node}-{t:.0f}",
-                        deadline=now + settings.notice_lead_time,
-                        received_at=now,
-                    )
-                )
-                react = True
-            elif kind == "tick":
-                react = True
+            react = world.happen(kind, node, t, now) or react
         if react:
             tick(now)
         if progress is not None:
             progress(t, end)
     accounts.advance(cluster, EPOCH + timedelta(seconds=end))
-    return Replay(accounts, notices, end, nodes_max, spot_nodes, notices_at)
+    return Replay(accounts, world.notices, end, world.nodes_max, world.spot_nodes, world.notices_at)
+
+
+@dataclass
+class _TraceWorld:
+    """What the trace's events do to the cluster during a replay, and what they leave to report."""
+
+    config: Config
+    cluster: SimulatedCluster
+    notices: NoticeStats = field(default_factory=NoticeStats)
+    nodes_max: int = 0
+    price_factor: float = 1.0  # on the spot price, from the trace's price lines
+    noticed_workers: dict[str, int] = field(default_factory=dict)  # noticed node -> running then
+    spot_nodes: list[tuple[float, int]] = field(default_factory=lambda: [(0.0, 0)])
+    notices_at: list[float] = field(default_factory=list)
+
+    def happen(self, kind: str, node: str, t: float, now: datetime) -> bool:
+        """Apply one scheduled event; True if the controller should react at this instant."""
+        if kind == "add":
+            self.cluster.add_node(_node(self.config, node, spot=True, factor=self.price_factor))
+            self.nodes_max = max(self.nodes_max, len(self.cluster.nodes))
+            self.spot_nodes.append((t, self.spot_nodes[-1][1] + 1))
+        elif kind == "remove":
+            losses = self.cluster.remove_node(node, now)
+            _tally_removal(self.notices, losses, self.noticed_workers.pop(node, 0))
+            self.spot_nodes.append((t, self.spot_nodes[-1][1] - 1))
+        elif kind == "price":
+            self._reprice(float(node))
+        elif kind == "notice":
+            self._post_notice(node, t, now)
+        return kind in ("notice", "tick")
+
+    def _reprice(self, factor: float) -> None:
+        self.price_factor = factor
+        priced = _node(self.config, "", spot=True, factor=factor).price_per_hour
+        for up in self.cluster.nodes.values():
+            if up.capacity is CapacityType.SPOT:
+                up.price_per_hour = priced
+
+    def _post_notice(self, node: str, t: float, now: datetime) -> None:
+        self.notices.posted += 1
+        self.notices_at.append(t)
+        self.noticed_workers[node] = sum(
+            1 for p in self.cluster.pods.values() if p.node == node and p.running
+        )
+        self.cluster.post_notice(
+            Notice(
+                node,
+                NoticeKind.INTERRUPTION,
+                "simulator",
+                f"sim-{node}-{t:.0f}",
+                deadline=now + self.config.simulate.notice_lead_time,
+                received_at=now,
+            )
+        )
 
 
 def horizon(trace: list[TraceEvent], tick: timedelta, until: float = 0.0) -> float:

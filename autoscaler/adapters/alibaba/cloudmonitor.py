@@ -19,8 +19,8 @@ from autoscaler.adapters.alibaba.interruptions import InterruptionReporter
 from autoscaler.adapters.cloud_sources import Clock, NodeIndex, utcnow
 from autoscaler.adapters.polling import run_every
 from autoscaler.adapters.sources import SourceContext
-from autoscaler.boards import NoticeBoard, Wake
 from autoscaler.config import Config
+from autoscaler.notices_and_prices import NoticeBoard, Wake
 
 EVENT_NAME = "Instance:PreemptibleInstanceInterruption"
 _PAGE = 100

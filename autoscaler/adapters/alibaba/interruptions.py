@@ -10,8 +10,8 @@ from datetime import datetime, timedelta
 import structlog
 
 from autoscaler.adapters.cloud_sources import NodeIndex, post_notice
-from autoscaler.boards import NoticeBoard, Wake
 from autoscaler.core.model import Notice, NoticeKind
+from autoscaler.notices_and_prices import NoticeBoard, Wake
 
 SOURCE = "alibaba"
 RECLAIM_LEAD_TIME = timedelta(minutes=5)  # a reclaimed spot instance is released ~5 min later

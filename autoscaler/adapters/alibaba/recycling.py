@@ -16,8 +16,8 @@ from autoscaler.adapters.alibaba.nodes import EcsNodes
 from autoscaler.adapters.cloud_sources import Clock, utcnow
 from autoscaler.adapters.polling import run_every
 from autoscaler.adapters.sources import SourceContext
-from autoscaler.boards import NoticeBoard, Wake
 from autoscaler.config import Config
+from autoscaler.notices_and_prices import NoticeBoard, Wake
 
 _PAGE = 100  # DescribeInstances' MaxResults ceiling
 _MAX_PAGES = 1000  # a token that never ends is a server bug, not a reason to loop forever

@@ -21,8 +21,8 @@ from autoscaler.adapters.alibaba.cloudmonitor import BadEvent, parse_event
 from autoscaler.adapters.alibaba.interruptions import InterruptionReporter
 from autoscaler.adapters.cloud_sources import Clock, NodeIndex, utcnow
 from autoscaler.adapters.sources import SourceContext
-from autoscaler.boards import NoticeBoard, Wake
 from autoscaler.config import Config
+from autoscaler.notices_and_prices import NoticeBoard, Wake
 
 _MAX_BODY = 64 * 1024  # an event is a few hundred bytes
 

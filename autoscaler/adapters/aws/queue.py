@@ -21,9 +21,9 @@ from autoscaler.adapters.aws.nodes import Ec2Nodes
 from autoscaler.adapters.cloud_sources import Clock, NodeIndex, post_notice, utcnow
 from autoscaler.adapters.polling import describe_error, run_every
 from autoscaler.adapters.sources import SourceContext
-from autoscaler.boards import NoticeBoard, Wake
 from autoscaler.config import Config
 from autoscaler.core.model import Notice, NoticeKind
+from autoscaler.notices_and_prices import NoticeBoard, Wake
 
 SOURCE = "aws-sqs"
 # How long the newest event per (instance, kind) is remembered after we saw it, to spot

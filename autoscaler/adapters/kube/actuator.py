@@ -18,7 +18,7 @@ from autoscaler.adapters.kube.annotations import notice_patch, update_drained
 from autoscaler.adapters.kube.cache import KubeCache
 from autoscaler.adapters.kube.confirm import BoardNotices, ServerCheck, narrowed
 from autoscaler.adapters.kube.events import EventRecorder
-from autoscaler.adapters.kube.guard import EvictionGuard
+from autoscaler.adapters.kube.eviction_guard import EvictionGuard
 from autoscaler.adapters.kube.kinds import KINDS, kind_of
 from autoscaler.adapters.kube.kinds.base import JobKind, KindActuator
 from autoscaler.adapters.kube.objects import ObjectApi
@@ -74,7 +74,7 @@ class KubeActuator:
 
     def keep(self, jobs: list[Job], now: datetime, writes: int, shield: Shield) -> bool:
         """Warning Events for objects the observer rejected; one PodDisruptionBudget per managed
-        job of a kind that guards its workers (guard.py), none for others; Karpenter's
+        job of a kind that guards its workers (eviction_guard.py), none for others; Karpenter's
         do-not-disrupt on the `shield`'s pods and no others (shield.py); at most `writes`
         writes of each, True when none were left over."""
         for obj, message in self._rejections.untold() if self._rejections else ():

@@ -2,8 +2,8 @@
 
 Nodes and pods are watched cluster-wide (idle GPUs depend on every pod on a node); jobs and
 scalers only in the configured namespaces, jobs also by label selector. Every selector is applied
-again client-side. Objects are trimmed as they come in to the fields the adapter reads (lean.py).
-Relevant changes call `wake(reason)` once the cache is synced.
+again client-side. Objects are trimmed as they come in to the fields the adapter reads
+(kept_fields.py). Relevant changes call `wake(reason)` once the cache is synced.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from functools import partial
 import structlog
 from kubernetes import client
 
-from autoscaler.adapters.kube.lean import trimmer
+from autoscaler.adapters.kube.kept_fields import trimmer
 from autoscaler.adapters.kube.nodes import INSTANCE_TYPE_LABELS, first_label, instance_id, node_gpus
 from autoscaler.adapters.kube.pods import NOT_TERMINATED_SELECTOR, TERMINATED_PHASES
 from autoscaler.adapters.kube.reflector import Changes, KeyTracker, Reflector
@@ -33,10 +33,10 @@ from autoscaler.adapters.kube.resources import (
 )
 from autoscaler.adapters.kube.served import is_served
 from autoscaler.adapters.kube.view import Watchlist
-from autoscaler.adapters.kube.wakes import signature
-from autoscaler.boards import NoticeWake, Wake
+from autoscaler.adapters.kube.wake_signatures import signature
 from autoscaler.config.kubernetes import KubernetesSettings
 from autoscaler.config.selectors import LabelMatcher, label_matcher
+from autoscaler.notices_and_prices import NoticeWake, Wake
 
 log = structlog.get_logger()
 
@@ -259,7 +259,7 @@ class KubeCache:
 
 
 def _ingester(resource: Resource) -> Callable[[Obj], Obj]:
-    """What the cache holds of each object: trimmed (lean.py), and with its kind (typed lists
+    """What the cache holds of each object: trimmed (kept_fields.py), and with its kind (typed lists
     omit it on items)."""
     trim = trimmer(resource)
 

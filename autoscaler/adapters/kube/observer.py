@@ -27,11 +27,11 @@ from autoscaler.adapters.kube.nodetable import NodeTable, NodeView
 from autoscaler.adapters.kube.podindex import PodIndex
 from autoscaler.adapters.kube.rejects import Rejections
 from autoscaler.adapters.kube.resources import NODES, PODS, Obj, Resource, key_of
-from autoscaler.boards import NoticeBoard, PriceBook
 from autoscaler.config import Prices
 from autoscaler.config.kubernetes import KubernetesSettings
 from autoscaler.core.model import CapacityType, Job, Notice, Scaler, Snapshot
 from autoscaler.core.progress_rates import ProgressRates
+from autoscaler.notices_and_prices import NoticeBoard, PriceBook
 
 log = structlog.get_logger()
 T = TypeVar("T")

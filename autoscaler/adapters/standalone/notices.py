@@ -18,8 +18,8 @@ from datetime import UTC, datetime, timedelta
 import structlog
 
 from autoscaler.adapters.discovery.hostlines import valid_host
-from autoscaler.boards import Wake, notice_wake
 from autoscaler.core.model import Notice, NoticeKind
+from autoscaler.notices_and_prices import Wake, notice_wake
 from autoscaler.times import parse_utc
 
 SOURCE = "notice-dir"

@@ -11,9 +11,9 @@ from datetime import datetime
 
 from autoscaler.adapters.standalone.notices import NoticeDirectory
 from autoscaler.adapters.standalone.workers import job_of, owned_file, workers_of
-from autoscaler.boards import NoticeBoard, Wake
 from autoscaler.config.discovery import StandaloneSettings
 from autoscaler.core.model import GpuNode, Job, Snapshot
+from autoscaler.notices_and_prices import NoticeBoard, Wake
 
 
 class StandaloneObserver:

@@ -143,8 +143,8 @@ class JobKind:
     deletes_victims: bool = False
     # why a job cannot be scaled as it is ("" when it can): the core leaves it alone and says so
     unscalable: Callable[[Obj], str] = _scalable
-    # job name -> the labels of its worker pods, for a PodDisruptionBudget over them (guard.py);
-    # None: evictions are not held for this kind
+    # job name -> the labels of its worker pods, for a PodDisruptionBudget over them
+    # (eviction_guard.py); None: evictions are not held for this kind
     guard_labels: Callable[[str], dict[str, str]] | None = None
     docs: str = field(default="", compare=False)  # one line for docs/kubernetes.md
 

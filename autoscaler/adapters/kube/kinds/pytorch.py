@@ -110,7 +110,7 @@ class PyTorchJobActuator(ReplicasActuator):
         return True  # any worker, by name (scale_in)
 
     def _delete(self, namespace: str, name: str, created: object) -> None:
-        """Delete the very pod decided on: the watch cache keeps no uid (lean.py), so the
+        """Delete the very pod decided on: the watch cache keeps no uid (kept_fields.py), so the
         server's copy gives it, and one created at another time is the operator's new pod
         under the old name (the replacement), left alone; the uid precondition holds the rest."""
         try:

@@ -4,7 +4,7 @@ A pod as the API returns it is ~20 KB of Python objects once decoded (`managedFi
 volumes, images, tolerations, every string its own copy); at 50,000 pods that is a gigabyte. Like
 client-go's informer transforms, the cache projects every object once, as it comes in (list,
 watch or our own writes), onto the shapes below. A reader of a field not listed here would see
-it missing: add it here (tests/test_kube_lean.py checks that every reader sees the same).
+it missing: add it here (tests/test_kube_kept_fields.py checks that every reader sees the same).
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ NODE_SHAPE: Shape = {
         "annotations": {NOTICE_ANNOTATION: KEEP},  # the only one read
     },
     "spec": {"providerID": KEEP, "unschedulable": KEEP, "taints": KEEP},
-    # every condition: wakes.py's signature lists them all
+    # every condition: wake_signatures.py's signature lists them all
     "status": {"allocatable": Shared(KEEP), "conditions": [_CONDITION]},
 }
 

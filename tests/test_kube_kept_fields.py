@@ -1,5 +1,5 @@
-"""The cache keeps only what the adapter reads (lean.py): whatever is read from a trimmed object
-equals what the whole object, as the API returns it, says."""
+"""The cache keeps only what the adapter reads (kept_fields.py): whatever is read from a trimmed
+object equals what the whole object, as the API returns it, says."""
 
 from __future__ import annotations
 
@@ -23,10 +23,10 @@ from support.waiting import wait_for
 
 from autoscaler.adapters.kube import KubeCache, KubeObserver
 from autoscaler.adapters.kube import cache as cache_module
+from autoscaler.adapters.kube.kept_fields import NODE_SHAPE, _Interner, project, trimmer
 from autoscaler.adapters.kube.kinds import WATCHLIST
 from autoscaler.adapters.kube.kinds.cce import AI_TRAINING_JOBS
 from autoscaler.adapters.kube.kinds.et_operator import SCALE_INS, SCALE_OUTS, TRAINING_JOBS
-from autoscaler.adapters.kube.lean import NODE_SHAPE, _Interner, project, trimmer
 from autoscaler.adapters.kube.nodes import instance_id, node_facts
 from autoscaler.adapters.kube.podindex import _recognise
 from autoscaler.adapters.kube.pods import pod_facts
@@ -37,12 +37,12 @@ from autoscaler.adapters.kube.resources import (
     Resource,
     key_of,
 )
-from autoscaler.adapters.kube.wakes import signature
+from autoscaler.adapters.kube.wake_signatures import signature
 from autoscaler.annotations import NOTICE_ANNOTATION, encode_notice
-from autoscaler.boards import NoticeBoard, PriceBook
 from autoscaler.config import Prices
 from autoscaler.config.kubernetes import KubernetesSettings
 from autoscaler.core import Notice, NoticeKind, Snapshot
+from autoscaler.notices_and_prices import NoticeBoard, PriceBook
 
 SETTINGS = KubernetesSettings()
 NOW = datetime(2026, 3, 2, 12, tzinfo=UTC)
@@ -462,7 +462,7 @@ def test_the_cache_holds_trimmed_copies_and_leaves_the_callers_object_alone() ->
 
 
 def test_workers_of_one_template_share_their_containers_and_owner() -> None:
-    """Shared parts are one object for all pods holding them equal (lean.Shared); container
+    """Shared parts are one object for all pods holding them equal (kept_fields.Shared); container
     statuses go when a Ready condition says since when the pod runs, and stay when not."""
     trim = trimmer(PODS)
     a, b = (trim(full_pod(f"bert-worker-{i}", "gpu-a", owner=et_owner("bert"))) for i in (1, 2))
@@ -489,7 +489,8 @@ def test_shared_values_nobody_holds_are_dropped_when_the_table_has_doubled() -> 
 
 def test_projection_keeps_absent_keys_absent_and_odd_types_whole() -> None:
     node = full_node("n")
-    node["status"]["conditions"] = None  # wakes.py reads `.get("conditions", [])`: None stays
+    # wake_signatures.py reads `.get("conditions", [])`: None stays
+    node["status"]["conditions"] = None
     del node["spec"]["taints"]
     lean = project(node, NODE_SHAPE)
     assert lean["status"]["conditions"] is None and "taints" not in lean["spec"]
