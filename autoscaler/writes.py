@@ -148,10 +148,7 @@ class Writes:
         """Growth, undrains and alerts, an action at a time, a batch of different jobs at once:
         hundreds of undrains after a wave of ScaleIns must not hold a waiting notice for more
         than one batch's round trip. False when it stopped for a waiting notice."""
-        rest = [d for d in to_apply if d.action not in _ANSWERS_NOTICES]
-        if self._growth is not None:  # not waited for; the job's other writes wait for it
-            self._submit(self._growth, [d for d in rest if d.action is Action.SCALE_OUT], now)
-            rest = self.not_writing([d for d in rest if d.action is not Action.SCALE_OUT])
+        rest = self._hand_off_growth([d for d in to_apply if d.action not in _ANSWERS_NOTICES], now)
         batches = 0
         for action in sorted({d.action for d in rest}, key=_APPLY_ORDER.__getitem__):
             of_action = [d for d in rest if d.action is action]
@@ -161,6 +158,14 @@ class Writes:
                 done += self._apply_at_once(of_action[start : start + self._batch], now)
                 batches += 1
         return True
+
+    def _hand_off_growth(self, rest: list[Decision], now: datetime) -> list[Decision]:
+        """The ScaleOuts to their own threads, not waited for; what is left to write now (the
+        other writes of a job whose ScaleOut is going out wait for it: the next pass)."""
+        if self._growth is None:
+            return rest
+        self._submit(self._growth, [d for d in rest if d.action is Action.SCALE_OUT], now)
+        return self.not_writing([d for d in rest if d.action is not Action.SCALE_OUT])
 
     # --- writes behind: the fast path's ScaleIns, a pass's growth --------------------------------
     def not_writing(self, decisions: list[Decision]) -> list[Decision]:

@@ -86,16 +86,23 @@ def _tidy(node: Any, definitions: dict[str, Any]) -> Any:
         _duration_bounds(out)
     if out.get("format") == "path":  # pydantic's own word: helm's validator knows no such format
         del out["format"]
-    branches = out.get("anyOf", [])
-    if {"type": "null"} in branches and len(branches) == 2:
-        [other] = [b for b in branches if b != {"type": "null"}]
-        if "type" in other:
-            del out["anyOf"]
-            kinds = other["type"] if isinstance(other["type"], list) else [other["type"]]
-            out |= other | {"type": [*kinds, "null"]}
-            if "enum" in other:
-                out["enum"] = [*other["enum"], None]
+    _merge_optional(out)
     return out
+
+
+def _merge_optional(schema: dict[str, Any]) -> None:
+    """pydantic's `anyOf: [X, null]` as X with `null` among its types (and its enum)."""
+    branches = schema.get("anyOf", [])
+    if {"type": "null"} not in branches or len(branches) != 2:
+        return
+    [other] = [b for b in branches if b != {"type": "null"}]
+    if "type" not in other:
+        return
+    del schema["anyOf"]
+    kinds = other["type"] if isinstance(other["type"], list) else [other["type"]]
+    schema |= other | {"type": [*kinds, "null"]}
+    if "enum" in other:
+        schema["enum"] = [*other["enum"], None]
 
 
 def _duration_bounds(schema: dict[str, Any]) -> None:
