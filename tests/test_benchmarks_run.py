@@ -46,6 +46,12 @@ def test_cloud_notices_runs() -> None:
     assert [line.split(":")[0] for line in result.stdout.splitlines()] == ["gce", "azure"]
 
 
+def test_discovery_script_runs() -> None:
+    result = run("discovery_script.py", "--runs", "2", "--repeat", "1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "ms a run" in result.stdout
+
+
 @pytest.mark.real_cluster
 def test_reaction_runs_on_a_real_control_plane(tmp_path: Path) -> None:
     """reaction.py --cluster real at a tiny size, two runs on one cluster: kwok nodes, workers
