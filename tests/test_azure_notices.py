@@ -255,7 +255,7 @@ def test_a_server_that_hangs_times_out_after_the_first_answer(imds: FakeImds) ->
     assert time.monotonic() - started < 5
 
 
-def test_the_loop_reports_a_preempt_within_its_one_second_poll(
+def test_the_loop_reports_a_preempt_within_its_poll(
     imds: FakeImds, cluster: tuple[KubeApiServer, ApiClient]
 ) -> None:
     api, client = cluster
@@ -267,7 +267,9 @@ def test_the_loop_reports_a_preempt_within_its_one_second_poll(
 
     delay = seconds_to_annotation(agent, api, lambda: agent.counts["polls"] >= 3, preempt)
     assert agent.counts["metadata_errors"] == 1
-    assert delay <= 1.2, delay  # the 1 s poll, plus one request and one patch
+    # the 0.5 s poll, plus one request and one patch (room for a loaded machine: a benchmark
+    # gives the figures, benchmarks/cloud_notices.py)
+    assert delay <= 1.2, delay
 
 
 def test_the_aks_spot_taint_is_not_a_notice() -> None:
