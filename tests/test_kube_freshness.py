@@ -477,6 +477,7 @@ def test_a_clamps_worker_in_a_notices_drain_needs_no_notice(kube: Kube) -> None:
     assert snap.stale == frozenset() and cache.current(NODES, "a")
     [drain] = [d for d in decide(snap, kube.config.policy_set, now()) if d.action is Action.DRAIN]
     assert drain.nodes == ("a", "b") and len(drain.pods) == 2
+    assert drain.for_notice == ("bert-worker-0",)  # the clamp's worker leaves for no notice
     kube.server.clear_requests()
     kube.actuator(cache).apply(drain, now())
     assert sorted(json.loads(drained(kube))) == sorted(drain.hosts)
@@ -496,3 +497,25 @@ def test_a_clamps_drain_counts_the_job_on_the_server(kube: Kube) -> None:
     kube.server.delete("Pod", "bert-worker-0", NS)  # the server is at max now
     kube.actuator(cache).apply(drain, now())
     assert drained(kube) == ""
+
+
+@BOTH
+def test_a_notice_withdrawn_after_the_decision_removes_and_drains_nobody(kube: Kube) -> None:
+    """The chaos finding (long run, seed 8): a ScaleIn decided for a notice, checked again after
+    a 429 when the view had seen the notice withdrawn. Its victims then passed for a clamp's, and
+    the places the decision counted as leaving for the notice for room above its target: two
+    healthy workers removed. Victims the decision named for a notice go only with that notice
+    on the server, whatever the view says by then; drains too."""
+    kube.server.seed(node("a", taints=[NTH_ITN]), node("b"), *bert("a", "a", "b"))
+    cache = kube.cache()
+    snap = kube.observer(cache).snapshot(now())
+    decided = {d.action: d for d in decide(snap, kube.config.policy_set, now())}
+    drain, scale_in = decided[Action.DRAIN], decided[Action.SCALE_IN]
+    assert scale_in.for_notice == scale_in.pods == ("bert-worker-0", "bert-worker-1")
+    assert drain.for_notice == drain.pods
+    kube.server.patch("Node", "a", {"spec": {"taints": []}})  # withdrawn
+    wait_for(lambda: not kube.observer(cache).snapshot(now()).notices, 5, "the withdrawal")
+    actuator = kube.actuator(cache)
+    actuator.apply(drain, now())
+    actuator.apply(scale_in, now())
+    assert kube.objects("ScaleIn") == [] and drained(kube) == ""

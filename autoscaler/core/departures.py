@@ -46,6 +46,7 @@ class _Leaving:
     kept: Worker | None
     reason: Reason | None  # the most urgent reason among them; None when nobody leaves
     tags: tuple[Reason, ...]
+    for_notice: frozenset[str] = frozenset()  # the pods among them leaving for their node's notice
 
 
 def plan_departures(
@@ -105,7 +106,8 @@ def _who_leaves(
     leaving = tuple(w for w in job.workers if w.pod in why)
     if len(job.workers) - len(leaving) - (kept is not None) < lo and (leaving or kept):
         tags.append(Reason.BELOW_MIN)
-    return _Leaving(leaving, kept, reason, tuple(tags))
+    for_notice = frozenset(p for p, r in why.items() if r is not Reason.CLAMP_MAX)
+    return _Leaving(leaving, kept, reason, tuple(tags), for_notice)
 
 
 def _kept_noop(job: Job, policy: Policy, leaving: _Leaving) -> Decision:
@@ -147,6 +149,7 @@ def _drain(
         hosts=hosts,
         nodes=_nodes_of(leaving.workers),
         tags=leaving.tags,
+        for_notice=tuple(w.pod for w in draining if w.pod in leaving.for_notice),
         message=f"hide {len(hosts)} host(s) from discovery before the pods go",
         deadline=deadline,
     )
@@ -195,6 +198,7 @@ def _scale_in_or_wait(
             hosts=hosts,
             nodes=nodes,
             tags=leaving.tags,
+            for_notice=tuple(p for p in victims if p in leaving.for_notice),
             message=f"remove exactly {', '.join(victims)}",
             deadline=deadline,
         )

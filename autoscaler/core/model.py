@@ -310,6 +310,10 @@ class Decision:
     # noticed nodes of departing workers, or where each new worker fits (a node once per worker)
     nodes: tuple[str, ...] = ()
     tags: tuple[Reason, ...] = ()  # secondary reasons, e.g. below_min on a preemption scale-in
+    # drain / scale_in: those of `pods` that leave for a notice on their node (the others are a
+    # clamp's to max): the server check wants that notice still there, even once the view has
+    # seen it withdrawn (then they stay; their places do not become a clamp's room)
+    for_notice: tuple[str, ...] = ()
     message: str = ""
     # scale_out: how long the new workers may take to run before the operator rolls them back
     timeout: timedelta | None = None

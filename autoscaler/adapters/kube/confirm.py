@@ -76,8 +76,11 @@ class ServerCheck:
         since = time.monotonic()
         pods, live = self._workers(job, kind, decision.pods, now)
         alive = {p: _node_of(pods[p]) for p in decision.pods if p in pods and _alive(pods[p])}
-        # the victims the decision named for a notice (the view's), and those it still has
-        meant = {p for p, n in alive.items() if n and self._noticed_in_view(n, now)}
+        # the victims named for a notice: by the decision (its view's), or the view's now; a
+        # notice withdrawn since does not make its victim a clamp's (the decision's target
+        # counted it as leaving: its place is no room above the target)
+        named = set(decision.for_notice)
+        meant = {p for p, n in alive.items() if p in named or (n and self._noticed_in_view(n, now))}
         if meant:  # what can change under a notice victim is its notice
             since = time.monotonic()
         noticed = self._noticed({alive[p] for p in meant}, now)
@@ -109,10 +112,11 @@ class ServerCheck:
         notice, only a job the server has above the decision's target (one list of its
         workers), as a ScaleIn's does: a view behind the server, still holding pods deleted
         since, would drain healthy workers."""
-        keep, ask, clamp = self._sort_nodes(decision, now, view)
-        keep |= self._noticed(ask, now) if ask else set()
         meta = job["metadata"]
         node_of = {p: self.node_of(meta["namespace"], p) for p in decision.pods}
+        named = {node_of[p] for p in decision.for_notice if p in node_of}
+        keep, ask, clamp = self._sort_nodes(decision, now, view, named)
+        keep |= self._noticed(ask, now) if ask else set()
         pods = [p for p in decision.pods if node_of[p] in keep]
         clamped = [p for p in decision.pods if node_of[p] in clamp]
         if clamped:
@@ -131,20 +135,22 @@ class ServerCheck:
         return narrowed(decision, kept)
 
     def _sort_nodes(
-        self, decision: Decision, now: datetime, view: Freshness
+        self, decision: Decision, now: datetime, view: Freshness, named: set[str]
     ) -> tuple[set[str], set[str], set[str]]:
         """The drain's nodes: those whose notice holds as the view has it, those whose notice
-        the server must confirm, and those of a clamp's workers (no notice needed)."""
+        the server must confirm, and those of a clamp's workers (no notice needed). A node the
+        decision named for a notice is never a clamp's."""
         strict = Reason.STALE_VIEW in decision.tags
         board = self._board_nodes(now)
         keep, ask, clamp = set(), set(), set()
         for node in decision.nodes:
             noticed, current = self._noticed_in_cache(node), view.current(NODES, node)
+            needs_notice = strict or node in named  # a current copy without one lost it
             if node in board or (noticed and current):
                 keep.add(node)
-            elif noticed or (strict and not current):
+            elif noticed or (needs_notice and not current):
                 ask.add(node)
-            elif not strict:
+            elif not needs_notice:
                 clamp.add(node)
         return keep, ask, clamp
 
