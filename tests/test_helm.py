@@ -5,7 +5,12 @@
   by the daemon's `check-config`;
 - bad values (an unknown key, a wrong type, a bad value in a policy: values.schema.json, its
   `config` generated from the config model; a rule across keys: the templates) fail naming the
-  key, and on the real plane leave nothing installed; what only check-config catches is shown;
+  key, and on the real plane leave nothing installed;
+- the pre-install/pre-upgrade hook (templates/check-config-hook.yaml): it carries the release's
+  config byte for byte, and its command (the daemon's `check-config`, run here as its pod would)
+  rejects what the schema and the templates cannot check, naming the key; on the real plane a
+  rejecting hook fails `helm install` before any release object exists (the test plays the
+  hook pod's kubelet: kwok runs no containers);
 - on the real control plane (support/real_cluster.py): `helm install`, then the real daemon
   (`spot-autoscaler run`) with the token of the chart's ServiceAccount and the config of the
   chart's ConfigMap, projected into a directory as the kubelet does a ConfigMap volume (there is
@@ -18,7 +23,10 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
@@ -71,6 +79,7 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
         "jobKinds": KINDS_OFF,
         "flowSchema": {"enabled": False},
         "podDisruptionBudget": {"enabled": False},
+        "checkConfigHook": {"enabled": False},
         "config": {"daemon": {"leader_election": {"enabled": False}}},
     },
     "another release name": {"fullnameOverride": "sa", "nodeAgent": {"enabled": True}},
@@ -144,7 +153,9 @@ def test_switches_add_and_remove_their_objects(helm: Helm) -> None:
     base = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment"}
     base |= {"Service"}
     assert kinds(OPTION_SETS["everything off"]) == base
-    assert kinds({}) == base | {"Role", "RoleBinding", "Lease", "FlowSchema", "PodDisruptionBudget"}
+    assert kinds({}) == base | {
+        *{"Role", "RoleBinding", "Lease", "FlowSchema", "PodDisruptionBudget", "Job"}
+    }
     assert kinds({"monitoring": {"enabled": True}}) - kinds({}) == {
         "ServiceMonitor",
         "PrometheusRule",
@@ -157,12 +168,17 @@ def test_switches_add_and_remove_their_objects(helm: Helm) -> None:
 def test_everything_on_reaches_the_pods_and_the_service_account(helm: Helm) -> None:
     values = OPTION_SETS["everything on"]
     objects = helm.template(values)
-    for kind in ("Deployment", "DaemonSet"):
+    for kind in ("Deployment", "DaemonSet", "Job"):
         pod = one(objects, kind)["spec"]["template"]
         assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}], kind
         [container] = pod["spec"]["containers"]
         assert container["image"] == "registry.example/spot-autoscaler:9.9.9", kind
         assert pod["metadata"]["labels"]["team"] == "ml", kind
+    hook = one(objects, "Job")["spec"]["template"]["spec"]
+    assert (hook["nodeSelector"], hook["tolerations"]) == (
+        {"pool": "system"},
+        values["tolerations"],
+    )
     pod = one(objects, "Deployment")["spec"]["template"]
     assert pod["metadata"]["labels"]["tier"] == "control"
     assert pod["metadata"]["annotations"] == {"note": "x"}
@@ -312,12 +328,64 @@ def test_bad_values_fail_to_render_naming_the_key(helm: Helm, case: str) -> None
     assert named in helm.render_error(values)
 
 
-ONLY_CHECK_CONFIG: dict[
+HOOK = "-config-check"  # the hook ConfigMap's and Job's name: the full name, then this
+HOOK_WEIGHTS = {"ConfigMap": "-10", "Job": "-5"}  # the config exists before the Job runs
+SPOT_AUTOSCALER = Path(sys.executable).parent / "spot-autoscaler"  # the image's ENTRYPOINT
+
+
+def run_hook(pod: Obj, config_map: Obj, volume: Path) -> subprocess.CompletedProcess[str]:
+    """The hook pod's one container as its kubelet would run it, here: its config map's data
+    written into `volume` (its mount path), then the image's entrypoint with its args."""
+    [container] = pod["containers"]
+    [mount] = container["volumeMounts"]
+    for key, text in config_map["data"].items():
+        (volume / key).write_text(text)
+    args = [a.replace(mount["mountPath"], str(volume)) for a in container["args"]]
+    return subprocess.run([str(SPOT_AUTOSCALER), *args], capture_output=True, text=True, timeout=60)
+
+
+def test_the_hook_runs_check_config_on_the_releases_config_before_install_and_upgrade(
+    helm: Helm, tmp_path: Path
+) -> None:
+    objects = helm.template(OPTION_SETS["everything on"])
+    release_config = one(objects, "ConfigMap", "-config")["data"]["config.yaml"]
+    for kind, weight in HOOK_WEIGHTS.items():
+        hook = one(objects, kind, HOOK)
+        assert (
+            hook["metadata"]["annotations"].items()
+            >= {
+                "helm.sh/hook": "pre-install,pre-upgrade",
+                "helm.sh/hook-weight": weight,
+                "helm.sh/hook-delete-policy": "before-hook-creation,hook-succeeded",
+            }.items()
+        ), kind
+    assert one(objects, "ConfigMap", HOOK)["data"]["config.yaml"] == release_config  # bytes
+    job = one(objects, "Job", HOOK)
+    assert job["metadata"]["annotations"]["helm.sh/hook-output-log-policy"] == "hook-failed"
+    assert job["spec"]["backoffLimit"] == 0 and job["spec"]["activeDeadlineSeconds"] == 180
+    pod = job["spec"]["template"]["spec"]
+    daemon_pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"] == daemon_pod["securityContext"]
+    [container], [daemon_container] = pod["containers"], daemon_pod["containers"]
+    assert container["securityContext"] == daemon_container["securityContext"]
+    assert container["image"] == daemon_container["image"]
+    assert pod["volumes"] == [{"name": "config", "configMap": {"name": f"spot-autoscaler{HOOK}"}}]
+    assert "serviceAccountName" not in pod  # the release's is not made yet at pre-install
+    report = run_hook(pod, one(objects, "ConfigMap", HOOK), tmp_path)
+    assert report.returncode == 0 and ": OK (2 policies" in report.stdout, report
+    assert "Job" not in {o["kind"] for o in helm.template({"checkConfigHook": {"enabled": False}})}
+
+
+CAUGHT_BY_THE_HOOK: dict[
     str, tuple[Obj, str]
-] = {  # values the schema and the templates take -> what check-config names
+] = {  # values the schema and the templates take -> what the hook's check-config names
     "a rule between two durations": (
         policy_values({"scale_out": {"timeout": "20m"}}),
         "scalers.max_age (0:15:00) must exceed scale_out.timeout",
+    ),
+    "the leader election's timing order": (
+        {"config": {"daemon": {"leader_election": {"lease_duration": "5s"}}}},
+        "daemon.leader_election: need lease_duration > renew_deadline > retry_period",
     ),
     "a day no month of the window has": (
         policy_values({"windows": [{**WINDOW, "schedule": "0 0 31 2 *"}]}),
@@ -327,19 +395,29 @@ ONLY_CHECK_CONFIG: dict[
         {"config": {"daemon": {"tick_interval": "0s"}}},
         "daemon.tick_interval: Input should be greater than",
     ),
+    "a label selector's syntax": (
+        {"config": {"kubernetes": {"label_selector": "a=b=c"}}},
+        "kubernetes.label_selector: not a label selector term",
+    ),
+    "a cross-key rule of the alibaba section": (
+        {"config": {"alibaba": {"webhook": {"path": "cloudmonitor"}}}},
+        "alibaba.webhook.path: must start with /",
+    ),
 }
 
 
-@pytest.mark.parametrize("case", ONLY_CHECK_CONFIG)
-def test_what_only_check_config_catches_renders_and_check_config_names_it(
-    helm: Helm, case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("case", CAUGHT_BY_THE_HOOK)
+def test_what_only_check_config_catches_renders_and_the_hook_rejects_naming_the_key(
+    helm: Helm, case: str, tmp_path: Path
 ) -> None:
-    """What neither JSON Schema nor the templates can check (the chart's README): such a config
-    renders, and check-config (and the daemon, which keeps its previous config) rejects it
-    naming the key."""
-    values, named = ONLY_CHECK_CONFIG[case]
-    report = check_config(config_of(helm.template(values)), tmp_path, capsys)
-    assert named in report, report
+    """What neither JSON Schema nor the templates can check (the chart's README) renders; the
+    hook's command on the hook's config exits non-zero naming the key (the daemon, too, would
+    refuse it: at start, or keeping its previous config on a reload)."""
+    values, named = CAUGHT_BY_THE_HOOK[case]
+    objects = helm.template(values)
+    pod = one(objects, "Job", HOOK)["spec"]["template"]["spec"]
+    report = run_hook(pod, one(objects, "ConfigMap", HOOK), tmp_path)
+    assert report.returncode == 2 and named in report.stderr, report
 
 
 def test_the_schema_knows_the_config_keys_the_daemon_knows() -> None:
@@ -393,6 +471,9 @@ def plane_values(port: int, *more_policies: Obj) -> Obj:
     }
     return {
         "monitoring": {"enabled": True},
+        # kwok runs no containers: the hook's Job would never finish (the test of the hook plays
+        # its kubelet, test_a_config_the_hook_rejects_fails_the_install_and_leaves_no_object)
+        "checkConfigHook": {"enabled": False},
         "config": {
             "kubernetes": {"namespaces": [JOBS], "discovery_interval": "1s"},
             "policies": [quick, {"name": "preemption-only"}, *more_policies],
@@ -467,7 +548,7 @@ class Released:
 CHART_KINDS = (  # every kind the chart can make, for sweeps by the release's label
     "serviceaccount,clusterrole,clusterrolebinding,role,rolebinding,flowschema,configmap,"
     "deployment,service,poddisruptionbudget,lease,daemonset,namespace,servicemonitor,"
-    "prometheusrule"
+    "prometheusrule,job"
 )
 
 
@@ -610,3 +691,96 @@ def test_bad_values_fail_the_install_and_leave_nothing(
         assert helm.run("list", "-n", ns, "-a", "-q").stdout.strip() == "", case
     assert left_behind(control_plane, "bad") == ""
     assert kubectl(control_plane, "get", "namespace", ns, "--ignore-not-found") == ""  # not even
+
+
+def play_the_hook_pods_kubelet(admin: client.ApiClient, namespace: str, job: str) -> str:
+    """kwok runs no containers and leaves a Job's pod Running (support/kwok_stages.yaml): do what
+    the kubelet would. Run the pod's container (run_hook) on its ConfigMap, then report it as
+    the pod's status: terminated with its exit code, the log's tail as the termination message
+    (FallbackToLogsOnError), the pod Failed or Succeeded. Returns the pod's name."""
+    core = client.CoreV1Api(admin)
+
+    def running() -> Any:
+        pods = core.list_namespaced_pod(namespace, label_selector=f"job-name={job}").items
+        return next((p for p in pods if p.status.phase == "Running"), None)
+
+    pod = wait_for(running, 60, f"the pod of hook {job} Running (kwok)")
+    spec = admin.sanitize_for_serialization(pod.spec)
+    [volume] = spec["volumes"]
+    config = core.read_namespaced_config_map(volume["configMap"]["name"], namespace)
+    with tempfile.TemporaryDirectory() as mounted:
+        done = run_hook(spec, {"data": config.data}, Path(mounted))
+    now = datetime.now(UTC).isoformat()
+    [container] = spec["containers"]
+    terminated = {
+        "exitCode": done.returncode,
+        "reason": "Error" if done.returncode else "Completed",
+    }
+    terminated |= {
+        "message": (done.stdout + done.stderr)[-4096:],
+        "startedAt": now,
+        "finishedAt": now,
+    }
+    core.patch_namespaced_pod_status(
+        pod.metadata.name,
+        namespace,
+        {
+            "status": {
+                "phase": "Failed" if done.returncode else "Succeeded",
+                "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": now}],
+                "containerStatuses": [
+                    {
+                        "name": container["name"],
+                        "image": container["image"],
+                        "imageID": "",
+                        "ready": False,
+                        "restartCount": 0,
+                        "state": {"terminated": terminated},
+                    }
+                ],
+            }
+        },
+    )
+    return str(pod.metadata.name)
+
+
+def test_a_config_the_hook_rejects_fails_the_install_and_leaves_no_release_object(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """The schema and the templates take `tick_interval: 0s`; the hook's check-config does not:
+    the Job fails, `helm install` fails naming the hook, and no object of the release was made.
+    Left: the failed Job (its pod's log and status name the key) until the next install or
+    upgrade replaces it; its ConfigMap is gone (a hook that succeeded)."""
+    helm = Helm(helm_binary(), tmp_path, kubeconfig=control_plane.kubeconfig_path)
+    with control_plane.api_client() as admin:
+        for crd in MONITORING_CRDS:  # the kinds left_behind looks for
+            control_plane.apply_crd(admin, crd)
+    [node] = control_plane.add_gpu_nodes(["helm-hook"], gpus=0)
+    ns, release = "helm-hook", "bad-hook"
+    job = f"{release}-spot-autoscaler{HOOK}"
+    values, named = CAUGHT_BY_THE_HOOK["a duration's text beyond its bound"]
+    values = {**values, "nodeSelector": {"kubernetes.io/hostname": node}}  # the hook's pod, too
+    admin = control_plane.api_client()
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            install = pool.submit(
+                helm.run,
+                "install", release, str(CHART), "-n", ns, "--create-namespace", "--timeout", "90s",
+                "-f", str(helm.values_file(values)), check=False,
+            )  # fmt: skip
+            pod = play_the_hook_pods_kubelet(admin, ns, job)
+            done = install.result(timeout=120)
+        assert done.returncode != 0, done.stdout
+        assert f"failed pre-install: 1 error occurred:\n\t* job {job} failed" in done.stderr
+        # helm asks for the failed pod's log to print it (hook-output-log-policy); kwok has none
+        assert f"Failed to stream pod logs for pod: {pod}" in done.stderr
+        status = client.CoreV1Api(admin).read_namespaced_pod(pod, ns).status
+        assert named in status.container_statuses[0].state.terminated.message
+        assert left_behind(control_plane, release) == f"job.batch/{job}"
+        assert helm.run("status", release, "-n", ns).stdout.count("STATUS: failed") == 1
+    finally:
+        helm.run("uninstall", release, "-n", ns, check=False)
+        with contextlib.suppress(client.ApiException):
+            client.CoreV1Api(admin).delete_namespace(ns)
+        client.CoreV1Api(admin).delete_node(node)
+        admin.close()

@@ -3,12 +3,14 @@
 Compared by kind and name after `support.helm.comparable`, which ignores only helm's own labels
 (helm.sh/chart, app.kubernetes.io/managed-by, /instance, /version: kustomize has none), a
 cluster-scoped object's metadata.namespace (kustomize sets it on FlowSchemas; the server drops
-it) and the config file's text (compared parsed). Two objects are in one install only:
+it) and the config file's text (compared parsed). Some objects are in one install only:
 - the release's Namespace is kustomize's (deploy/namespace.yaml); `helm install
   --create-namespace` makes it and the chart does not own it (so ACK's namespace label is the
   user's to set);
 - the Lease is the chart's (so that `helm uninstall` removes it); under kustomize the daemon
-  creates it.
+  creates it;
+- the check-config hook's ConfigMap and Job are the chart's (`helm install` and `upgrade` run
+  them first, then delete them); kustomize has no hooks.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ pytestmark = needs_kubectl
 
 DEPLOY = ROOT / "deploy"
 ONLY_KUSTOMIZE = {("Namespace", "spot-autoscaler")}
-ONLY_CHART = {("Lease", "spot-autoscaler")}
+HOOK = {("ConfigMap", "spot-autoscaler-config-check"), ("Job", "spot-autoscaler-config-check")}
+ONLY_CHART = {("Lease", "spot-autoscaler"), *HOOK}
 
 
 # chart value -> the component's config key, per component (and its config section)
