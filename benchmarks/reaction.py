@@ -34,7 +34,9 @@ jobs. Notices go out in rounds of `--round` (`--spacing` apart) at `--rate` noti
 on nodes no earlier notice touched whose jobs do not overlap, each by one of the `--paths` in
 turn: `sqs` (an EventBridge spot interruption warning on the queue the daemon reads), `nth`
 (aws-node-termination-handler's taint aws-node-termination-handler/spot-itn=<event>:NoSchedule,
-then its cordon), `karpenter` (Karpenter v1's karpenter.sh/disrupted:NoSchedule). Nothing waits
+then its cordon), `karpenter` (Karpenter v1's interruption: the Node deleted, held by Karpenter's
+finalizer, then its karpenter.sh/disrupted:NoSchedule; the notice's clock starts at the taint,
+as a taint on a live Node is a voluntary disruption, not a notice). Nothing waits
 between rounds: a stand-in for et-operator completes each ScaleIn (deletes the named pods, marks
 it ScaleSucceeded), then the reclaimed node is deleted and a fresh one created, while the next
 notices arrive. On the real plane the fresh node comes empty and the daemon grows the two jobs
@@ -121,6 +123,8 @@ TOUCHED = "spot-autoscaler.test/nudged"
 # node before they drain it (the daemon's defaults read both: config notice_taints).
 NTH_TAINT = "aws-node-termination-handler/spot-itn"  # NTH: value = its event id
 KARPENTER_TAINT = "karpenter.sh/disrupted"  # Karpenter v1: pkg/apis/v1/taints.go, no value
+# held on a deleted Node until its drain is done (pkg/apis/v1/labels.go TerminationFinalizer)
+KARPENTER_FINALIZER = "karpenter.sh/termination"
 PATHS = ("sqs", "nth", "karpenter")
 assert NTH_TAINT in DEFAULT_NOTICE_TAINTS and KARPENTER_TAINT in DEFAULT_NOTICE_TAINTS
 
@@ -378,13 +382,16 @@ class RealCluster(Layout):
         pod["metadata"]["ownerReferences"] = [{**owner, "uid": self.uids[owner["name"]]}]
         self.rest.call("POST", f"/api/v1/namespaces/{NS}/pods", pod)
 
+    def _delete_node(self, name: str) -> None:
+        """Gone: Karpenter's finalizer (a Karpenter notice's) lifted first, as its drain ends."""
+        unheld = {"metadata": {"finalizers": None}}
+        self.rest.call("PATCH", f"/api/v1/nodes/{name}", unheld, merge=True, missing_ok=True)
+        self.rest.call("DELETE", f"/api/v1/nodes/{name}", missing_ok=True)
+
     def replace_nodes(self, slots: list[int]) -> None:
         """The reclaimed nodes are gone; fresh, empty ones arrive (kwok makes them Ready, the
         node lifecycle controller lifts their not-ready taint; the daemon grows onto them)."""
-        self.rest.parallel(
-            lambda name: self.rest.call("DELETE", f"/api/v1/nodes/{name}", missing_ok=True),
-            [self.node_name(slot) for slot in slots],
-        )
+        self.rest.parallel(self._delete_node, [self.node_name(slot) for slot in slots])
         for slot in slots:
             self.generation[slot] += 1
         self.rest.parallel(self._create_node, slots)
@@ -781,6 +788,12 @@ class EmulatedBench:
         if cordon:
             self.api.patch("nodes", node, {"spec": {"unschedulable": True}})
 
+    def terminating(self, node: str) -> None:
+        """Deleted, held by Karpenter's finalizer (the backdoor sets what a DELETE would)."""
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        meta = {"finalizers": [KARPENTER_FINALIZER], "deletionTimestamp": stamp}
+        self.api.patch("nodes", node, {"metadata": meta})
+
     def marked(self) -> None:
         pass
 
@@ -940,6 +953,16 @@ class RealBench:
             self.rest.call(
                 "PATCH", f"/api/v1/nodes/{node}", {"spec": {"unschedulable": True}}, merge=True
             )
+
+    def terminating(self, node: str) -> None:
+        """Karpenter's finalizer on the Node, then its DELETE: the Node stays, being deleted."""
+        self.rest.call(
+            "PATCH",
+            f"/api/v1/nodes/{node}",
+            {"metadata": {"finalizers": [KARPENTER_FINALIZER]}},
+            merge=True,
+        )
+        self.rest.call("DELETE", f"/api/v1/nodes/{node}", missing_ok=True)
 
     def marked(self) -> None:
         """The counters the run's figures are differences of, read as its rounds begin."""
@@ -1169,6 +1192,13 @@ class Notifier:
 
     def __init__(self, bench: Bench, sqs: Any, queue: str) -> None:
         self.bench, self.sqs, self.queue = bench, sqs, queue
+
+    def before(self, slot: int, path: str) -> None:
+        """What comes before a notice by `path`, before its clock starts: Karpenter deletes the
+        Node (its finalizer holds it) and only its termination controller taints it
+        (node/termination/controller.go `finalize`)."""
+        if path == "karpenter":
+            self.bench.terminating(self.bench.cluster.node_name(slot))
 
     def __call__(self, slot: int, path: str) -> None:
         cluster = self.bench.cluster
@@ -1419,6 +1449,7 @@ def _rounds(
         slot = slots[(plan.first + i) % len(slots)]
         path = plan.paths[i % len(plan.paths)]
         pods = [p for _, p in cluster.pods_on[slot]]
+        notify.before(slot, path)
         at, wall = time.monotonic(), time.time()
         notify(slot, path)
         sent.append({"slot": slot, "path": path, "at": at, "sent_at": wall, "pods": pods})

@@ -61,7 +61,8 @@ def test_reaction_runs_on_a_real_control_plane(tmp_path: Path) -> None:
     require_bin_dir()
     out, runs_dir = tmp_path / "reaction.json", tmp_path / "runs"
     args = ("--cluster", "real", "--sizes", "20", "--notices", "5", "--round", "3")
-    args += ("--rate", "3", "--repeat", "2", "--out-dir", str(runs_dir))
+    # a notice a second: rounds longer than GIVE_WAY_FOR, so full passes land in them too
+    args += ("--rate", "1", "--repeat", "2", "--out-dir", str(runs_dir))
     result = run("reaction.py", *args, "--json", str(out))
     assert result.returncode == 0, result.stderr[-2000:]
     assert "2 runs, 10 notices together:" in result.stdout

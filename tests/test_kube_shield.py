@@ -22,10 +22,12 @@ def test_running_workers_are_shielded_while_managed_and_only_our_annotation_goes
     own = worker("gpt", 0, "a")
     own["metadata"]["annotations"] = {DO_NOT_DISRUPT: "true"}  # the job's template asks for it
     kube.server.seed(
-        node("a"),
+        node("a", labels={"karpenter.sh/nodepool": "spot"}),  # launched by Karpenter
+        node("b"),
         training_job("bert"),
         worker("bert", 0, "a"),
         worker("bert", 1, None, phase="Pending"),
+        worker("bert", 2, "b"),
         training_job("gpt"),
         own,
     )
@@ -33,6 +35,7 @@ def test_running_workers_are_shielded_while_managed_and_only_our_annotation_goes
     rec.tick(now())
     assert notes(kube, "bert-worker-0") == {DO_NOT_DISRUPT: "true", SHIELD_MARK: "true"}
     assert notes(kube, "bert-worker-1") == {}  # on no node yet: nothing to consolidate
+    assert notes(kube, "bert-worker-2") == {}  # a node Karpenter does not manage: no PATCH
     assert notes(kube, "gpt-worker-0") == {DO_NOT_DISRUPT: "true"}  # already: left as it is
     for job in ("bert", "gpt"):  # no longer managed: ours goes, the job's own stays
         kube.server.patch("TrainingJob", job, {"status": {"phase": "Succeeded"}}, NS)
