@@ -123,8 +123,9 @@ def test_two_daemons_on_one_cluster_create_one_scaler(api: KubeApiServer, tmp_pa
         wait_for(lambda: leader.loop.passes >= 2, what="a second pass of the leader")
         assert len(api.objects("scaleouts")) == 1  # the scaler in flight holds the job
         assert standby.loop.passes == 0 and standby.reconciler.errors == 0
-        events = api.objects("events", "default")
-        assert events and {e["source"]["host"] for e in events} == {leader.parts.lock.identity}  # type: ignore[union-attr]
+        # Events go out on their own thread, behind the write (the ScaleOut's own, behind the pass)
+        events = wait_for(lambda: api.objects("events", "default"), what="the leader's Events")
+        assert {e["source"]["host"] for e in events} == {leader.parts.lock.identity}  # type: ignore[union-attr]
         assert lease_holder(api) == leader.parts.lock.identity  # type: ignore[union-attr]
     finally:
         for d in daemons:
