@@ -145,15 +145,16 @@ def test_a_pass_that_may_not_give_way_still_stops_growth_after_one_batch() -> No
 
 
 class GatedWorld(FixedWorld):
-    """ScaleIns wait at a gate until the test opens it."""
+    """Decisions of one action (ScaleIns unless told) wait at a gate until the test opens it."""
 
-    def __init__(self, snap: Snapshot, refuse: str = "") -> None:
+    def __init__(self, snap: Snapshot, refuse: str = "", gated: Action = Action.SCALE_IN) -> None:
         super().__init__(snap, refuse)
         self.gate = threading.Event()
         self.lock = threading.Lock()
+        self.gated = gated
 
     def apply(self, decision: Decision, now: datetime) -> None:
-        if decision.action is Action.SCALE_IN and not self.gate.wait(5):
+        if decision.action is self.gated and not self.gate.wait(5):
             raise TimeoutError("the gate stayed shut")
         with self.lock:
             super().apply(decision, now)
@@ -234,28 +235,14 @@ def test_settle_waits_for_the_writes_behind_until_a_notice_comes() -> None:
     assert sorted(j for j, a in world.applied if a is Action.SCALE_IN) == ["ml/a", "ml/b"]
 
 
-class GrowthGatedWorld(FixedWorld):
-    """ScaleOuts wait at a gate until the test opens it; everything else goes through."""
-
-    def __init__(self, snap: Snapshot) -> None:
-        super().__init__(snap)
-        self.gate = threading.Event()
-        self.lock = threading.Lock()
-
-    def apply(self, decision: Decision, now: datetime) -> None:
-        if decision.action is Action.SCALE_OUT and not self.gate.wait(5):
-            raise TimeoutError("the gate stayed shut")
-        with self.lock:
-            super().apply(decision, now)
-
-
 def test_a_pass_hands_its_growth_off_and_a_notice_does_not_wait_for_it() -> None:
     """A pass does not wait for its ScaleOuts (two round trips each; tens of them held every
     notice that came meanwhile): the job is held while its ScaleOut is written (no second
     scaler), another job's notice is answered at once (its ScaleIn not queued behind growth),
     settling after a notice does not wait for growth, and finish does."""
     jobs = [job("a", placement=["n1"]), job("b", hi=2, placement=["n2", "n3"])]  # b at its max
-    world = GrowthGatedWorld(snapshot([node("n1", used=1), node("n2"), node("n3")], jobs))
+    nodes = [node("n1", used=1), node("n2"), node("n3")]
+    world = GatedWorld(snapshot(nodes, jobs), gated=Action.SCALE_OUT)
     written = threading.Event()
     grow_now = policies(scale_out={"min_idle": "0s"})
     reconciler = Reconciler(
