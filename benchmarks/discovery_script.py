@@ -5,6 +5,8 @@ cost milliseconds (target: under 50 ms a run, process spawn included).
 timed together, `--repeat` times; prints min / median / max of the per-run mean.
 
     .venv/bin/python benchmarks/discovery_script.py [--runs 100] [--repeat 3]
+
+Measured at 44e557d, 2-core machine, nothing else running: 12.53 / 12.58 / 12.92 ms a run.
 """
 
 from __future__ import annotations
