@@ -283,8 +283,14 @@ class Replicas:
     Deployment runs them: a killed replica is replaced by a new one with a new identity (a new
     pod). Each writes its stderr log and decision log (stdout) to files of its own."""
 
-    def __init__(self, tmp: Path, kubeconfig: Path, namespace: str, lease_namespace: str) -> None:
-        self.tmp, self.kubeconfig = tmp, kubeconfig
+    def __init__(
+        self,
+        tmp: Path,
+        kubeconfig: Callable[[str, str], str],
+        namespace: str,
+        lease_namespace: str,
+    ) -> None:
+        self.tmp, self.kubeconfig = tmp, kubeconfig  # (path, replica) -> the replica's kubeconfig
         self.namespace, self.lease_namespace = namespace, lease_namespace
         self.procs: dict[str, subprocess.Popen[str]] = {}
         self.ports: dict[str, int] = {}
@@ -316,7 +322,14 @@ class Replicas:
         stderr = (self.tmp / f"{identity}-daemon.log").open("w")
         self._files += [stdout, stderr]
         self.procs[identity] = subprocess.Popen(
-            [str(CLI), "run", "--config", str(config), "--kubeconfig", str(self.kubeconfig)],
+            [
+                str(CLI),
+                "run",
+                "--config",
+                str(config),
+                "--kubeconfig",
+                self.kubeconfig(str(self.tmp / f"{identity}.kubeconfig"), identity),
+            ],
             cwd=ROOT,
             env=env,
             stdout=stdout,
@@ -481,8 +494,7 @@ def run_chaos(plan: Plan, tmp: Path, world: World) -> Outcome:
     world.wait_running([j["metadata"]["name"] for j in jobs], 90)
     proxy, storms = world.proxy, world.storms
     proxy.rates = FaultRates.total(plan.faults[0])
-    world.kubeconfig(str(tmp / "kubeconfig"))
-    replicas = Replicas(tmp, tmp / "kubeconfig", ns, world.lease_namespace)
+    replicas = Replicas(tmp, world.kubeconfig, ns, world.lease_namespace)
     for _ in range(2):
         replicas.start()
     passes = Passes(replicas)

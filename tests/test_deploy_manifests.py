@@ -24,6 +24,7 @@ from support.waiting import wait_for
 from test_daemon_support import JOB, KUBE_CONFIG, node, wired_daemon, worker
 
 from autoscaler.adapters.kube.kinds import KINDS
+from autoscaler.adapters.kube.server_fence import FENCE_MARK
 from autoscaler.adapters.sources import SOURCES
 from autoscaler.cli import main
 from autoscaler.config import parse_config
@@ -45,6 +46,7 @@ DAEMON_FILES = (
     "serviceaccount.yaml",
     "rbac.yaml",
     "flowschema.yaml",
+    "leader-fence.yaml",
     "configmap.yaml",
     "deployment.yaml",
     "service.yaml",
@@ -105,6 +107,31 @@ def test_the_configmap_config_passes_the_loader_and_check_config(
     path.write_text(embedded_config_text())
     assert main(["check-config", str(path)]) == 0
     assert "OK" in capsys.readouterr().out
+
+
+def test_the_leader_fence_names_the_shipped_account_lease_and_identity() -> None:
+    """deploy/leader-fence.yaml admits the writes of deployment.yaml's ServiceAccount only from
+    the pod the config's Lease names, and the daemon's identity is that pod's name; its refusal
+    says what the daemon reads as NotLeader (server_fence.FENCE_MARK)."""
+    policy = one("ValidatingAdmissionPolicy", "spot-autoscaler-leader-fence")
+    binding = one("ValidatingAdmissionPolicyBinding", "spot-autoscaler-leader-fence")
+    pod = one("Deployment", "spot-autoscaler")["spec"]["template"]["spec"]
+    account = f"system:serviceaccount:{NAMESPACE}:{pod['serviceAccountName']}"
+    conditions = {c["name"]: c["expression"] for c in policy["spec"]["matchConditions"]}
+    assert conditions["the-daemons-serviceaccount"] == f"request.userInfo.username == '{account}'"
+    election = parse_config(embedded_config_text(), "configmap.yaml").daemon.leader_election
+    assert election.identity is None and election.lease_namespace is None
+    [env] = [e for e in pod["containers"][0]["env"] if e["name"] == "POD_NAME"]
+    assert env["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert binding["spec"]["paramRef"] == {
+        "name": election.lease_name,
+        "namespace": NAMESPACE,  # the pod's own (POD_NAMESPACE)
+        "parameterNotFoundAction": "Allow",  # Deny would refuse every write without the Lease
+    }
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    [validation] = policy["spec"]["validations"]
+    assert validation["messageExpression"].startswith(f"'{FENCE_MARK}: ")
+    assert validation["reason"] == "Forbidden"
 
 
 RULES = {  # (apiGroup, resource) -> verbs, exactly what the daemon does

@@ -154,7 +154,8 @@ def test_switches_add_and_remove_their_objects(helm: Helm) -> None:
     base |= {"Service"}
     assert kinds(OPTION_SETS["everything off"]) == base
     assert kinds({}) == base | {
-        *{"Role", "RoleBinding", "Lease", "FlowSchema", "PodDisruptionBudget", "Job"}
+        *{"Role", "RoleBinding", "Lease", "FlowSchema", "PodDisruptionBudget", "Job"},
+        *{"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"},
     }
     assert kinds({"monitoring": {"enabled": True}}) - kinds({}) == {
         "ServiceMonitor",
@@ -163,6 +164,33 @@ def test_switches_add_and_remove_their_objects(helm: Helm) -> None:
     agent = kinds({"nodeAgent": {"enabled": True}}) - kinds({})
     assert agent == {"Namespace", "DaemonSet"}
     assert "Namespace" not in kinds(OPTION_SETS["node agent in an existing namespace"])
+
+
+def test_the_leader_fence_names_the_releases_account_and_lease(helm: Helm) -> None:
+    """The policy admits the release's own ServiceAccount's writes only from the pod its Lease
+    names (the Lease the daemon's config is given, in its namespace)."""
+    values = {"config": {"daemon": {"leader_election": {"lease_namespace": "leases"}}}}
+    objects = helm.template(values, release="rel", namespace="ml")
+    policy = one(objects, "ValidatingAdmissionPolicy")
+    binding = one(objects, "ValidatingAdmissionPolicyBinding")
+    [who, _] = policy["spec"]["matchConditions"]
+    assert (
+        who["expression"]
+        == "request.userInfo.username == 'system:serviceaccount:ml:rel-spot-autoscaler'"
+    )
+    lease = config_of(objects)["daemon"]["leader_election"]["lease_name"]
+    assert binding["spec"]["paramRef"] == {
+        "name": lease,
+        "namespace": "leases",
+        "parameterNotFoundAction": "Allow",
+    }
+    assert (
+        binding["spec"]["policyName"]
+        == policy["metadata"]["name"]
+        == "rel-spot-autoscaler-leader-fence"
+    )
+    off = {"config": {"daemon": {"leader_election": {"enabled": False}}}}
+    assert not [o for o in helm.template(off) if o["kind"].startswith("ValidatingAdmission")]
 
 
 def test_everything_on_reaches_the_pods_and_the_service_account(helm: Helm) -> None:
@@ -316,6 +344,10 @@ BAD_VALUES: dict[str, tuple[Obj, str]] = {  # values -> what the error names
     "an unknown key in another section": (
         {"config": {"kubernetes": {"namespace": ["ml"]}}},
         "at '/config/kubernetes': additional properties 'namespace' not allowed",
+    ),
+    "a fixed identity under the leader fence": (
+        {"config": {"daemon": {"leader_election": {"identity": "me"}}}},
+        "config.daemon.leader_election.identity: the leader fence (leaderFence.enabled)",
     ),
     "eks without its queue": ({"eks": {"enabled": True}}, "eks.queueUrl: required"),
     "ack without its region": ({"ack": {"enabled": True}}, "ack.region: required"),
@@ -578,7 +610,8 @@ def released(
         )
         volume = tmp / "volume"  # the Deployment's config volume (and our kubeconfig)
         volume.mkdir()
-        token = control_plane.token_for(FULLNAME, NAMESPACE)  # the chart's ServiceAccount's
+        # the chart's ServiceAccount's token, bound to the pod the daemon runs as (its kubelet's)
+        token = control_plane.token_for(FULLNAME, NAMESPACE, pod="helm-0")
         write_kubeconfig(control_plane, volume / "kubeconfig", token, NAMESPACE)
         log = tmp / "daemon.log"
         with open(log, "w") as out, pytest.MonkeyPatch.context() as env:

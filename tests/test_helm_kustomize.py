@@ -84,6 +84,15 @@ CHOICES = {
         False,
         {("FlowSchema", "spot-autoscaler"), ("FlowSchema", "spot-autoscaler-leader-election")},
     ),
+    "no leader fence": (
+        {"leaderFence": {"enabled": False}},
+        (),
+        False,
+        {
+            ("ValidatingAdmissionPolicy", "spot-autoscaler-leader-fence"),
+            ("ValidatingAdmissionPolicyBinding", "spot-autoscaler-leader-fence"),
+        },
+    ),
 }
 
 

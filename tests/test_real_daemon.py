@@ -239,8 +239,12 @@ class Installed:
     admin: client.ApiClient
     builds: dict[tuple[str, ...], list[dict[str, Any]]]
     applied: dict[tuple[str, ...], str]  # kubectl's output per variant
-    token: str
     tmp: Path
+
+    def token(self, pod: str) -> str:
+        """The shipped ServiceAccount's token for the replica running as Pod `pod`, bound to it
+        as the kubelet's is (deploy/leader-fence.yaml admits the daemon's writes by pod)."""
+        return self.plane.token_for(ACCOUNT, SYSTEM_NS, pod=pod)
 
     @property
     def objects(self) -> list[dict[str, Any]]:
@@ -319,8 +323,7 @@ def installed(
         )
         assert done.returncode == 0, f"{variant}: {done.stderr}"
         applied[variant] = done.stdout
-    token = control_plane.token_for(ACCOUNT, SYSTEM_NS)
-    yield Installed(control_plane, admin, builds, applied, token, tmp)
+    yield Installed(control_plane, admin, builds, applied, tmp)
     control_plane.apply_crd(admin, CCE_CRD)  # as the session's other modules expect it
     admin.close()
     alive = [r.identity for r in STARTED if r.alive()]
@@ -626,7 +629,7 @@ def main(installed: Installed) -> Iterator[Main]:
     try:
         port = free_port()
         config = daemon_config(installed.shipped_config(), port=port, lease_name="spot-autoscaler")
-        kubeconfig = proxy.kubeconfig(installed.tmp / "main.kubeconfig", installed.token)
+        kubeconfig = proxy.kubeconfig(installed.tmp / "main.kubeconfig", installed.token("main-0"))
         daemon = Replica(installed.tmp, "main-0", config, kubeconfig, port)  # starts meanwhile
         world.start(workers=2, maximum=3)
         wait_for(lambda: ready(daemon), 60, "the daemon ready")
@@ -984,7 +987,7 @@ class Pair:
     installed: Installed
     world: World
     proxy: RecordingProxy
-    lease_name: str = "spot-autoscaler-ha"
+    lease_name: str = "spot-autoscaler"  # the shipped one, which deploy/leader-fence.yaml reads
     replicas: list[Replica] = field(default_factory=list)
 
     def start(self, identity: str) -> Replica:
@@ -996,7 +999,7 @@ class Pair:
             namespaces=[self.world.namespace],
         )
         kubeconfig = self.proxy.kubeconfig(
-            self.installed.tmp / "ha.kubeconfig", self.installed.token
+            self.installed.tmp / f"{identity}.kubeconfig", self.installed.token(identity)
         )
         replica = Replica(self.installed.tmp, identity, config, kubeconfig, port)
         self.replicas.append(replica)

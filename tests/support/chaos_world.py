@@ -12,7 +12,8 @@ the Lease's holder, and the record the invariants replay.
 - `RealWorld`: kube-apiserver of `support.control_plane` (kwok nodes, the real scheduler binds
   every worker, kwok runs it), et-operator's CRDs from tests/support/crds, a namespace of the run's
   own; the stand-in acts over the real API as the admin; the daemon runs as a ServiceAccount bound
-  to deploy/rbac.yaml's rules, through the fault proxy (plain HTTP to the proxy, TLS upstream);
+  to deploy/rbac.yaml's rules, each replica with a token bound to its own Pod (as the kubelet's),
+  under deploy/leader-fence.yaml, through the fault proxy (plain HTTP to the proxy, TLS upstream);
   the proxy breaks the watches and serves the 410s (`faults.ProxyStorms`); the record is read
   from the server's watches (`watch_record.WatchRecorder`).
 """
@@ -35,6 +36,7 @@ from .control_plane import ControlPlane
 from .et_operator import EtOperator
 from .faults import EmulatorStorms, FaultProxy, FaultRates, ProxyStorms, ServerFaults
 from .invariants import NTH_ITN, Record, RecordingServer
+from .leader_fence import leader_fence
 from .real_api import RealApi
 from .real_daemon import grant_deploy_rbac
 from .waiting import wait_for
@@ -43,6 +45,7 @@ from .watch_record import WatchRecorder
 Obj = dict[str, Any]
 GPUS_PER_NODE = 4
 LEASE_NAME = "spot-autoscaler"
+ACCOUNT = "spot-autoscaler"  # the daemon's ServiceAccount (RealWorld)
 POOL = "spot-autoscaler.test/pool"
 CRDS = ("trainingjobs", "scaleins", "scaleouts")  # et-operator's, as it installs them
 CRD_DIR = Path(__file__).resolve().parent / "crds"
@@ -66,7 +69,7 @@ class World(Protocol):
     def node_name(self, slot: int, generation: int) -> str: ...
     def start(self, nodes: list[str], jobs: list[Obj]) -> None: ...
     def step(self) -> None: ...  # the stand-in et-operator, until it has nothing to do
-    def kubeconfig(self, path: str) -> str: ...  # for the daemon: through the proxy
+    def kubeconfig(self, path: str, replica: str) -> str: ...  # a replica's: through the proxy
     def pods(self) -> list[Obj]: ...
     def phase(self, job: str) -> str: ...
     def wait_running(self, jobs: list[str], timeout: float) -> None: ...
@@ -149,7 +152,7 @@ class EmulatorWorld:
     def step(self) -> None:
         self.operator.step()
 
-    def kubeconfig(self, path: str) -> str:
+    def kubeconfig(self, path: str, replica: str) -> str:
         return self.proxy.kubeconfig(path)
 
     def pods(self) -> list[Obj]:
@@ -214,7 +217,9 @@ class RealWorld:
         self.record: Record = self.recorder
         # the real scheduler binds the workers, kwok runs them: the stand-in only reconciles
         self.operator = EtOperator(self.api, self.namespace, pods_run=False)  # type: ignore[arg-type]
-        self._token = grant_deploy_rbac(self.admin, plane, self.namespace, "spot-autoscaler")
+        grant_deploy_rbac(self.admin, plane, self.namespace, ACCOUNT)
+        self._fence = contextlib.ExitStack()
+        self._fence.enter_context(leader_fence(self.admin, self.namespace, ACCOUNT, LEASE_NAME))
         self._launchers = f"{self.namespace}-launchers"
 
     def node_name(self, slot: int, generation: int) -> str:
@@ -250,8 +255,11 @@ class RealWorld:
     def step(self) -> None:
         self.operator.step()
 
-    def kubeconfig(self, path: str) -> str:
-        return self.proxy.kubeconfig(path, self._token)
+    def kubeconfig(self, path: str, replica: str) -> str:
+        """The replica's token is bound to a Pod of its name (the Lease's holder identity): the
+        leader fence admits its writes only while the Lease names that pod."""
+        token = self.plane.token_for(ACCOUNT, self.namespace, pod=replica)
+        return self.proxy.kubeconfig(path, token)
 
     def pods(self) -> list[Obj]:
         return self.api.objects("Pod", self.namespace)
@@ -324,6 +332,7 @@ class RealWorld:
         self.proxy.stop()
         self.storms.stop()
         self.recorder.stop()
+        self._fence.close()
         # the pods at once (their nodes go next: nothing would finish a graceful delete), then
         # the namespace, and the cluster-wide grants grant_deploy_rbac made
         gone = {"gracePeriodSeconds": 0}

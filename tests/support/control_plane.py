@@ -1333,9 +1333,16 @@ class ControlPlane:
         return names
 
     def token_for(
-        self, service_account: str, namespace: str = "default", expiration_seconds: int = 3600
+        self,
+        service_account: str,
+        namespace: str = "default",
+        expiration_seconds: int = 3600,
+        pod: str | None = None,
     ) -> str:
-        """A bound token for the ServiceAccount (created if absent) from the TokenRequest API."""
+        """A bound token for the ServiceAccount (created if absent) from the TokenRequest API;
+        with `pod`, bound to a Pod of that name running as the account (made if absent; never
+        scheduled), as the kubelet's projected token is: the server then knows which pod sends
+        (`authentication.kubernetes.io/pod-name`, what deploy/leader-fence.yaml checks)."""
         with self._admin() as api:
             core = client.CoreV1Api(api)
             try:
@@ -1346,10 +1353,48 @@ class ControlPlane:
             except ApiException as e:
                 if e.status != 409:
                     raise
+            bound = None
+            if pod is not None:
+                uid = _daemon_pod(core, namespace, pod, service_account)
+                bound = client.V1BoundObjectReference(
+                    api_version="v1", kind="Pod", name=pod, uid=uid
+                )
             request = client.AuthenticationV1TokenRequest(
-                spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=expiration_seconds)
+                spec=client.V1TokenRequestSpec(
+                    audiences=[], expiration_seconds=expiration_seconds, bound_object_ref=bound
+                )
             )
             answer = core.create_namespaced_service_account_token(
                 service_account, namespace, request
             )
             return str(answer.status.token)
+
+
+def _daemon_pod(core: client.CoreV1Api, namespace: str, name: str, account: str) -> str:
+    """The uid of Pod `name` (made if absent): the account's, selecting no node, so no scheduler
+    binds it and no controller removes it while the test runs."""
+    body = {
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "spot-autoscaler-test"}},
+        "spec": {
+            "serviceAccountName": account,
+            "nodeSelector": {"spot-autoscaler.io/test-daemon-pod": "nowhere"},
+            # the Deployment's (deploy/deployment.yaml): Pod Security's `restricted` admits it
+            "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [
+                {
+                    "name": "daemon",
+                    "image": "spot-autoscaler",
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
+                }
+            ],
+        },
+    }
+    try:
+        return str(core.create_namespaced_pod(namespace, body).metadata.uid)
+    except ApiException as e:
+        if e.status != 409:
+            raise
+    return str(core.read_namespaced_pod(name, namespace).metadata.uid)

@@ -37,7 +37,15 @@ HELM_LABELS = frozenset(
 # kustomize's `namespace:` also lands on these (it does not know FlowSchema is cluster-scoped);
 # the API server drops it, so it is no difference.
 CLUSTER_SCOPED = frozenset(
-    {"Namespace", "ClusterRole", "ClusterRoleBinding", "FlowSchema", "PriorityLevelConfiguration"}
+    {
+        "Namespace",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "FlowSchema",
+        "PriorityLevelConfiguration",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    }
 )
 
 

@@ -23,7 +23,8 @@ of:
   healthy again (notice taint gone) and the pod still runs there;
 - ``write_by_non_leader``: a write (not to the Lease) from a replica (User-Agent
   ``spot-autoscaler/<identity>``) that the Lease does not name as its holder when the request
-  reaches the server;
+  reaches the server (on kube-apiserver: one the server did not refuse with a 4xx, such as the
+  leader fence's 403: deploy/leader-fence.yaml);
 - ``removed_healthy``: one of our ScaleIns names more live workers on healthy nodes (no notice
   taint, node still there) than its job then has above max;
 - ``drained_without_notice``: a host enters its job's drained hosts while its pod's node has no

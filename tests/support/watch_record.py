@@ -202,6 +202,8 @@ class WatchRecorder:
         for w in list(self.proxy.writes) if self.proxy else ():
             if not w.agent.startswith(AGENT) or "/leases" in w.path:
                 continue
+            if 400 <= w.status < 500:  # refused (the leader fence's 403 among them): not written
+                continue
             if w.rv is not None:  # the holder of the last Lease event committed before it
                 before = [h for rv, _, h in leases if rv < w.rv]
             else:  # nothing committed: the holder when it left the proxy, as far as known

@@ -9,15 +9,20 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import structlog
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from autoscaler.adapters.kube.resources import NODES, PODS, Obj, Resource
 from autoscaler.adapters.kube.retry import URGENT, with_retries
-from autoscaler.fencing import Fence
+from autoscaler.adapters.kube.server_fence import refusal
+from autoscaler.fencing import Fence, NotLeader
 
 MERGE_PATCH = "application/merge-patch+json"
 _TIMEOUT = (10.0, 30.0)  # reads: (connect, read) seconds
 _WRITE_TIMEOUT = 30.0  # writes without a fence timeout: total seconds
+
+log = structlog.get_logger()
 
 
 class ObjectApi:
@@ -152,7 +157,14 @@ class ObjectApi:
             # before each attempt and as its bytes leave: NotLeader (or Stale) sends nothing
             with self.fence.sending(what):
                 timeout = self.fence.timeout(_WRITE_TIMEOUT)  # one number: a total, not per read
-                response = fn(*args, _preload_content=False, _request_timeout=timeout, **kwargs)
+                try:
+                    response = fn(*args, _preload_content=False, _request_timeout=timeout, **kwargs)
+                except ApiException as exc:
+                    refused = refusal(exc)
+                    if refused is None:
+                        raise
+                    log.warning("write_refused_by_server_fence", write=what, message=refused)
+                    raise NotLeader(f"{what} refused by the API server: {refused}") from exc
             return json.loads(response.data)
 
         return self._retrying(once, what, urgent)
