@@ -137,6 +137,40 @@ def test_idle_gpus_follow_the_scheduler_rules(kube: Kube, gpu_overhead: str) -> 
 
 
 @BOTH
+def test_a_scale_out_before_its_pods_holds_their_room(kube: Kube) -> None:
+    """bert's ScaleOut of 2 exists, its pods do not yet (et-operator makes them, then records
+    status.addPods): the two idle GPUs on b are theirs, and gpt is not given them (the fault
+    suite's seed 12: both ScaleOuts' pods Pending, one rolled back at its timeout). Once one is
+    made (unbound), one GPU is still held."""
+    out = scaler("ScaleOut", "bert-out-1", "bert", pods=["bert-worker-2", "bert-worker-3"])
+    kube.server.seed(
+        node("a", gpus=3),
+        node("b", gpus=2),
+        training_job("bert", max_workers=8),
+        training_job("gpt", max_workers=8),
+        worker("bert", 0, "a"),
+        worker("bert", 1, "a"),
+        worker("gpt", 0, "a"),
+        out,
+    )
+    jobs = {j.name: j for j in snap(kube).jobs}
+    assert jobs["bert"].scaler is not None and jobs["bert"].scaler.unborn == 2
+    grown = [d for d in decide(snap(kube), kube.config.policy_set, now()) if d.job == f"{NS}/gpt"]
+    assert all(d.action is not Action.SCALE_OUT for d in grown), grown
+
+    kube.server.seed(worker("bert", 2, None, phase="Pending"))
+    kube.server.patch(
+        "ScaleOut", "bert-out-1", {"status": {"addPods": ["bert-worker-2", "bert-worker-3"]}}, NS
+    )
+
+    def unborn() -> int | None:
+        bert = next(j for j in snap(kube).jobs if j.name == "bert")
+        return bert.scaler.unborn if bert.scaler is not None else None
+
+    wait_for(lambda: unborn() == 1, 10, "one of bert's pods made")
+
+
+@BOTH
 def test_node_schedulability_and_kubernetes_side_notices(kube: Kube) -> None:
     nth = {
         "key": "aws-node-termination-handler/spot-itn",

@@ -66,9 +66,12 @@ def test_in_flight_is_what_the_pods_do_not_match_yet() -> None:
         return Worker(name, "n", name, i, terminating=terminating)
 
     assert pytorch.in_flight(job, (w(0), w(1), w(2))) is None
-    assert pytorch.in_flight(job, (w(0), w(1))).kind is ScalerKind.SCALE_OUT
+    growing = pytorch.in_flight(job, (w(0),))
+    # the operator has two to make: their room is held (core/decide.py `_idle_capacity`)
+    assert growing.kind is ScalerKind.SCALE_OUT and growing.unborn == 2
     # a deleted middle index counts until the operator has made it again
-    assert pytorch.in_flight(job, (w(0), w(1, True), w(2))).kind is ScalerKind.SCALE_OUT
+    again = pytorch.in_flight(job, (w(0), w(1, True), w(2)))
+    assert again.kind is ScalerKind.SCALE_OUT and again.unborn == 1
     going = pytorch.in_flight(job, (w(0), w(1), w(2), w(3)))
     assert going.kind is ScalerKind.SCALE_IN and going.pods == ("bert-worker-3",)
 

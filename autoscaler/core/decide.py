@@ -23,6 +23,7 @@ from autoscaler.core.model import (
     GpuNode,
     Job,
     Reason,
+    ScalerKind,
     Snapshot,
     Worker,
 )
@@ -233,7 +234,8 @@ def _staying(job: Job, departures: Departures) -> list[Worker]:
 def _idle_capacity(
     snapshot: Snapshot, policies: PolicySet, cluster_spend: float, now: datetime
 ) -> CapacityPool:
-    """The idle GPUs, less what pending (unbound) workers will take."""
+    """The idle GPUs, less what pending (unbound) workers and those a ScaleOut has yet to make
+    will take."""
     pool = CapacityPool(
         snapshot.nodes,
         noticed=frozenset(n.node for n in snapshot.notices),
@@ -243,9 +245,11 @@ def _idle_capacity(
         cluster_spend=cluster_spend,
     )
     for job in snapshot.jobs:
-        for w in job.workers:
-            if w.node is None:
-                pool.hold_for_unbound(job.gpus_per_worker)
+        unbound = sum(1 for w in job.workers if w.node is None)
+        if job.scaler is not None and job.scaler.kind is ScalerKind.SCALE_OUT:
+            unbound += job.scaler.unborn
+        for _ in range(unbound):
+            pool.hold_for_unbound(job.gpus_per_worker)
     return pool
 
 

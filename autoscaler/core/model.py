@@ -219,6 +219,9 @@ class Scaler:
     ours: bool = False  # created by spot-autoscaler (we may delete it)
     # the operator has picked it up (a ScaleIn's victims are frozen): deleting it no longer helps
     started: bool = True
+    # a ScaleOut's workers the operator has yet to make (no pod so far): their room is held, or
+    # the next pass gives it to another job and this ScaleOut rolls back at its timeout
+    unborn: int = 0
 
 
 @dataclass(frozen=True, slots=True)

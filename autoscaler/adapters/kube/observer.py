@@ -235,7 +235,9 @@ class KubeObserver:
         built[(key, kind.backend)] = (made_of, job)
         return job
 
-    def _newest(self, job: str, in_flight: tuple[ScalerFacts, ...]) -> Scaler | None:
+    def _newest(
+        self, job: str, in_flight: tuple[ScalerFacts, ...], workers: Iterable[str]
+    ) -> Scaler | None:
         if not in_flight:
             return None
         if len(in_flight) > 1:
@@ -245,4 +247,4 @@ class KubeObserver:
                 log.warning(
                     "several_scalers_in_flight", job=job, scalers=list(names), reported=names[-1]
                 )
-        return in_flight[-1].as_scaler()
+        return in_flight[-1].as_scaler(workers)

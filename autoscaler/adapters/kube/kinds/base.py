@@ -8,7 +8,7 @@ iterate over the registry (`kinds.KINDS`); nothing outside a kind's module names
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
@@ -71,7 +71,8 @@ class JobContext:
     # the resourceVersion the pod view is complete up to; compared with scaler facts' only (the
     # observer reuses a job while the workers, the facts and those comparisons are the same)
     pods_seen: int
-    newest: Callable[[str, tuple[ScalerFacts, ...]], Scaler | None]  # the one to report
+    # the one to report, given the job's worker pods (a ScaleOut's unborn ones)
+    newest: Callable[[str, tuple[ScalerFacts, ...], Iterable[str]], Scaler | None]
 
 
 @dataclass(frozen=True, slots=True)

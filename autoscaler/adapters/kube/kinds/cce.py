@@ -92,7 +92,7 @@ def in_flight(job: Obj, workers: Sequence[Worker]) -> Scaler | None:
     replica = _worker_spec(job)
     name = f"{(job.get('metadata') or {}).get('name', '')}-scaling"
     if (replica.replicas or 0) > len(workers):
-        return Scaler(ScalerKind.SCALE_OUT, name)
+        return Scaler(ScalerKind.SCALE_OUT, name, unborn=(replica.replicas or 0) - len(workers))
     # the operator never clears scaleInpods: names from earlier scale-ins linger there
     live = {w.pod for w in workers}
     victims = tuple(p for p in replica.scale_in_pods if p in live)

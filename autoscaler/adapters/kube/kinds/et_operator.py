@@ -449,7 +449,7 @@ def _inputs(job: Obj, ctx: JobContext) -> JobInputs:
     facts = ctx.scalers.get(key, [])
     state = scaler_state(job, key, facts)
     workers = with_unseen(ctx.workers(key), facts, ctx.pods_seen)
-    return JobInputs(workers, state, ctx.newest(key, state.in_flight))
+    return JobInputs(workers, state, ctx.newest(key, state.in_flight, (w.pod for w in workers)))
 
 
 _READ = frozenset({"get", "list", "watch"})

@@ -38,9 +38,19 @@ class ScalerFacts:
     # `setsSaleInToDelete`); before that it names pods in spec only
     started: bool = True
     resource_version: int = 0  # the object's, when numeric: to tell which watches have seen it
+    count: int = 0  # a ScaleOut's spec.toAdd.count (0: unknown)
 
-    def as_scaler(self) -> Scaler:
-        return Scaler(self.kind, self.name, self.created_at, self.pods, self.ours, self.started)
+    def as_scaler(self, workers: Iterable[str] = ()) -> Scaler:
+        """The core's scaler; `workers`: the job's worker pods now, for a ScaleOut's unborn ones.
+        et-operator persists status.addPods with or after the pods it makes (scaleout.go
+        `setScaleOutWorkers` fills it in memory, `ScaleOutWorkers` creates them): until then
+        the whole count is unborn, which may hold the room of pods already made for a pass."""
+        unborn = 0
+        if self.kind is ScalerKind.SCALE_OUT:
+            unborn = max(0, self.count - len(set(self.pods).intersection(workers)))
+        return Scaler(
+            self.kind, self.name, self.created_at, self.pods, self.ours, self.started, unborn
+        )
 
     @property
     def order(self) -> tuple[datetime, str]:
@@ -74,7 +84,14 @@ def scaler_facts(resource: Resource, obj: Obj) -> ScalerFacts:
         ours=(meta.get("labels") or {}).get(MANAGED_BY_LABEL) == MANAGER,
         started=kind is ScalerKind.SCALE_OUT or bool(status.get("toDeletePods")),
         resource_version=int(rv) if (rv := str(meta.get("resourceVersion", ""))).isdigit() else 0,
+        count=_count(kind, spec),
     )
+
+
+def _count(kind: ScalerKind, spec: Obj) -> int:
+    """A ScaleOut's spec.toAdd.count (0 when absent or not a number)."""
+    count = (spec.get("toAdd") or {}).get("count") if kind is ScalerKind.SCALE_OUT else None
+    return count if isinstance(count, int) and count > 0 else 0
 
 
 def _pods(kind: ScalerKind, spec: Obj, status: Obj) -> tuple[str, ...]:

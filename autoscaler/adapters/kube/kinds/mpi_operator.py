@@ -141,8 +141,8 @@ def in_flight(job: Obj, workers: tuple[Worker, ...]) -> Scaler | None:
     replicas = _worker_spec(job).replicas or 0
     live = [w for w in workers if not w.terminating]
     name = f"{job['metadata']['name']}-replicas"
-    if len(live) + _dead(job) < replicas:
-        return Scaler(ScalerKind.SCALE_OUT, name)
+    if (unborn := replicas - len(live) - _dead(job)) > 0:
+        return Scaler(ScalerKind.SCALE_OUT, name, unborn=unborn)
     going = tuple(w.pod for w in live if (name_index(w.pod) or 0) >= replicas)
     return Scaler(ScalerKind.SCALE_IN, name, pods=going) if going else None
 

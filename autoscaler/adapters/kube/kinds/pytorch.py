@@ -217,7 +217,8 @@ def in_flight(job: Obj, workers: tuple[Worker, ...]) -> Scaler | None:
     going = tuple(w.pod for w in live if (name_index(w.pod) or 0) >= replicas)
     if going:
         return Scaler(ScalerKind.SCALE_IN, name, pods=going)
-    return Scaler(ScalerKind.SCALE_OUT, name) if len(live) < replicas else None
+    unborn = replicas - len(live)
+    return Scaler(ScalerKind.SCALE_OUT, name, unborn=unborn) if unborn > 0 else None
 
 
 def _guard_labels(job: str) -> dict[str, str]:
