@@ -36,6 +36,7 @@ from typing import Any
 from autoscaler.bench.dominance import Row, Scarcity, aggregate, compare, gate
 from autoscaler.bench.params import BenchParams
 from autoscaler.core import PolicySet
+from autoscaler.core.policy import Policy
 from autoscaler.sim.adversarial import adversarial_trace
 from autoscaler.sim.trace import TraceEvent, read_trace
 
@@ -58,13 +59,21 @@ def _compare(task: tuple[BenchParams, list[TraceEvent], str, float, dict[str, An
 
 
 def options(args: argparse.Namespace) -> dict[str, Any]:
-    """compare's keywords for `--scarce` and `--scale-out-timeout`."""
+    """compare's keywords for `--scarce` and `--scale-out-timeout` (with `scalers.max_age` past
+    it, as check-config wants: a ScaleOut waiting for its pods is not stuck)."""
     out: dict[str, Any] = {"scarcity": Scarcity() if args.scarce else None}
     if args.scale_out_timeout is not None:
         rules = PolicySet()
         timeout = timedelta(minutes=args.scale_out_timeout)
         policies = [
-            p.model_copy(update={"scale_out": p.scale_out.model_copy(update={"timeout": timeout})})
+            Policy.model_validate(
+                p.model_dump()
+                | {
+                    "scale_out": p.scale_out.model_dump() | {"timeout": timeout},
+                    "scalers": p.scalers.model_dump()
+                    | {"max_age": max(p.scalers.max_age, timeout + timedelta(minutes=5))},
+                }
+            )
             for p in rules.policies
         ]
         out["policies"] = rules.model_copy(update={"policies": policies})
