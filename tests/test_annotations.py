@@ -101,3 +101,23 @@ def test_worker_starts_restarts_and_stalls_are_measured() -> None:
     assert job.pace is not None and job.pace.stalled_hours == pytest.approx(91 / 60)
     job = rates.with_rate(_ring(0.26, 3), T0 + timedelta(minutes=96))
     assert job.pace is not None and job.pace.stalled_hours == 0.0
+
+
+def test_a_worker_gone_while_pending_counts_its_wait_and_ages_out_as_later_ones_start() -> None:
+    rates = ProgressRates()
+    asked = T0 - timedelta(minutes=1)  # the pod's creation, before the daemon first saw it
+    pending = Worker("w2", None, "w2", 2, pending=True, created_at=asked)
+    job = _ring(0.30, 2)
+    rates.with_rate(Job("ml", "bert", 1, 8, workers=(*job.workers, pending), progress=0.30), T0)
+    # its ScaleOut timed out 25 min after it was made: the pod is gone, it never started
+    job = rates.with_rate(_ring(0.32, 2), asked + timedelta(minutes=25))
+    assert job.pace is not None and job.pace.slowest_unstarted == pytest.approx(1500)
+    assert job.pace.slowest_start == 0.0
+    assert job.pace.changeover_hours(1 / 12) >= 25 / 60
+    # five later workers that start in a minute each push it out, as they do a slow start
+    for i in range(5):
+        at = T0 + timedelta(minutes=30 + 2 * i)
+        rates.with_rate(_ring(0.33, 2 + i, pending=1), at)
+        job = rates.with_rate(_ring(0.34, 3 + i, ready=at + timedelta(minutes=1)), at)
+    assert job.pace is not None and job.pace.slowest_unstarted == 0.0
+    assert job.pace.slowest_start == pytest.approx(60)

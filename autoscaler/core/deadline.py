@@ -13,6 +13,9 @@ in work from the job's start to `deadline - margin`. Both re-check on every pass
   worker (under `paced`, only the on-demand workers whose lower bound alone finishes one d̂
   before the end: _net_fill); those stay until the slack is back above 2 d̂. While the job runs
   on fewer workers than the cap, the slack shrinks by itself; the net sees that on the next pass.
+  d̂ holds the slowest recent start, and while on-demand is scarce what has not started: the
+  oldest on-demand worker still Pending (its age, from the snapshot) and the longest recent wait
+  of a worker that went unstarted (a timed-out ScaleOut: core/progress_rates.py).
 - `uniform_progress` (the baseline, the paper's rule for one elastic job): behind the line, every
   allowed worker (on-demand filling in next to spot); they stay until progress is ahead of the
   line by two changeovers, ep(t + 2 d̂) (the paper's hysteresis).
@@ -132,9 +135,38 @@ class _Pacing:
         return 1.0 - self.progress
 
     @property
+    def pending(self) -> float:
+        """Seconds since the oldest on-demand worker still Pending was asked for (0: none). It
+        has not started yet: on-demand takes at least this long now, measured or not."""
+        return max(
+            (
+                (self.now - w.created_at).total_seconds()
+                for w in self.fleet.on_demand
+                if w.pending and w.created_at is not None
+            ),
+            default=0.0,
+        )
+
+    @property
     def changeover(self) -> float:
-        """d̂, hours."""
-        return self.pace.changeover_hours(self.deadline.changeover.total_seconds() / 3600)
+        """d̂, hours: the measured changeover, or longer while on-demand is scarce (a worker
+        Pending now, or a recent one that went without starting)."""
+        return self.pace.changeover_hours(self._floor, self.pending)
+
+    @property
+    def _floor(self) -> float:
+        return self.deadline.changeover.total_seconds() / 3600
+
+    def scarcity(self) -> str:
+        """What raised d̂ above the starts measured, if on-demand scarcity did ("" if not)."""
+        d = self.changeover
+        if d <= replace(self.pace, slowest_unstarted=0.0).changeover_hours(self._floor):
+            return ""
+        if self.pending >= self.pace.slowest_unstarted:
+            why = f"an on-demand worker Pending {self.pending / 60:.0f} min"
+        else:
+            why = f"a worker gone unstarted after {self.pace.slowest_unstarted / 60:.0f} min"
+        return f"; d̂ {d:.2f} h raised by scarce on-demand: {why}"
 
     def line(self, later: float = 0.0) -> float:
         """Uniform Progress's expected progress `later` hours from now, ep(t + later)."""
@@ -350,7 +382,8 @@ def _explain(p: _Pacing, slack: float | None, d: float, anchor: OnDemandNeed) ->
         on_demand += f" ({pending} Pending: provisioning)"
     return (
         f"{p.deadline.rule}: progress {p.progress:.1%}, line {p.line():.1%} "
-        f"(+2 d̂ {p.line(2 * d):.1%}); {net}; {p.spot} on spot, {on_demand}; {anchor.message}"
+        f"(+2 d̂ {p.line(2 * d):.1%}); {net}{p.scarcity()}; {p.spot} on spot, {on_demand}; "
+        f"{anchor.message}"
     )
 
 

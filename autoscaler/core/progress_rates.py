@@ -8,8 +8,11 @@ too. Per job, from the readings of the snapshots:
   move of the progress while the same running workers trained, once those are `_RING_WINDOW` or
   more apart; the slowest of the last `_KEEP` such stretches per size (a lower bound: resets in a
   stretch slow it, never speed it up);
-- the slowest of the last `_KEEP` worker starts (first seen Pending to Ready: node provisioning
-  and pod start-up), the longest of the last `_KEEP` gaps between two moves of the progress
+- the slowest of the last `_KEEP` workers asked for to start (from the pod's creation, or first
+  seen Pending, to Ready: node provisioning and pod start-up) and the longest wait among them of
+  one that went while still Pending (it never started: its ScaleOut timed out, its on-demand
+  node was refused or the pool was full; at least the timeout it carried), the longest of the
+  last `_KEEP` gaps between two moves of the progress
   (what a failure loses since the last commit), the worst recent restart (a reading lower than
   the last, which also starts the windows again), and the hours workers ran since the progress
   last moved.
@@ -55,6 +58,12 @@ def _recent() -> deque[float]:
     return deque(maxlen=_KEEP)
 
 
+def _recent_starts() -> deque[tuple[float, bool]]:
+    """(seconds waited, started) of the last workers asked for: one deque for both, so a slow
+    node or a timed-out ScaleOut ages out as later workers start, as a slow start does."""
+    return deque(maxlen=_KEEP)
+
+
 @dataclass(slots=True)
 class _History:
     window: _Window
@@ -64,7 +73,7 @@ class _History:
     read_at: datetime | None = None
     stalled_hours: float = 0.0
     rates: dict[int, deque[float]] = field(default_factory=dict)
-    starts: deque[float] = field(default_factory=_recent)
+    starts: deque[tuple[float, bool]] = field(default_factory=_recent_starts)
     gaps: deque[float] = field(default_factory=_recent)
     restarts: deque[float] = field(default_factory=_recent)
     pending_since: dict[str, datetime] = field(default_factory=dict)
@@ -72,7 +81,8 @@ class _History:
     def pace(self) -> Pace:
         return Pace(
             rates=tuple(sorted((n, min(xs)) for n, xs in self.rates.items())),
-            slowest_start=max(self.starts, default=0.0),
+            slowest_start=max((t for t, started in self.starts if started), default=0.0),
+            slowest_unstarted=max((t for t, started in self.starts if not started), default=0.0),
             commit_gap=max(self.gaps, default=0.0),
             restart_loss=max(self.restarts, default=0.0),
             stalled_hours=self.stalled_hours,
@@ -130,18 +140,19 @@ def _worker_rate(history: _History, job: Job, now: datetime) -> None:
 
 
 def _starts(history: _History, job: Job, now: datetime) -> None:
-    """How long workers took from first seen Pending to Ready."""
+    """How long workers took from their creation (or first seen Pending) to Ready, and how long
+    those that went while Pending had waited by the time they were seen gone."""
     pending = history.pending_since
     for w in job.workers:
         if w.pending:
-            pending.setdefault(w.pod, now)
+            pending.setdefault(w.pod, w.created_at or now)
         elif w.pod in pending:
             since = pending.pop(w.pod)
             ready = w.ready_since or now
-            history.starts.append(max(0.0, (ready - since).total_seconds()))
+            history.starts.append((max(0.0, (ready - since).total_seconds()), True))
     alive = {w.pod for w in job.workers}
     for gone in pending.keys() - alive:
-        del pending[gone]
+        history.starts.append((max(0.0, (now - pending.pop(gone)).total_seconds()), False))
 
 
 def _ring_rate(history: _History, progress: float, running: int, now: datetime) -> None:

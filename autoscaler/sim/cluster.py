@@ -93,6 +93,7 @@ class SimPod:
     node: str | None = None
     ready_at: datetime | None = None  # when a bound pod turns Running
     running: bool = False
+    created_at: datetime | None = None
 
 
 @dataclass
@@ -358,6 +359,7 @@ class SimulatedCluster:
                         p.index,
                         pending=not p.running,
                         ready_since=p.ready_at if p.running else None,
+                        created_at=p.created_at,
                     )
                     for p in pods
                 ),
@@ -395,7 +397,7 @@ class SimulatedCluster:
             job.scalers_created += 1
             name = f"{job.spec.name}-{decision.action.value.replace('_', '')}-{job.scalers_created}"
             if decision.action is Action.SCALE_OUT:
-                pods = tuple(self._new_pod(job).name for _ in range(decision.count))
+                pods = tuple(self._new_pod(job, now).name for _ in range(decision.count))
                 job.scaler = SimScaler(
                     ScalerKind.SCALE_OUT,
                     name,
@@ -417,12 +419,13 @@ class SimulatedCluster:
                 )
         self.advance(now)
 
-    def _new_pod(self, job: SimJobState) -> SimPod:
+    def _new_pod(self, job: SimJobState, now: datetime) -> SimPod:
         pod = SimPod(
             f"{job.spec.name}-worker-{job.next_index}",
             job.key,
             job.next_index,
             job.spec.gpus_per_worker,
+            created_at=now,
         )
         job.next_index += 1
         self.pods[pod.name] = pod
