@@ -302,12 +302,12 @@ def test_the_changeover_is_the_floor_or_what_the_job_showed() -> None:
 
 
 def test_scarce_on_demand_raises_the_changeover_up_to_an_hour() -> None:
-    # a worker Pending 15 min, or one that went unstarted after its 25 min timeout: on-demand
-    # takes at least that long now, whatever the starts measured (3 min)
+    # a worker Pending 15 min, or a recent one that went unstarted after its 25 min timeout:
+    # on-demand takes at least that long now, whatever the starts measured (3 min)
     measured = Pace(slowest_start=180, commit_gap=60)
     assert measured.changeover_hours(1 / 12) == pytest.approx(1 / 12)
     assert measured.changeover_hours(1 / 12, pending=900) == pytest.approx(16 / 60)
-    timed_out = replace(measured, slowest_unstarted=1500)
+    timed_out = replace(measured, on_demand_wait=1500)
     assert timed_out.changeover_hours(1 / 12) == pytest.approx(26 / 60)
     # bounded: a worker Pending for hours waits for something else than provisioning
     assert measured.changeover_hours(1 / 12, pending=5 * 3600) == pytest.approx(61 / 60)
@@ -341,11 +341,11 @@ def test_an_on_demand_worker_pending_15_min_makes_the_safety_net_fire_earlier(ru
 
 def test_a_timed_out_scale_out_keeps_the_changeover_raised_and_says_so() -> None:
     # its workers went unstarted after the 25 min timeout: d̂ 25 min, the net fires
-    gone = Pace(rates=((8, 0.092),), slowest_start=120, slowest_unstarted=1500)
+    gone = Pace(rates=((8, 0.092),), slowest_start=120, on_demand_wait=1500)
     snap = snapshot(_full_spot(2), [_job(_spot_on(2), progress=0.47, pace=gone)])
     (out,) = only(run(snap, policies(**_deadline())), Action.SCALE_OUT)
     assert out.reason is Reason.BEHIND_DEADLINE
-    assert "raised by scarce on-demand: a worker gone unstarted after 25 min" in out.message
+    assert "raised by scarce on-demand: a recent on-demand worker waited 25 min" in out.message
 
 
 # --- what cannot be met ------------------------------------------------------------------------

@@ -13,9 +13,9 @@ in work from the job's start to `deadline - margin`. Both re-check on every pass
   worker (under `paced`, only the on-demand workers whose lower bound alone finishes one d̂
   before the end: _net_fill); those stay until the slack is back above 2 d̂. While the job runs
   on fewer workers than the cap, the slack shrinks by itself; the net sees that on the next pass.
-  d̂ holds the slowest recent start, and while on-demand is scarce what has not started: the
-  oldest on-demand worker still Pending (its age, from the snapshot) and the longest recent wait
-  of a worker that went unstarted (a timed-out ScaleOut: core/progress_rates.py).
+  d̂ holds the slowest recent start, and while on-demand is scarce what it waited for on-demand:
+  the oldest on-demand worker still Pending (its age, from the snapshot) and the longest recent
+  wait of one off spot, started or gone unstarted (a timed-out ScaleOut: core/progress_rates.py).
 - `uniform_progress` (the baseline, the paper's rule for one elastic job): behind the line, every
   allowed worker (on-demand filling in next to spot); they stay until progress is ahead of the
   line by two changeovers, ep(t + 2 d̂) (the paper's hysteresis).
@@ -160,12 +160,12 @@ class _Pacing:
     def scarcity(self) -> str:
         """What raised d̂ above the starts measured, if on-demand scarcity did ("" if not)."""
         d = self.changeover
-        if d <= replace(self.pace, slowest_unstarted=0.0).changeover_hours(self._floor):
+        if d <= replace(self.pace, on_demand_wait=0.0).changeover_hours(self._floor):
             return ""
-        if self.pending >= self.pace.slowest_unstarted:
+        if self.pending >= self.pace.on_demand_wait:
             why = f"an on-demand worker Pending {self.pending / 60:.0f} min"
         else:
-            why = f"a worker gone unstarted after {self.pace.slowest_unstarted / 60:.0f} min"
+            why = f"a recent on-demand worker waited {self.pace.on_demand_wait / 60:.0f} min"
         return f"; d̂ {d:.2f} h raised by scarce on-demand: {why}"
 
     def line(self, later: float = 0.0) -> float:

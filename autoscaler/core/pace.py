@@ -34,10 +34,9 @@ class Pace:
     # each from a stretch of at least a few minutes with the same running workers and no restart
     rates: tuple[tuple[int, float], ...] = ()
     slowest_start: float = 0.0  # seconds from a recent worker's creation to Ready, the slowest
-    # seconds: the longest a recent worker waited and went without starting (deleted while
-    # Pending: its ScaleOut timed out, its node was refused or capped); among the same recent
-    # workers as `slowest_start`, so fast starts that come after age it out alike
-    slowest_unstarted: float = 0.0
+    # seconds: the longest recent wait for on-demand, of workers that started off spot or went
+    # while still Pending off spot (their ScaleOut timed out, their node was refused or capped)
+    on_demand_wait: float = 0.0
     # seconds: the longest recent gap between two moves of the progress while workers ran (the
     # script reports at commits: a failure loses up to this much training)
     commit_gap: float = 0.0
@@ -71,8 +70,8 @@ class Pace:
     def changeover_hours(self, floor_hours: float, pending: float = 0.0) -> float:
         """d̂: a pessimistic changeover (node provisioning and pod start-up, Horovod's reset, the
         training since the last commit), at least `floor_hours`. Provisioning is the slowest
-        recent start, or longer when on-demand is scarce: the longest recent wait of a worker
-        that never started, or `pending` (seconds: the oldest worker still Pending, a lower
+        recent start, or longer when on-demand is scarce: the longest recent wait for on-demand,
+        started or not, or `pending` (seconds: the oldest on-demand worker still Pending, a lower
         bound that grows while it waits), each counted up to LONGEST_WAIT."""
-        waited = min(LONGEST_WAIT, max(self.slowest_unstarted, pending))
+        waited = min(LONGEST_WAIT, max(self.on_demand_wait, pending))
         return max(floor_hours, (max(self.slowest_start, waited) + self.commit_gap) / 3600)

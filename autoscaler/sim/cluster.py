@@ -332,10 +332,11 @@ class SimulatedCluster:
             )
             for n in self.nodes.values()
         )
-        jobs = tuple(self._jobs(now))
+        spot = frozenset(n.name for n in nodes if n.capacity_type is CapacityType.SPOT)
+        jobs = tuple(self._jobs(now, spot))
         return Snapshot(nodes=nodes, notices=tuple(self.notices.values()), jobs=jobs)
 
-    def _jobs(self, now: datetime) -> list[Job]:
+    def _jobs(self, now: datetime, spot: frozenset[str]) -> list[Job]:
         out = []
         for key, state in self.jobs.items():
             spec = state.spec
@@ -375,7 +376,7 @@ class SimulatedCluster:
                 progress_rate=reported.rate if reported else None,
             )
             measured = reported is not None and reported.rate is None
-            out.append(self.rates.with_rate(job, now) if measured else job)
+            out.append(self.rates.with_rate(job, now, spot) if measured else job)
         return out
 
     # --- actuator ------------------------------------------------------------------------------
