@@ -224,6 +224,24 @@ def test_above_the_band_paced_lets_on_demand_go_for_idle_spot_as_uniform_progres
         assert out.count == 6, rule
 
 
+@pytest.mark.parametrize(("idle", "removed"), [(0, 0), (1, 1)])
+def test_while_on_demand_is_scarce_paced_keeps_its_on_demand_as_uniform_progress_does(
+    idle: int, removed: int
+) -> None:
+    # at max 6, above the band: paced alone would cut its 3 on-demand workers (3 spot pace 80%
+    # of the line); on-demand took 25 min lately: they stay, and leave only for idle spot that
+    # takes their place, as under UP
+    nodes = [*_full_spot(3), node("od", gpus=3, used=3, capacity=OD)]
+    nodes += [node(f"idle{i}", gpus=1) for i in range(idle)]
+    scarce = replace(MEASURED, on_demand_wait=1500)
+    j = _job([*_spot_on(3), "od", "od", "od"], progress=0.5, pace=scarce, hi=6)
+    plenty = run(snapshot(nodes, [replace(j, pace=MEASURED)]), policies(**_deadline()))
+    assert sum(len(d.pods) for d in only(plenty, Action.SCALE_IN)) == 3  # on-demand not scarce
+    for rule in ("paced", "uniform_progress"):
+        decisions = run(snapshot(nodes, [j]), policies(**_deadline(rule=rule)))
+        assert sum(len(d.pods) for d in only(decisions, Action.SCALE_IN)) == removed, rule
+
+
 def _need(rule: str, j: Job, nodes: list[GpuNode], changeover: str, on_demand: dict) -> tuple:
     """(want, keep) of on-demand workers under `rule` for `j` on `nodes`."""
     from autoscaler.core.deadline import Fleet, on_demand_need

@@ -21,7 +21,8 @@ in work from the job's start to `deadline - margin`. Both re-check on every pass
   line by two changeovers, ep(t + 2 d̂) (the paper's hysteresis).
 - `paced`: the same line, but behind it only the on-demand workers whose lower-bound speed, next
   to the spot workers there are, catches up with it; they stay while progress is below
-  ep(t + 2 d̂), and above it only what keeps the job near the line. Until the job's speed has
+  ep(t + 2 d̂), and above it only what keeps the job near the line (while on-demand is scarce,
+  what `uniform_progress` keeps: one let go costs d̂ to get back). Until the job's speed has
   been measured nothing is provable and `paced` acts as `uniform_progress`. The throughput model
   is used only to buy fewer workers than the baseline would, never to buy later: in every state
   `paced` wants and keeps no more on-demand workers than `uniform_progress` would. (It can still
@@ -288,8 +289,11 @@ def _deadline(p: _Pacing, anchor: OnDemandNeed) -> OnDemandNeed:
     else:
         line_want, line_keep = _paced(p, anchor)
         # never hold more than uniform_progress would here: above ep(t + 2 d̂) its on-demand
-        # leaves for idle spot that takes its place, paced's 80% pace must not keep it
-        line_keep = min(line_keep, up_keep)
+        # leaves for idle spot that takes its place, paced's 80% pace must not keep it. While
+        # on-demand is scarce (d̂ raised by it), hold what uniform_progress holds: a worker let
+        # go now costs d̂ or more to get back, if it comes at all (the scarcity stress,
+        # docs/deadlines.md: paced let go of on-demand that took 25 min and missed)
+        line_keep = up_keep if p.scarcity() else min(line_keep, up_keep)
         if net_want > anchor.want:
             net_want = _net_fill(p, every, anchor.want)
     want = max(net_want, line_want)
