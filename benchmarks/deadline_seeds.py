@@ -16,6 +16,9 @@ and `--family N` adversarial ones (seeds 1..N: autoscaler/sim/adversarial.py), e
         [--deadlines 1.5 2] [--jobs 2] [--json FILE]
 
 `--jobs N` replays N traces at a time in separate processes (the rows and figures are the same).
+`--scarce` replays with scarce on-demand (autoscaler/bench/dominance.py `Scarcity`: nodes take
+2-20 min, seeded, a fifth are refused, the pool holds a third of the job's max workers), and
+`--scale-out-timeout MINUTES` sets the policy's `scale_out.timeout` (default 6).
 """
 
 from __future__ import annotations
@@ -26,10 +29,14 @@ import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
-from autoscaler.bench.dominance import Row, aggregate, compare, gate
+from autoscaler.bench.dominance import Row, Scarcity, aggregate, compare, gate
 from autoscaler.bench.params import BenchParams
+from autoscaler.core import PolicySet
+from autoscaler.core.policy import Policy
 from autoscaler.sim.adversarial import adversarial_trace
 from autoscaler.sim.trace import TraceEvent, read_trace
 
@@ -46,8 +53,31 @@ def traces(args: argparse.Namespace) -> Iterator[tuple[str, list[TraceEvent]]]:
         yield f"{FAMILY}{seed}-{nodes}n", adversarial_trace(seed, hours, nodes)
 
 
-def _compare(task: tuple[BenchParams, list[TraceEvent], str, float]) -> Row:
-    return compare(*task)
+def _compare(task: tuple[BenchParams, list[TraceEvent], str, float, dict[str, Any]]) -> Row:
+    *positional, options = task
+    return compare(*positional, **options)
+
+
+def options(args: argparse.Namespace) -> dict[str, Any]:
+    """compare's keywords for `--scarce` and `--scale-out-timeout` (with `scalers.max_age` past
+    it, as check-config wants: a ScaleOut waiting for its pods is not stuck)."""
+    out: dict[str, Any] = {"scarcity": Scarcity() if args.scarce else None}
+    if args.scale_out_timeout is not None:
+        rules = PolicySet()
+        timeout = timedelta(minutes=args.scale_out_timeout)
+        policies = [
+            Policy.model_validate(
+                p.model_dump()
+                | {
+                    "scale_out": p.scale_out.model_dump() | {"timeout": timeout},
+                    "scalers": p.scalers.model_dump()
+                    | {"max_age": max(p.scalers.max_age, timeout + timedelta(minutes=5))},
+                }
+            )
+            for p in rules.policies
+        ]
+        out["policies"] = rules.model_copy(update={"policies": policies})
+    return out
 
 
 def _cell(v: object) -> str:
@@ -76,17 +106,20 @@ def main() -> int:
     parser.add_argument("--family-hours", type=float, help="default: 2.5 x --job-hours")
     parser.add_argument("--json", type=Path, help="also write rows and aggregate here")
     parser.add_argument("--jobs", type=int, default=1, help="traces replayed at a time")
+    parser.add_argument("--scarce", action="store_true", help="scarce on-demand (Scarcity)")
+    parser.add_argument("--scale-out-timeout", type=float, help="minutes (policy default: 6)")
     args = parser.parse_args()
     params = BenchParams().with_job_hours(args.job_hours)
     started = time.perf_counter()
-    print(f"--job-hours {args.job_hours:g}, deadlines {args.deadlines} x the job's hours\n")
+    print(f"--job-hours {args.job_hours:g}, deadlines {args.deadlines} x the job's hours")
+    print(f"scarce on-demand: {Scarcity() if args.scarce else 'no'}\n")
     print(
         "| trace | deadline x | UP done h | ours done h | UP $ to target | ours $ | ours/UP "
         "| restarts UP / ours | gate |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
     tasks = [
-        (params, trace, name, multiple * args.job_hours)
+        (params, trace, name, multiple * args.job_hours, options(args))
         for name, trace in traces(args)
         for multiple in args.deadlines
     ]

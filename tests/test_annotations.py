@@ -101,3 +101,32 @@ def test_worker_starts_restarts_and_stalls_are_measured() -> None:
     assert job.pace is not None and job.pace.stalled_hours == pytest.approx(91 / 60)
     job = rates.with_rate(_ring(0.26, 3), T0 + timedelta(minutes=96))
     assert job.pace is not None and job.pace.stalled_hours == 0.0
+
+
+def _with(job: Job, *extra: Worker) -> Job:
+    return Job("ml", "bert", 1, 8, workers=(*job.workers, *extra), progress=job.progress)
+
+
+def test_a_worker_gone_while_pending_counts_its_wait_and_only_on_demand_starts_age_it_out() -> None:
+    rates, spot = ProgressRates(), frozenset({"n"})  # _ring's running workers are on spot
+    asked = T0 - timedelta(minutes=1)  # the pod's creation, before the daemon first saw it
+    rates.with_rate(_with(_ring(0.30, 2), Worker("w2", None, "w2", 2, True, created_at=asked)), T0)
+    # its ScaleOut timed out 25 min after it was made: the pod is gone, it never started
+    job = rates.with_rate(_ring(0.32, 2), asked + timedelta(minutes=25), spot)
+    assert job.pace is not None and job.pace.on_demand_wait == pytest.approx(1500)
+    assert job.pace.slowest_start == 0.0 and job.pace.changeover_hours(1 / 12) >= 25 / 60
+    # spot workers that start in a minute say nothing of on-demand: five of them leave it
+    for i in range(5):
+        at = T0 + timedelta(minutes=30 + 2 * i)
+        rates.with_rate(_ring(0.33, 2 + i, pending=1), at, spot)
+        job = rates.with_rate(_ring(0.34, 3 + i, ready=at + timedelta(minutes=1)), at, spot)
+    assert job.pace is not None and job.pace.on_demand_wait == pytest.approx(1500)
+    assert job.pace.slowest_start == pytest.approx(60)
+    # five on-demand workers that start in 3 min push it out, as later starts do a slow start
+    for i in range(5):
+        at = T0 + timedelta(minutes=50 + 4 * i)
+        name = f"od{i}"
+        rates.with_rate(_with(_ring(0.35, 7), Worker(name, None, name, 10 + i, True)), at, spot)
+        ready = Worker(name, "od", name, 10 + i, ready_since=at + timedelta(minutes=3))
+        job = rates.with_rate(_with(_ring(0.36, 7), ready), at + timedelta(minutes=3), spot)
+    assert job.pace is not None and job.pace.on_demand_wait == pytest.approx(180)

@@ -4,7 +4,19 @@ family (median, share above UP, restarts to completion)."""
 
 from __future__ import annotations
 
-from autoscaler.bench.dominance import Outcome, Row, aggregate, clip, gate, targets
+from datetime import timedelta
+
+from autoscaler.bench.dominance import (
+    Outcome,
+    Row,
+    Scarcity,
+    aggregate,
+    clip,
+    compare,
+    gate,
+    targets,
+)
+from autoscaler.bench.params import BenchParams
 from autoscaler.sim.trace import TraceEvent
 
 
@@ -41,3 +53,21 @@ def test_family_targets_median_share_above_and_worst() -> None:
 def test_clip_ends_the_trace_at_the_deadline_and_adds_nothing() -> None:
     trace = [TraceEvent(0.0, "add", "node1"), TraceEvent(7200.0, "remove", "node1")]
     assert clip(trace, 3600.0) == trace[:1]
+
+
+def test_scarce_on_demand_is_slow_refused_and_capped_below_what_the_deadline_needs() -> None:
+    pool = Scarcity().pool(max_workers=24, gpus_per_worker=1, node_gpus=1)
+    assert (pool.provisioning_delay, pool.provisioning_delay_max) == (
+        timedelta(minutes=2),
+        timedelta(minutes=20),
+    )
+    assert (pool.refusal_probability, pool.max_nodes) == (0.2, 8)
+    assert Scarcity().pool(max_workers=2, gpus_per_worker=1, node_gpus=4).max_nodes == 1
+    # one spot node for 30 min, then none: the job needs on-demand, and scarce on-demand (a
+    # third of the 4 max workers, slow) leaves both rules short of what plenty gives them
+    trace = [TraceEvent(0.0, "add", f"n{i}") for i in range(4)]
+    trace += [TraceEvent(1800.0, "remove", f"n{i}") for i in range(4)]
+    params = BenchParams().with_job_hours(1)
+    plenty, scarce = (compare(params, trace, "t", 2.0, scarcity=s) for s in (None, Scarcity()))
+    assert plenty.up.met and plenty.ours.met
+    assert not scarce.up.met and not scarce.ours.met

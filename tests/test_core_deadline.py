@@ -224,6 +224,24 @@ def test_above_the_band_paced_lets_on_demand_go_for_idle_spot_as_uniform_progres
         assert out.count == 6, rule
 
 
+@pytest.mark.parametrize(("idle", "removed"), [(0, 0), (1, 1)])
+def test_while_on_demand_is_scarce_paced_keeps_its_on_demand_as_uniform_progress_does(
+    idle: int, removed: int
+) -> None:
+    # at max 6, above the band: paced alone would cut its 3 on-demand workers (3 spot pace 80%
+    # of the line); on-demand took 25 min lately: they stay, and leave only for idle spot that
+    # takes their place, as under UP
+    nodes = [*_full_spot(3), node("od", gpus=3, used=3, capacity=OD)]
+    nodes += [node(f"idle{i}", gpus=1) for i in range(idle)]
+    scarce = replace(MEASURED, on_demand_wait=1500)
+    j = _job([*_spot_on(3), "od", "od", "od"], progress=0.5, pace=scarce, hi=6)
+    plenty = run(snapshot(nodes, [replace(j, pace=MEASURED)]), policies(**_deadline()))
+    assert sum(len(d.pods) for d in only(plenty, Action.SCALE_IN)) == 3  # on-demand not scarce
+    for rule in ("paced", "uniform_progress"):
+        decisions = run(snapshot(nodes, [j]), policies(**_deadline(rule=rule)))
+        assert sum(len(d.pods) for d in only(decisions, Action.SCALE_IN)) == removed, rule
+
+
 def _need(rule: str, j: Job, nodes: list[GpuNode], changeover: str, on_demand: dict) -> tuple:
     """(want, keep) of on-demand workers under `rule` for `j` on `nodes`."""
     from autoscaler.core.deadline import Fleet, on_demand_need
@@ -299,6 +317,53 @@ def test_the_changeover_is_the_floor_or_what_the_job_showed() -> None:
     assert Pace().changeover_hours(1 / 6) == pytest.approx(1 / 6)
     slow = Pace(slowest_start=900, commit_gap=300)  # a 15 min start, 5 min between commits
     assert slow.changeover_hours(1 / 6) == pytest.approx(1 / 3)
+
+
+def test_scarce_on_demand_raises_the_changeover_up_to_an_hour() -> None:
+    # a worker Pending 15 min, or a recent one that went unstarted after its 25 min timeout:
+    # on-demand takes at least that long now, whatever the starts measured (3 min)
+    measured = Pace(slowest_start=180, commit_gap=60)
+    assert measured.changeover_hours(1 / 12) == pytest.approx(1 / 12)
+    assert measured.changeover_hours(1 / 12, pending=900) == pytest.approx(16 / 60)
+    timed_out = replace(measured, on_demand_wait=1500)
+    assert timed_out.changeover_hours(1 / 12) == pytest.approx(26 / 60)
+    # bounded: a worker Pending for hours waits for something else than provisioning
+    assert measured.changeover_hours(1 / 12, pending=5 * 3600) == pytest.approx(61 / 60)
+
+
+def _waiting(minutes: float | None, pace: Pace) -> Snapshot:
+    """2 workers on spot and one on-demand worker asked for `minutes` ago and still Pending
+    (None: asked for at an unknown time), 47% done at 40% of the line: ahead of it, and 53% at
+    9.2%/h (5.76 h) + 2 x 5 min leaves 0.07 h of the 6 h; a PyTorchJob's replicas raise, so no
+    scaler waits for it."""
+    j = _job([*_spot_on(2), None], progress=0.47, pace=pace)  # type: ignore[list-item]
+    created = None if minutes is None else NOW - timedelta(minutes=minutes)
+    pending = replace(j.workers[-1], pending=True, created_at=created)
+    return snapshot(_full_spot(2), [replace(j, workers=(*j.workers[:2], pending))])
+
+
+@pytest.mark.parametrize("rule", ["uniform_progress", "paced"])
+def test_an_on_demand_worker_pending_15_min_makes_the_safety_net_fire_earlier(rule: str) -> None:
+    slow = Pace(rates=((8, 0.092),))
+    rules = policies(**_deadline(rule=rule))
+    # asked for 4 min ago: d̂ is the 5 min floor, the slack 0.07 h, nothing more is bought
+    for minutes in (4, None):
+        assert not only(run(_waiting(minutes, slow), rules), Action.SCALE_OUT)
+    # Pending 15 min: d̂ is 15 min, 5.76 h + 2 x 0.25 h > 6 h: the net fires
+    (out,) = only(run(_waiting(15, slow), rules), Action.SCALE_OUT)
+    # to max under both rules (paced's net: 53% in 5.75 h needs more than 8's 9.2%/h)
+    assert (out.reason, out.count) == (Reason.BEHIND_DEADLINE, 5)
+    assert "2 x 0.25 h changeover: slack -0.3 h" in out.message
+    assert "d̂ 0.25 h raised by scarce on-demand: an on-demand worker Pending 15 min" in out.message
+
+
+def test_a_timed_out_scale_out_keeps_the_changeover_raised_and_says_so() -> None:
+    # its workers went unstarted after the 25 min timeout: d̂ 25 min, the net fires
+    gone = Pace(rates=((8, 0.092),), slowest_start=120, on_demand_wait=1500)
+    snap = snapshot(_full_spot(2), [_job(_spot_on(2), progress=0.47, pace=gone)])
+    (out,) = only(run(snap, policies(**_deadline())), Action.SCALE_OUT)
+    assert out.reason is Reason.BEHIND_DEADLINE
+    assert "raised by scarce on-demand: a recent on-demand worker waited 25 min" in out.message
 
 
 # --- what cannot be met ------------------------------------------------------------------------

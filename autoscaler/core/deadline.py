@@ -13,12 +13,16 @@ in work from the job's start to `deadline - margin`. Both re-check on every pass
   worker (under `paced`, only the on-demand workers whose lower bound alone finishes one d̂
   before the end: _net_fill); those stay until the slack is back above 2 d̂. While the job runs
   on fewer workers than the cap, the slack shrinks by itself; the net sees that on the next pass.
+  d̂ holds the slowest recent start, and while on-demand is scarce what it waited for on-demand:
+  the oldest on-demand worker still Pending (its age, from the snapshot) and the longest recent
+  wait of one off spot, started or gone unstarted (a timed-out ScaleOut: core/progress_rates.py).
 - `uniform_progress` (the baseline, the paper's rule for one elastic job): behind the line, every
   allowed worker (on-demand filling in next to spot); they stay until progress is ahead of the
   line by two changeovers, ep(t + 2 d̂) (the paper's hysteresis).
 - `paced`: the same line, but behind it only the on-demand workers whose lower-bound speed, next
   to the spot workers there are, catches up with it; they stay while progress is below
-  ep(t + 2 d̂), and above it only what keeps the job near the line. Until the job's speed has
+  ep(t + 2 d̂), and above it only what keeps the job near the line (while on-demand is scarce,
+  what `uniform_progress` keeps: one let go costs d̂ to get back). Until the job's speed has
   been measured nothing is provable and `paced` acts as `uniform_progress`. The throughput model
   is used only to buy fewer workers than the baseline would, never to buy later: in every state
   `paced` wants and keeps no more on-demand workers than `uniform_progress` would. (It can still
@@ -132,9 +136,38 @@ class _Pacing:
         return 1.0 - self.progress
 
     @property
+    def pending(self) -> float:
+        """Seconds since the oldest on-demand worker still Pending was asked for (0: none). It
+        has not started yet: on-demand takes at least this long now, measured or not."""
+        return max(
+            (
+                (self.now - w.created_at).total_seconds()
+                for w in self.fleet.on_demand
+                if w.pending and w.created_at is not None
+            ),
+            default=0.0,
+        )
+
+    @property
     def changeover(self) -> float:
-        """d̂, hours."""
-        return self.pace.changeover_hours(self.deadline.changeover.total_seconds() / 3600)
+        """d̂, hours: the measured changeover, or longer while on-demand is scarce (a worker
+        Pending now, or a recent one that went without starting)."""
+        return self.pace.changeover_hours(self._floor, self.pending)
+
+    @property
+    def _floor(self) -> float:
+        return self.deadline.changeover.total_seconds() / 3600
+
+    def scarcity(self) -> str:
+        """What raised d̂ above the starts measured, if on-demand scarcity did ("" if not)."""
+        d = self.changeover
+        if d <= replace(self.pace, on_demand_wait=0.0).changeover_hours(self._floor):
+            return ""
+        if self.pending >= self.pace.on_demand_wait:
+            why = f"an on-demand worker Pending {self.pending / 60:.0f} min"
+        else:
+            why = f"a recent on-demand worker waited {self.pace.on_demand_wait / 60:.0f} min"
+        return f"; d̂ {d:.2f} h raised by scarce on-demand: {why}"
 
     def line(self, later: float = 0.0) -> float:
         """Uniform Progress's expected progress `later` hours from now, ep(t + later)."""
@@ -256,8 +289,11 @@ def _deadline(p: _Pacing, anchor: OnDemandNeed) -> OnDemandNeed:
     else:
         line_want, line_keep = _paced(p, anchor)
         # never hold more than uniform_progress would here: above ep(t + 2 d̂) its on-demand
-        # leaves for idle spot that takes its place, paced's 80% pace must not keep it
-        line_keep = min(line_keep, up_keep)
+        # leaves for idle spot that takes its place, paced's 80% pace must not keep it. While
+        # on-demand is scarce (d̂ raised by it), hold what uniform_progress holds: a worker let
+        # go now costs d̂ or more to get back, if it comes at all (the scarcity stress,
+        # docs/deadlines.md: paced let go of on-demand that took 25 min and missed)
+        line_keep = up_keep if p.scarcity() else min(line_keep, up_keep)
         if net_want > anchor.want:
             net_want = _net_fill(p, every, anchor.want)
     want = max(net_want, line_want)
@@ -350,7 +386,8 @@ def _explain(p: _Pacing, slack: float | None, d: float, anchor: OnDemandNeed) ->
         on_demand += f" ({pending} Pending: provisioning)"
     return (
         f"{p.deadline.rule}: progress {p.progress:.1%}, line {p.line():.1%} "
-        f"(+2 d̂ {p.line(2 * d):.1%}); {net}; {p.spot} on spot, {on_demand}; {anchor.message}"
+        f"(+2 d̂ {p.line(2 * d):.1%}); {net}{p.scarcity()}; {p.spot} on spot, {on_demand}; "
+        f"{anchor.message}"
     )
 
 

@@ -208,6 +208,9 @@ class Worker:
     ready_since: datetime | None = None  # None: long enough ago / unknown
     # being deleted (evicted, NTH/Karpenter drain, a scaler): gone soon, whatever we decide
     terminating: bool = False
+    # when it was asked for (the pod's creation); None: unknown. A Pending worker's age is
+    # on-demand time observed but not yet over (core/deadline.py budgets for it)
+    created_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

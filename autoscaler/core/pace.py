@@ -17,6 +17,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+# The longest wait for on-demand d̂ counts (seconds). Karpenter deletes a NodeClaim that has not
+# registered within 15 min and launches another (kubernetes-sigs/karpenter, pkg/controllers/
+# nodeclaim/lifecycle/liveness.go), cluster-autoscaler gives up on a node after its
+# max-node-provision-time (15 min): a worker Pending for an hour waits for something a
+# changeover does not measure (a pool at its limit, an image that does not pull), and counting
+# all of it would hold every on-demand worker for as long as it waits.
+LONGEST_WAIT = 3600.0
+
 
 @dataclass(frozen=True, slots=True)
 class Pace:
@@ -26,6 +34,9 @@ class Pace:
     # each from a stretch of at least a few minutes with the same running workers and no restart
     rates: tuple[tuple[int, float], ...] = ()
     slowest_start: float = 0.0  # seconds from a recent worker's creation to Ready, the slowest
+    # seconds: the longest recent wait for on-demand, of workers that started off spot or went
+    # while still Pending off spot (their ScaleOut timed out, their node was refused or capped)
+    on_demand_wait: float = 0.0
     # seconds: the longest recent gap between two moves of the progress while workers ran (the
     # script reports at commits: a failure loses up to this much training)
     commit_gap: float = 0.0
@@ -56,7 +67,11 @@ class Pace:
         the deadline is safe is judged on the lower bound."""
         return math.sqrt(self.lower(n, exponent) * (self.upper(n) or 0.0))
 
-    def changeover_hours(self, floor_hours: float) -> float:
+    def changeover_hours(self, floor_hours: float, pending: float = 0.0) -> float:
         """d̂: a pessimistic changeover (node provisioning and pod start-up, Horovod's reset, the
-        training since the last commit), at least `floor_hours`."""
-        return max(floor_hours, (self.slowest_start + self.commit_gap) / 3600)
+        training since the last commit), at least `floor_hours`. Provisioning is the slowest
+        recent start, or longer when on-demand is scarce: the longest recent wait for on-demand,
+        started or not, or `pending` (seconds: the oldest on-demand worker still Pending, a lower
+        bound that grows while it waits), each counted up to LONGEST_WAIT."""
+        waited = min(LONGEST_WAIT, max(self.on_demand_wait, pending))
+        return max(floor_hours, (max(self.slowest_start, waited) + self.commit_gap) / 3600)

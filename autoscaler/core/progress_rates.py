@@ -8,8 +8,14 @@ too. Per job, from the readings of the snapshots:
   move of the progress while the same running workers trained, once those are `_RING_WINDOW` or
   more apart; the slowest of the last `_KEEP` such stretches per size (a lower bound: resets in a
   stretch slow it, never speed it up);
-- the slowest of the last `_KEEP` worker starts (first seen Pending to Ready: node provisioning
-  and pod start-up), the longest of the last `_KEEP` gaps between two moves of the progress
+- the slowest of the last `_KEEP` worker starts (from the pod's creation, or first seen Pending,
+  to Ready: node provisioning and pod start-up), and apart the longest of the last `_KEEP` waits
+  for on-demand: workers that started off spot, and workers gone while still Pending off spot
+  (never started: a ScaleOut that timed out, a node refused or a pool at its limit; their wait
+  counts at least the timeout they carried). Apart, so spot workers that start in a minute do
+  not age out what on-demand took; later on-demand workers do, so one slow node does not hold
+  d̂ up for good (and while d̂ is up, the net buys on-demand sooner: what ages it out comes).
+  Then the longest of the last `_KEEP` gaps between two moves of the progress
   (what a failure loses since the last commit), the worst recent restart (a reading lower than
   the last, which also starts the windows again), and the hours workers ran since the progress
   last moved.
@@ -65,14 +71,16 @@ class _History:
     stalled_hours: float = 0.0
     rates: dict[int, deque[float]] = field(default_factory=dict)
     starts: deque[float] = field(default_factory=_recent)
+    on_demand: deque[float] = field(default_factory=_recent)  # waits off spot, started or not
     gaps: deque[float] = field(default_factory=_recent)
     restarts: deque[float] = field(default_factory=_recent)
-    pending_since: dict[str, datetime] = field(default_factory=dict)
+    pending_since: dict[str, tuple[datetime, bool]] = field(default_factory=dict)  # on spot?
 
     def pace(self) -> Pace:
         return Pace(
             rates=tuple(sorted((n, min(xs)) for n, xs in self.rates.items())),
             slowest_start=max(self.starts, default=0.0),
+            on_demand_wait=max(self.on_demand, default=0.0),
             commit_gap=max(self.gaps, default=0.0),
             restart_loss=max(self.restarts, default=0.0),
             stalled_hours=self.stalled_hours,
@@ -83,9 +91,9 @@ class ProgressRates:
     def __init__(self) -> None:
         self._jobs: dict[str, _History] = {}
 
-    def with_rate(self, job: Job, now: datetime) -> Job:
+    def with_rate(self, job: Job, now: datetime, spot: frozenset[str] = frozenset()) -> Job:
         """`job` with its measured pace (its per-worker rate None until a window has passed with
-        progress made)."""
+        progress made); `spot`: the spot nodes' names (a worker elsewhere waited for on-demand)."""
         if job.progress is None:
             self._jobs.pop(job.key, None)
             return job
@@ -96,7 +104,7 @@ class ProgressRates:
                 _Window(now, job.progress), _Ring(running), job.progress
             )
         _worker_rate(history, job, now)
-        _starts(history, job, now)
+        _starts(history, job, now, spot)
         _ring_rate(history, job.progress, running, now)
         rate = history.window.rate
         job = replace(job, pace=history.pace())
@@ -129,19 +137,24 @@ def _worker_rate(history: _History, job: Job, now: datetime) -> None:
         window.since, window.progress, window.worker_hours = now, job.progress, 0.0
 
 
-def _starts(history: _History, job: Job, now: datetime) -> None:
-    """How long workers took from first seen Pending to Ready."""
+def _starts(history: _History, job: Job, now: datetime, spot: frozenset[str]) -> None:
+    """How long workers took from their creation (or first seen Pending) to Ready; and apart,
+    for those off spot, that and how long the ones gone while Pending had waited by then."""
     pending = history.pending_since
     for w in job.workers:
         if w.pending:
-            pending.setdefault(w.pod, now)
+            since, _ = pending.get(w.pod, (w.created_at or now, False))
+            pending[w.pod] = (since, w.node in spot)
         elif w.pod in pending:
-            since = pending.pop(w.pod)
-            ready = w.ready_since or now
-            history.starts.append(max(0.0, (ready - since).total_seconds()))
-    alive = {w.pod for w in job.workers}
-    for gone in pending.keys() - alive:
-        del pending[gone]
+            since, _ = pending.pop(w.pod)
+            waited = max(0.0, ((w.ready_since or now) - since).total_seconds())
+            history.starts.append(waited)
+            if w.node not in spot:
+                history.on_demand.append(waited)
+    for gone in pending.keys() - {w.pod for w in job.workers}:
+        since, on_spot = pending.pop(gone)
+        if not on_spot:
+            history.on_demand.append(max(0.0, (now - since).total_seconds()))
 
 
 def _ring_rate(history: _History, progress: float, running: int, now: datetime) -> None:

@@ -93,6 +93,7 @@ class SimPod:
     node: str | None = None
     ready_at: datetime | None = None  # when a bound pod turns Running
     running: bool = False
+    created_at: datetime | None = None
 
 
 @dataclass
@@ -331,10 +332,11 @@ class SimulatedCluster:
             )
             for n in self.nodes.values()
         )
-        jobs = tuple(self._jobs(now))
+        spot = frozenset(n.name for n in nodes if n.capacity_type is CapacityType.SPOT)
+        jobs = tuple(self._jobs(now, spot))
         return Snapshot(nodes=nodes, notices=tuple(self.notices.values()), jobs=jobs)
 
-    def _jobs(self, now: datetime) -> list[Job]:
+    def _jobs(self, now: datetime, spot: frozenset[str]) -> list[Job]:
         out = []
         for key, state in self.jobs.items():
             spec = state.spec
@@ -358,6 +360,7 @@ class SimulatedCluster:
                         p.index,
                         pending=not p.running,
                         ready_since=p.ready_at if p.running else None,
+                        created_at=p.created_at,
                     )
                     for p in pods
                 ),
@@ -373,7 +376,7 @@ class SimulatedCluster:
                 progress_rate=reported.rate if reported else None,
             )
             measured = reported is not None and reported.rate is None
-            out.append(self.rates.with_rate(job, now) if measured else job)
+            out.append(self.rates.with_rate(job, now, spot) if measured else job)
         return out
 
     # --- actuator ------------------------------------------------------------------------------
@@ -395,7 +398,7 @@ class SimulatedCluster:
             job.scalers_created += 1
             name = f"{job.spec.name}-{decision.action.value.replace('_', '')}-{job.scalers_created}"
             if decision.action is Action.SCALE_OUT:
-                pods = tuple(self._new_pod(job).name for _ in range(decision.count))
+                pods = tuple(self._new_pod(job, now).name for _ in range(decision.count))
                 job.scaler = SimScaler(
                     ScalerKind.SCALE_OUT,
                     name,
@@ -417,12 +420,13 @@ class SimulatedCluster:
                 )
         self.advance(now)
 
-    def _new_pod(self, job: SimJobState) -> SimPod:
+    def _new_pod(self, job: SimJobState, now: datetime) -> SimPod:
         pod = SimPod(
             f"{job.spec.name}-worker-{job.next_index}",
             job.key,
             job.next_index,
             job.spec.gpus_per_worker,
+            created_at=now,
         )
         job.next_index += 1
         self.pods[pod.name] = pod

@@ -53,6 +53,7 @@ def worker_of(pod: PodFacts) -> Worker:
         pending=pod.phase != "Running",
         ready_since=pod.ready_since,
         terminating=pod.terminating,
+        created_at=pod.created_at,
     )
 
 

@@ -151,7 +151,8 @@ class KubeObserver:
         alive = view.alive
         lost = self._pods.jobs_on(self._pods.nodes() - alive)
         jobs = [self._with_failures(j, alive, j.key in lost) for j in jobs]
-        jobs = [self._rates.with_rate(j, now) for j in jobs]
+        spot = frozenset(n.name for n in view.gpu_nodes if n.capacity_type is CapacityType.SPOT)
+        jobs = [self._rates.with_rate(j, now, spot) for j in jobs]
         behind |= self._cache.behind()  # before or after the reads: either way, not trusted
         if self._unconfirmed(view.notices, notices[len(view.notices) :]):
             behind |= {NODES}

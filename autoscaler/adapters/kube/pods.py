@@ -40,6 +40,7 @@ class PodFacts:
     index: int
     ready_since: datetime | None  # Ready condition's transition, else the container's start
     terminating: bool = False  # metadata.deletionTimestamp set: Terminating for its grace period
+    created_at: datetime | None = None  # metadata.creationTimestamp: when it was asked for
 
 
 def quantity(value: Any) -> float:
@@ -129,6 +130,7 @@ def pod_facts(pod: Obj, settings: KubernetesSettings, recognise: Recognise) -> P
         index=_index(name, labels),
         ready_since=_ready_since(pod.get("status") or {}),
         terminating=bool(meta.get("deletionTimestamp")),
+        created_at=parse_time(meta.get("creationTimestamp")),
     )
 
 
