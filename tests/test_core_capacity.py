@@ -287,6 +287,16 @@ def test_a_scale_out_whose_pods_are_not_made_yet_keeps_their_room() -> None:
     assert grown(run(snapshot(free, [made, bert])), "ml/bert") == 1
 
 
+def test_after_a_rolled_back_scale_out_growth_asks_for_what_came() -> None:
+    # bert's last ScaleOut was rolled back with 2 of its workers Running: the next asks for 2
+    # (at least 1), under the policy's max_step too; a success lifts it (failed_with None)
+    nodes = [node("a", gpus=8)]
+    for failed_with, max_step, count in ((2, None, 2), (0, None, 1), (3, 2, 2), (None, None, 7)):
+        bert = replace(job(hi=8, placement=["x"]), failed_with=failed_with)
+        rules = policies(scale_out={"max_step": max_step}) if max_step else policies()
+        assert grown(run(snapshot(nodes, [bert]), rules)) == count, (failed_with, max_step)
+
+
 def test_scale_out_carries_the_policy_timeout() -> None:
     ds = run(
         snapshot([node("a", gpus=2)], [job(placement=["x"])]),

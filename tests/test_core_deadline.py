@@ -142,6 +142,18 @@ def test_uniform_progress_fills_to_max_below_the_line_and_uses_spot_only_above(
         assert (out.reason, out.count) == (Reason.BEHIND_DEADLINE, 6)
 
 
+@pytest.mark.parametrize(("failed_with", "count"), [(None, 6), (3, 3), (0, 1)])
+def test_after_a_rolled_back_scale_out_on_demand_is_asked_for_in_what_came(
+    failed_with: int | None, count: int
+) -> None:
+    # et-operator rolls a ScaleOut back whole when not all its workers run in time: a pool that
+    # gives 3 of the 6 asked would give none, pass after pass (issue 36's scarcity stress)
+    behind = replace(_job(_spot_on(2), progress=0.30), failed_with=failed_with)
+    rules = policies(**_deadline(rule="uniform_progress"))
+    (out,) = only(run(snapshot(_full_spot(2), [behind]), rules), Action.SCALE_OUT)
+    assert (out.reason, out.count) == (Reason.BEHIND_DEADLINE, count)
+
+
 @pytest.mark.parametrize(
     ("progress", "idle_spot", "removed"), [(0.41, 2, 0), (0.45, 0, 0), (0.45, 2, 2)]
 )

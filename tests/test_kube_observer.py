@@ -171,6 +171,23 @@ def test_a_scale_out_before_its_pods_holds_their_room(kube: Kube) -> None:
 
 
 @BOTH
+def test_a_rolled_back_scale_out_says_how_many_of_its_workers_ran(kube: Kube) -> None:
+    """et-operator's failed ScaleOut keeps the Running count it failed with
+    (status.replicaStatuses.Worker.active): the job's `failed_with`, until a later one succeeds."""
+    t0 = now() - timedelta(minutes=10)
+    failed = scaler("ScaleOut", "bert-out-1", "bert", outcome="ScaleFailed", at=t0)
+    failed["status"]["replicaStatuses"] = {"Worker": {"active": 2}}
+    kube.server.seed(node("a"), training_job("bert", max_workers=8), worker("bert", 0, "a"), failed)
+    [bert] = snap(kube).jobs
+    assert bert.failed_with == 2
+    later = scaler(
+        "ScaleOut", "bert-out-2", "bert", outcome="ScaleSucceeded", at=t0 + timedelta(minutes=5)
+    )
+    kube.server.seed(later)
+    wait_for(lambda: snap(kube).jobs[0].failed_with is None, 10, "the later success seen")
+
+
+@BOTH
 def test_node_schedulability_and_kubernetes_side_notices(kube: Kube) -> None:
     nth = {
         "key": "aws-node-termination-handler/spot-itn",

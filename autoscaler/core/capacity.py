@@ -212,7 +212,7 @@ def fill(pool: CapacityPool, claims: list[Claim]) -> None:
             if step > 1:
                 claim.blocked.add(Reason.QUANTUM)
             continue
-        max_step = claim.policy.scale_out.max_step
+        max_step = claim.job.most_added(claim.policy.scale_out.max_step)
         if max_step is not None and len(claim.granted_nodes) + step > max_step:
             continue
         taken = 0

@@ -444,7 +444,7 @@ def _add_on_demand(
     """A ScaleOut toward `need.want` on-demand workers, or a budget NoOp when the budget allows
     none; None when no more are wanted or there is no room."""
     have = len(fleet.on_demand)
-    room = min(ceiling - len(staying), policy.scale_out.max_step or ceiling)
+    room = min(ceiling - len(staying), job.most_added(policy.scale_out.max_step) or ceiling)
     if have >= need.want or room <= 0:
         return None
     afford, budget = _affordable(job, policy, staying, nodes)

@@ -257,6 +257,11 @@ class Job:
     # a refill back to min restarts it)
     last_scale_out_at: datetime | None = None
     last_failed_scale_out_at: datetime | None = None  # ScaleFailed / rollback: backoff
+    # the last ScaleOut to finish failed (et-operator rolls back all of its workers when not all
+    # run in time) with this many of them Running: the next asks for no more than that (at
+    # least one), so a pool that gives only some of what is asked still adds them; None: it
+    # did not fail
+    failed_with: int | None = None
     drained_hosts: frozenset[str] = frozenset()  # hidden from this job's discovery now
     # hosts Horovod saw fail (lost while still in discovery): it blacklists them for the job's life
     failed_hosts: frozenset[str] = frozenset()
@@ -276,6 +281,14 @@ class Job:
     progress: float | None = None
     progress_rate: float | None = None
     pace: Pace | None = None  # its measured speed by ring size and its changeovers (core/pace.py)
+
+    def most_added(self, max_step: int | None) -> int | None:
+        """The most workers one ScaleOut may add: the policy's `max_step`, and after a ScaleOut
+        that was rolled back, what it had running (`failed_with`, at least 1)."""
+        if self.failed_with is None:
+            return max_step
+        after = max(1, self.failed_with)
+        return after if max_step is None else min(after, max_step)
 
     @property
     def key(self) -> str:

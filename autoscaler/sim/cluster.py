@@ -113,6 +113,7 @@ class SimJobState:
     scaler: SimScaler | None = None
     last_scale_out_at: datetime | None = None
     last_failed_scale_out_at: datetime | None = None
+    failed_with: int | None = None  # Running workers of the last ScaleOut, if it was rolled back
     drained: set[str] = field(default_factory=set)
     failed: set[str] = field(default_factory=set)  # hosts Horovod saw die: blacklisted
     scalers_created: int = 0
@@ -240,7 +241,7 @@ class SimulatedCluster:
             if all(self.pods[p].running for p in scaler.pods if p in self.pods):
                 if not scaler.refill:
                     job.last_scale_out_at = now
-                job.scaler = None
+                job.scaler, job.failed_with = None, None
             elif now >= scaler.deadline:
                 self._fail_scale_out(job, now)
 
@@ -369,6 +370,7 @@ class SimulatedCluster:
                 else None,
                 last_scale_out_at=state.last_scale_out_at,
                 last_failed_scale_out_at=state.last_failed_scale_out_at,
+                failed_with=state.failed_with,
                 drained_hosts=frozenset(state.drained),
                 failed_hosts=frozenset(state.failed),
                 started_at=reported.started_at if reported else None,
@@ -450,6 +452,8 @@ class SimulatedCluster:
     def _fail_scale_out(self, job: SimJobState, now: datetime) -> None:
         """All-or-nothing: every pod the ScaleOut added is deleted."""
         assert job.scaler is not None
+        ran = [p for p in job.scaler.pods if (pod := self.pods.get(p)) is not None and pod.running]
+        job.failed_with = len(ran)
         for name in job.scaler.pods:
             self._delete(job, name, now)
         job.scaler = None

@@ -89,6 +89,7 @@ def build_job(
         labels=labels,
         last_scale_out_at=scalers.last_scale_out_at if scalers else None,
         last_failed_scale_out_at=scalers.last_failed_scale_out_at if scalers else None,
+        failed_with=scalers.failed_with if scalers else None,
         drained_hosts=decode_drained(annotations.get(DRAINED_ANNOTATION)),
         assigned_hosts=decode_assigned(annotations.get(ASSIGNED_ANNOTATION)),
         next_index=kind.next_index(job),

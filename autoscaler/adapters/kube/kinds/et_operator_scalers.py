@@ -39,6 +39,10 @@ class ScalerFacts:
     started: bool = True
     resource_version: int = 0  # the object's, when numeric: to tell which watches have seen it
     count: int = 0  # a ScaleOut's spec.toAdd.count (0: unknown)
+    # a ScaleOut's workers Running when et-operator last looked (status.replicaStatuses.Worker
+    # .active, set in scaleout.go `executeScaleOut` before its timeout check; a failed one keeps
+    # the count it failed with: scaler.go `updateScalerState` changes only the condition)
+    active: int = 0
 
     def as_scaler(self, workers: Iterable[str] = ()) -> Scaler:
         """The core's scaler; `workers`: the job's worker pods now, for a ScaleOut's unborn ones.
@@ -85,7 +89,14 @@ def scaler_facts(resource: Resource, obj: Obj) -> ScalerFacts:
         started=kind is ScalerKind.SCALE_OUT or bool(status.get("toDeletePods")),
         resource_version=int(rv) if (rv := str(meta.get("resourceVersion", ""))).isdigit() else 0,
         count=_count(kind, spec),
+        active=_active(status),
     )
+
+
+def _active(status: Obj) -> int:
+    worker = (status.get("replicaStatuses") or {}).get("Worker") or {}
+    active = worker.get("active")
+    return active if isinstance(active, int) and active > 0 else 0
 
 
 def _count(kind: ScalerKind, spec: Obj) -> int:
@@ -138,6 +149,7 @@ class ScalerState:
     last_scale_out_at: datetime | None  # the last ScaleOut that grew the job (not a refill)
     last_failed_scale_out_at: datetime | None
     latest_finished: str  # name of the scaler that finished last ("" if none): a naming input
+    failed_with: int | None = None  # the last ScaleOut to finish failed with so many Running
 
 
 def scaler_state(job: Obj, job_key: str, scalers: list[ScalerFacts]) -> ScalerState:
@@ -150,6 +162,7 @@ def scaler_state(job: Obj, job_key: str, scalers: list[ScalerFacts]) -> ScalerSt
         last_scale_out_at=_last_finished_at(grown),
         last_failed_scale_out_at=_last_finished_at(failed_outs),
         latest_finished=finished[-1].name if finished else "",
+        failed_with=outs[-1].active if outs and outs[-1].outcome == FAILED else None,
     )
 
 
