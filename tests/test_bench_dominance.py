@@ -71,3 +71,12 @@ def test_scarce_on_demand_is_slow_refused_and_capped_below_what_the_deadline_nee
     plenty, scarce = (compare(params, trace, "t", 2.0, scarcity=s) for s in (None, Scarcity()))
     assert plenty.up.met and plenty.ours.met
     assert not scarce.up.met and not scarce.ours.met
+
+
+def test_the_job_is_sized_by_the_whole_trace_even_with_no_spot_before_the_deadline() -> None:
+    # spot only after the deadline (adversarial seed 58 at 1.5x has none in its first 6 h): the
+    # job's max is still the trace's peak, and on-demand alone carries both rules
+    trace = [TraceEvent(3 * 3600.0, "add", f"n{i}") for i in range(4)]
+    row = compare(BenchParams().with_job_hours(1), trace, "t", 1.5)
+    assert row.max_workers == 4
+    assert row.up.met and row.ours.met

@@ -145,6 +145,14 @@ def compare(
     `policies`' deadline and on-demand settings (default: the built-in policy's), and with
     `scarcity`, scarce on-demand (default: params' node pool)."""
     params = params.model_copy(update={"deadline_hours": deadline_hours})
+    # the job's size is the whole trace's peak, cut or not (a trace may have no spot before the
+    # deadline: adversarial seed 58 has none in its first 6 h, and a max of 0 is no job)
+    whole = resolve(params, trace, name, seed).jobs
+    sized = [
+        s.model_copy(update={"max_workers": j.max_workers})
+        for s, j in zip(params.jobs, whole, strict=True)
+    ]
+    params = params.model_copy(update={"jobs": sized})
     deadline = deadline_hours * 3600
     world = resolve(params, clip(trace, deadline), name, seed)
     if scarcity is not None:
