@@ -10,9 +10,11 @@ CHECK_EVERY-th pass decides once more without them and compares: the memo's safe
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
+from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
 from autoscaler.core import (
@@ -29,7 +31,7 @@ from autoscaler.core import (
     shielded,
     track_idle,
 )
-from autoscaler.writes import Actuator, Writes, never
+from autoscaler.writes import Actuator, Mark, Writes, never
 
 CHECK_EVERY = 30  # passes: one in so many also decides without the memo and compares
 
@@ -76,6 +78,15 @@ class Reconciler:
         self.gave_way = False  # the last tick stopped for a waiting notice (see tick)
         self._managed: list[Job] = []
         self._shield: Shield = frozenset()  # their pods Karpenter must leave alone
+        # the observer's memos are not for two threads: the notice responder (react) waits
+        # for a pass's snapshot, not for its decisions or writes
+        self._observing = threading.Lock()
+
+    def _look(self, look: Callable[[datetime], Snapshot], now: datetime) -> tuple[Snapshot, Mark]:
+        """A snapshot, and the writes' mark from before it (writes.Writes._claim)."""
+        with self._observing:
+            mark = self.writes.mark()
+            return look(now), mark
 
     @property
     def actuator(self) -> Actuator:
@@ -105,7 +116,7 @@ class Reconciler:
         stops after its first batch of such writes when `notice_waits()`: a pass deciding tens
         of ScaleOuts (fresh nodes' GPUs idle together) held every notice for all of them."""
         self.gave_way = False  # also when the snapshot fails: that pass counts as a pass
-        snapshot = self.observer.snapshot(now)
+        snapshot, mark = self._look(self.observer.snapshot, now)
         if snapshot.nodes is not self._idle_of:  # the same nodes: the same clocks, kept
             self.idle_since = track_idle(self.idle_since, snapshot.nodes, now)
             self._idle_of = snapshot.nodes
@@ -115,9 +126,10 @@ class Reconciler:
                 self._decide(replace(snapshot, idle_since=self.idle_since), now)
             )
             self.gave_way = give_way()
-        if self.gave_way or not self.writes.act(decisions, now, give_way, notice_waits):
+        if self.gave_way or not self.writes.act(decisions, now, give_way, notice_waits, mark):
             self.gave_way = True
             return []
+        self.writes.forget({j.key for j in snapshot.jobs}, mark)
         self._managed = [j for j in snapshot.jobs if self.policies.for_job(j) is not None]
         self._shield = shielded(self._managed, self.policies)
         if give_way():
@@ -146,7 +158,7 @@ class Reconciler:
         """The notice fast path, before a full pass: drains and ScaleIns of the jobs with workers
         on noticed nodes only, decided as the full pass would (`decide_departures`). Growth,
         other jobs and standing objects wait for the pass that follows."""
-        snapshot = noticed_view(self.observer, now)
+        snapshot, mark = self._look(partial(noticed_view, self.observer), now)
         noticed = {n.node for n in snapshot.notices}
         keys = frozenset(j.key for j in snapshot.jobs if any(w.node in noticed for w in j.workers))
         if not keys:
@@ -155,9 +167,9 @@ class Reconciler:
         urgent = self.writes.not_writing(
             [d for d in decided if d.action in (Action.DRAIN, Action.SCALE_IN)]
         )
-        self.writes.act([d for d in urgent if d.action is Action.DRAIN], now)
+        self.writes.act([d for d in urgent if d.action is Action.DRAIN], now, mark=mark)
         # the next notice's drains must not wait for these (a ScaleIn is three round trips)
-        self.writes.write_behind([d for d in urgent if d.action is Action.SCALE_IN], now)
+        self.writes.write_behind([d for d in urgent if d.action is Action.SCALE_IN], now, mark)
         return urgent
 
     def settle(self, stop: Callable[[], bool], timeout: float) -> None:

@@ -11,6 +11,9 @@ The Reconciler observes and decides; this carries the decisions out and logs the
   whether a waiting notice should have the loop (`give_way`, `notice_waits`);
 - the fast path's ScaleIns written behind its drains on their own threads; a job with a write
   behind (ScaleIn or ScaleOut) is held (only its drains go) until that write ends;
+- two writers at once (the notice responder beside a pass: daemon/loop.py): each writes under a
+  `Mark` taken before its snapshot, and a decision (drains aside) for a job the other wrote since
+  is dropped: it was made on a view without that write (`_claim`);
 - standing objects (PodDisruptionBudgets) a few writes at a time;
 - every action logged, a noop once per episode (its reason for that job changes); failures
   logged and counted, never raised: the next pass sees the world again.
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from datetime import datetime
@@ -47,6 +51,16 @@ _KEEP_WRITES = 5  # standing-object writes per pass: ~5-20 ms each on a real API
 
 def never() -> bool:
     return False
+
+
+class Mark:
+    """Where the writes stood when a writer began to look (before its snapshot): compared by
+    identity, so one writer's own writes never make its later decisions stale."""
+
+    __slots__ = ("seq",)
+
+    def __init__(self, seq: int) -> None:
+        self.seq = seq
 
 
 class Actuator(Protocol):
@@ -99,6 +113,9 @@ class Writes:
         self._departing: set[str] = set()  # jobs of `_writing` whose write is a ScaleIn
         self._lock = threading.Lock()
         self._on_written = on_written
+        self._seq = 0  # writes claimed so far
+        self._last_write: dict[str, tuple[int, Mark | None]] = {}  # job -> its last claim
+        self._busy: Counter[str] = Counter()  # job -> its writes under way, drains aside
 
     # --- a pass's decisions ---------------------------------------------------------------------
     def act(
@@ -107,18 +124,20 @@ class Writes:
         now: datetime,
         give_way: Callable[[], bool] = never,
         notice_waits: Callable[[], bool] = never,
+        mark: Mark | None = None,
     ) -> bool:
         """Log and apply: every action, and the noops a person must hear of once per episode.
         False when it stopped for a waiting notice before a write that answers none (growth,
         an alert): those are neither applied nor logged, and the next pass decides them again.
-        After one batch of those, a waiting notice stops it even when `give_way` would not."""
+        After one batch of those, a waiting notice stops it even when `give_way` would not.
+        `mark`: the writer's, from before the snapshot the decisions were made on."""
         to_apply = self._to_apply(decisions, now)
         # Every job's drain before any scaler: a drain is what races the node's death, and it
         # must not wait behind other jobs' API writes. Within a job, drain still precedes scale-in.
         done: list[bool] = []
         for action in _DEPARTURES:
-            done += self._apply_at_once([d for d in to_apply if d.action is action], now)
-        finished = self._apply_rest(to_apply, now, done, give_way, notice_waits)
+            done += self._apply_at_once([d for d in to_apply if d.action is action], now, mark)
+        finished = self._apply_rest(to_apply, now, done, give_way, notice_waits, mark)
         self._count_failed(done.count(False))
         return finished
 
@@ -144,27 +163,31 @@ class Writes:
         done: list[bool],
         give_way: Callable[[], bool],
         notice_waits: Callable[[], bool],
+        mark: Mark | None,
     ) -> bool:
         """Growth, undrains and alerts, an action at a time, a batch of different jobs at once:
         hundreds of undrains after a wave of ScaleIns must not hold a waiting notice for more
         than one batch's round trip. False when it stopped for a waiting notice."""
-        rest = self._hand_off_growth([d for d in to_apply if d.action not in _ANSWERS_NOTICES], now)
+        rest = [d for d in to_apply if d.action not in _ANSWERS_NOTICES]
+        rest = self._hand_off_growth(rest, now, mark)
         batches = 0
         for action in sorted({d.action for d in rest}, key=_APPLY_ORDER.__getitem__):
             of_action = [d for d in rest if d.action is action]
             for start in range(0, len(of_action), self._batch):
                 if give_way() or (batches and notice_waits()):
                     return False
-                done += self._apply_at_once(of_action[start : start + self._batch], now)
+                done += self._apply_at_once(of_action[start : start + self._batch], now, mark)
                 batches += 1
         return True
 
-    def _hand_off_growth(self, rest: list[Decision], now: datetime) -> list[Decision]:
+    def _hand_off_growth(
+        self, rest: list[Decision], now: datetime, mark: Mark | None
+    ) -> list[Decision]:
         """The ScaleOuts to their own threads, not waited for; what is left to write now (the
         other writes of a job whose ScaleOut is going out wait for it: the next pass)."""
         if self._growth is None:
             return rest
-        self._submit(self._growth, [d for d in rest if d.action is Action.SCALE_OUT], now)
+        self._submit(self._growth, [d for d in rest if d.action is Action.SCALE_OUT], now, mark)
         return self.not_writing([d for d in rest if d.action is not Action.SCALE_OUT])
 
     # --- writes behind: the fast path's ScaleIns, a pass's growth --------------------------------
@@ -177,25 +200,72 @@ class Writes:
             return decisions
         return [d for d in decisions if d.action is Action.DRAIN or d.job not in writing]
 
-    def write_behind(self, decisions: list[Decision], now: datetime) -> None:
+    def write_behind(self, decisions: list[Decision], now: datetime, mark: Mark | None) -> None:
         """The fast path's ScaleIns: log and apply in the pool without waiting (at once when
         there is none)."""
         if self._behind is None:
-            self.act(decisions, now)
+            self.act(decisions, now, mark=mark)
             return
         for decision in decisions:
             if self.on_decision is not None:
                 self.on_decision(decision)
-        self._submit(self._behind, decisions, now)
+        self._submit(self._behind, decisions, now, mark)
 
-    def _submit(self, pool: ThreadPoolExecutor, decisions: list[Decision], now: datetime) -> None:
+    def _submit(
+        self, pool: ThreadPoolExecutor, decisions: list[Decision], now: datetime, mark: Mark | None
+    ) -> None:
         for decision in decisions:
             with self._lock:
+                if not self._claim(decision, mark):
+                    continue
                 future = pool.submit(self._log_and_apply, decision, now)
                 self._writing[decision.job] = future
                 if decision.action is Action.SCALE_IN:
                     self._departing.add(decision.job)
             future.add_done_callback(partial(self._written, decision.job))
+
+    # --- two writers: a pass and the notice responder --------------------------------------------
+    def mark(self) -> Mark:
+        """Taken by a writer before it looks at the world (its snapshot)."""
+        with self._lock:
+            return Mark(self._seq)
+
+    def forget(self, jobs: set[str], mark: Mark) -> None:
+        """After a full pass: the claims, made before its `mark`, of jobs its snapshot no longer
+        has (finished or deleted) can make no decision stale any more."""
+        with self._lock:
+            for job in self._last_write.keys() - jobs:
+                if self._last_write[job][0] <= mark.seq:
+                    del self._last_write[job]
+
+    def _claim(self, decision: Decision, mark: Mark | None) -> bool:
+        """Under `_lock`: whether `decision` may be written now; if so it is its job's last
+        claim. Refused (logged; the next pass decides again), drains aside: a write while
+        another of the job is under way (a second scaler), and any decision of a job another
+        writer wrote since
+        `mark`, made on a view without that write (a ScaleOut sized before a notice's ScaleIn,
+        a second ScaleIn for the same notice). A drain answers a notice whatever the view; an
+        alert (a noop's Event) changes no job."""
+        if decision.action is Action.NOOP:
+            return True
+        if decision.action is not Action.DRAIN:
+            last = self._last_write.get(decision.job)
+            stale = mark is not None and last is not None and last[0] > mark.seq
+            if stale and last is not None and last[1] is not mark:
+                why = "the job was written since this view of it"
+            elif self._busy[decision.job] or decision.job in self._writing:
+                why = "a write of the job is under way"
+            else:
+                why = ""
+            if why:
+                self.logger.info(
+                    "decision_dropped", job=decision.job, action=decision.action.value, why=why
+                )
+                return False
+            self._busy[decision.job] += 1
+        self._seq += 1
+        self._last_write[decision.job] = (self._seq, mark)
+        return True
 
     def _written(self, job: str, future: Future[bool]) -> None:
         with self._lock:
@@ -235,16 +305,29 @@ class Writes:
         with self._lock:
             self.errors += writes
 
-    def _apply_at_once(self, decisions: list[Decision], now: datetime) -> list[bool]:
-        """Decisions of different jobs, concurrently when there is a pool."""
+    def _apply_at_once(
+        self, decisions: list[Decision], now: datetime, mark: Mark | None
+    ) -> list[bool]:
+        """Decisions of different jobs, concurrently when there is a pool; those refused by
+        `_claim` are left out (not failures)."""
+        with self._lock:
+            decisions = [d for d in decisions if self._claim(d, mark)]
         if self._pool is None or len(decisions) < 2:
             return [self._log_and_apply(d, now) for d in decisions]
         return list(self._pool.map(lambda d: self._log_and_apply(d, now), decisions))
 
     def _log_and_apply(self, decision: Decision, now: datetime) -> bool:
-        self._worth_logging(decision)  # an action ends its job's noop episode
-        self._log(decision, now)
-        return self._apply(decision, now)
+        """A claimed decision (`_claim`): logged, applied, its claim let go."""
+        try:
+            self._worth_logging(decision)  # an action ends its job's noop episode
+            self._log(decision, now)
+            return self._apply(decision, now)
+        finally:
+            if decision.action not in (Action.NOOP, Action.DRAIN):
+                with self._lock:
+                    self._busy[decision.job] -= 1
+                    if self._busy[decision.job] <= 0:
+                        del self._busy[decision.job]
 
     def _log(self, decision: Decision, now: datetime) -> None:
         log_decision(self.logger, decision, now=now, dry_run=self.actuator.dry_run)

@@ -265,3 +265,33 @@ def test_a_pass_hands_its_growth_off_and_a_notice_does_not_wait_for_it() -> None
     world.gate.set()
     reconciler.finish(5)
     assert world.applied.count(("ml/a", Action.SCALE_OUT)) == 1 and reconciler.errors == 0
+
+
+def test_a_pass_drops_what_it_decided_for_a_job_the_notice_path_wrote_since_its_snapshot() -> None:
+    """The responder answers a notice beside a pass (daemon/responder.py). A pass that looked
+    before it decided a ScaleOut for the job; written after the notice's ScaleIn, that scaler
+    would be a second one, sized on workers the job no longer has: dropped, and logged. The
+    pass's own drain and ScaleIn of one job are one writer's: both go
+    (test_every_drain_goes_before_any_scale_in)."""
+    jobs = [job("a", placement=["n1", "n2"])]
+    world = FixedWorld(snapshot([node("n1", used=1), node("n2", used=1), node("n3")], jobs))
+    out = io.StringIO()
+    reconciler = Reconciler(world, world, policies(scale_out={"min_idle": "0s"}), file_logger(out))
+    answered: list[Decision] = []
+
+    def notice_meanwhile() -> bool:  # asked by the pass after its snapshot: the responder acts
+        if not answered:
+            world.snap = replace(world.snap, notices=(notice("n1"),))
+            answered.extend(reconciler.react(NOW))
+        return False
+
+    decided = reconciler.tick(NOW, give_way=notice_meanwhile)
+    assert ("ml/a", Action.SCALE_OUT) in {(d.job, d.action) for d in decided}
+    assert {(d.job, d.action) for d in answered} == {
+        ("ml/a", Action.DRAIN),
+        ("ml/a", Action.SCALE_IN),
+    }
+    assert world.applied == [("ml/a", Action.DRAIN), ("ml/a", Action.SCALE_IN)]
+    assert "decision_dropped" in out.getvalue()
+    reconciler.tick(NOW)  # a pass that looked after the notice's writes acts again
+    assert world.applied[-2:] == [("ml/a", Action.DRAIN), ("ml/a", Action.SCALE_IN)]

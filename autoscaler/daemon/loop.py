@@ -2,7 +2,9 @@
 
 Periodic ticks, watch events, notices, leadership and config changes all just `wake` it. Wake-ups
 that arrive while it waits `coalesce` seconds, or while a pass runs, become one (more) pass:
-a burst of 50 pod events costs one or two passes, and nothing that happened is missed.
+a burst of 50 pod events costs one or two passes, and nothing that happened is missed. A wake
+that may carry a notice also goes at once to the notice responder (daemon/responder.py), which
+answers it beside the pass; the pass gives way to it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from autoscaler.backoff import Backoff
 from autoscaler.core import PolicySet
 from autoscaler.daemon.leader import Leadership
 from autoscaler.daemon.metrics import Metrics
+from autoscaler.daemon.responder import NoticeResponder
 from autoscaler.notices_and_prices import WakeReason, may_be_notice
 from autoscaler.reconcile import Reconciler
 
@@ -27,7 +30,6 @@ _SYNC_POLL = 0.2  # seconds between looks at the caches until they have synced
 # of Node events, which may be one) must not starve growth, which waits for idle capacity for a
 # minute anyway (scale_out.min_idle), nor hold a notice for more than one batch of it.
 GIVE_WAY_FOR = 2.0
-_BACK_OFF_POLL = 0.02  # seconds between looks for a waiting notice during a back-off
 SETTLE_FOR = 2.0  # seconds the fast path's ScaleIns get before the full pass runs anyway
 
 
@@ -38,11 +40,18 @@ class WakeSignal:
         self._event = threading.Event()
         self._lock = threading.Lock()
         self._reasons: set[WakeReason] = set()
+        self._on_notice: Callable[[], None] = lambda: None
 
     def __call__(self, reason: WakeReason) -> None:
         with self._lock:
             self._reasons.add(reason)
         self._event.set()
+        if may_be_notice(reason):
+            self._on_notice()
+
+    def route_notices(self, to: Callable[[], None]) -> None:
+        """Also tell `to` of every wake that may carry a notice (the responder)."""
+        self._on_notice = to
 
     def wait(self, timeout: float | None = None) -> bool:
         return self._event.wait(timeout)
@@ -50,11 +59,6 @@ class WakeSignal:
     def pending(self) -> bool:
         """A wake came since the last take."""
         return self._event.is_set()
-
-    def notice_pending(self) -> bool:
-        """A wake that may carry a notice came since the last take."""
-        with self._lock:
-            return any(map(may_be_notice, self._reasons))
 
     def take(self) -> set[WakeReason]:
         """The reasons gathered since the last take; the next wake starts a new batch."""
@@ -92,6 +96,8 @@ class ReconcileLoop:
         self._giving_way_since: float | None = None  # first pass of a streak that gave way
         self.passes = 0  # completed passes (tests and --once read it)
         self._errors_seen = 0  # the reconciler's write failures when the last full pass ended
+        self._responder = NoticeResponder(self._react, self._may_react)
+        wake.route_notices(self._responder.notify)
 
     def set_policies(self, policies: PolicySet) -> None:
         """Swap the policies between passes (config reload), then reconcile under them."""
@@ -99,6 +105,7 @@ class ReconcileLoop:
         self._wake("config")
 
     def start(self) -> None:
+        self._responder.start()
         self._thread = threading.Thread(target=self._run, name="reconcile", daemon=True)
         self._thread.start()
 
@@ -109,6 +116,7 @@ class ReconcileLoop:
         started = time.monotonic()
         if self._thread is not None:
             self._thread.join(timeout)
+        self._responder.stop(max(0.0, timeout - (time.monotonic() - started)))
         self.reconciler.finish(max(0.0, timeout - (time.monotonic() - started)))
 
     def run_pass(self, reasons: set[WakeReason]) -> bool:
@@ -161,19 +169,24 @@ class ReconcileLoop:
         return self._errors_seen == errors_before
 
     def _give_way(self) -> bool:
-        """Only while the loop's thread runs (it answers the notice next); `--once` never."""
+        """While the responder answers a notice (it runs only beside the loop's thread;
+        `--once` never), for at most GIVE_WAY_FOR from the first time of a streak."""
         if not self._notice_waits():
             return False
         since = self._giving_way_since
         return since is None or time.monotonic() - since < GIVE_WAY_FOR
 
     def _notice_waits(self) -> bool:
-        """A notice waits, and the loop's thread runs to answer it."""
-        return self._thread is not None and not self._stop.is_set() and self._wake.notice_pending()
+        """The responder has a notice to answer (it runs only while the loop's thread does)."""
+        return self._responder.busy()
+
+    def _may_react(self) -> bool:
+        return self._synced() and self._leadership.is_leader()
 
     def _react(self) -> None:
-        """The notice fast path: the noticed jobs' drains and ScaleIns, then the full pass. A
-        failure is logged and left to that pass, which decides the same departures again."""
+        """The notice fast path (the responder's thread): the noticed jobs' drains and
+        ScaleIns. A failure is logged and left to the next pass, which decides the same
+        departures again."""
         try:
             decisions = self.reconciler.react(datetime.now(UTC))
         except Exception as exc:
@@ -208,34 +221,31 @@ class ReconcileLoop:
                     "pass_skipped", why="standby: not the leader", wake=_logged(reasons)
                 )
                 continue
-            if any(map(may_be_notice, reasons)):
-                self._react()
-                # Its ScaleIns go out behind its drains. A full pass now would slow them (one
-                # interpreter: a pass is CPU-bound, they wait for it; measured), so wait for
-                # them first, but never while a notice waits: that one is answered next, unless
-                # notices have held the full pass back for GIVE_WAY_FOR already.
-                self.reconciler.settle(self._wake.notice_pending, SETTLE_FOR)
-                if self._give_way():
-                    if self._giving_way_since is None:
-                        self._giving_way_since = time.monotonic()
-                    continue
+            self._yield_to_notices()
             if self.run_pass(reasons):
                 self._backoff.reset()
             else:
                 self._back_off()
 
+    def _yield_to_notices(self) -> None:
+        """Before a pass: while the responder answers notices, and then while their ScaleIns go
+        out behind their drains. A full pass beside them would slow them (one interpreter: a
+        pass is CPU-bound, they wait for it; measured), but notices hold the pass back for at
+        most GIVE_WAY_FOR from the first time of a streak: growth must not starve."""
+        while self._give_way():
+            if self._giving_way_since is None:
+                self._giving_way_since = time.monotonic()
+            self._responder.wait_idle(GIVE_WAY_FOR - (time.monotonic() - self._giving_way_since))
+        self.reconciler.settle(self._stop.is_set, SETTLE_FOR)
+
     def _back_off(self) -> None:
-        """After a failed pass: the next one after the back-off's delay, or at once for a wake
-        that may be a notice (a drain must never wait behind the failure of some other write).
-        Other wakes wait: a write behind the pass that failed wakes the loop as it ends, and
-        would otherwise retry it in a hot loop."""
+        """After a failed pass: the next one after the back-off's delay (notices meanwhile are
+        the responder's). Wakes wait: a write behind the pass that failed wakes the loop as it
+        ends, and would otherwise retry it in a hot loop."""
         delay = self._backoff.next_delay()
         self._logger.info("backing_off", seconds=delay, failures=self._backoff.failures)
-        deadline = time.monotonic() + delay
-        while not self._wake.notice_pending() and (left := deadline - time.monotonic()) > 0:
-            if self._stop.wait(min(left, _BACK_OFF_POLL)):
-                return
-        self._wake("retry after failure")
+        if not self._stop.wait(delay):
+            self._wake("retry after failure")
 
 
 def _logged(reasons: set[WakeReason]) -> list[str]:
