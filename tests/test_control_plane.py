@@ -342,8 +342,10 @@ CHILD = textwrap.dedent(
 )
 
 
+# SIGINT takes SIGTERM's handler (support/control_plane.py `_hooks` hooks both alike): a plane
+# started for it too cost 11 s of `make test`
 @pytest.mark.parametrize(
-    "signum", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=lambda s: signal.Signals(s).name
+    "signum", [signal.SIGTERM, signal.SIGKILL], ids=lambda s: signal.Signals(s).name
 )
 def test_no_process_outlives_the_python_process_that_started_it(
     control_plane: ControlPlane, signum: int
