@@ -626,6 +626,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--step-seconds", type=float, default=0.1)
     ap.add_argument("--recover", type=float, default=120.0, help="s to wait for a recovery")
     ap.add_argument("--baseline-s", type=float, help="the run without preemptions (s)")
+    ap.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="no run without preemptions (no relative rate): a smoke run of the rows only",
+    )
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--join-grace", default="30s", help="the daemon's join_grace (its default)")
     ap.add_argument(
@@ -749,7 +754,7 @@ def main(argv: list[str] | None = None) -> int:
             top = tempfile.mkdtemp(prefix="preemption-", dir=args.keep)
         else:
             top = stack.enter_context(tempfile.TemporaryDirectory(prefix="preemption-"))
-        for i in range(args.runs):  # the runs without preemptions first: each index's rate
+        for i in range(0 if args.no_baseline else args.runs):  # each run index's rate first
             try:
                 b = unpaused(
                     f"run {i}: baseline", top, partial(baseline, settings=settings, pool=pool)
