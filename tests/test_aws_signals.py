@@ -404,3 +404,28 @@ def test_a_configured_source_without_its_sdk_says_which_extra_to_install(
     ctx = SourceContext(NoticeBoard(), PriceBook(), aws.wakes.append, Index(), lambda: [GPU_TYPE])
     with pytest.raises(SdkMissing, match=r"aws-sqs .* boto3 is not installed: pip install "):
         build_sources(Config(aws=AwsSettings(enabled=True, queue_url=aws.queue_url)), ctx)
+
+
+def test_a_message_a_stopping_daemon_receives_is_released_to_the_next_replica(aws: Aws) -> None:
+    """The daemon stops while its long poll is under way: what that poll receives is not acted
+    on but made visible again at once, so the replica taking over gets it now, not after the
+    visibility timeout (a process that left the poll behind lost such notices for 10-20 s)."""
+    stop = threading.Event()
+    source = aws.source(
+        Index({"i-6": "gpu-f"}),
+        wait_time=timedelta(seconds=5),
+        visibility_timeout=timedelta(seconds=60),
+    )
+    received: list[int] = []
+    poll = threading.Thread(target=lambda: received.append(source.poll_once(stop)))
+    poll.start()
+    stop.set()
+    aws.publish("EC2 Spot Instance Interruption Warning", itn("i-6"))
+    poll.join(10)
+    assert received == [1] and not aws.board.active(datetime.now(UTC))
+    assert source.counts["released"] == 1
+    reply = aws.sqs.receive_message(QueueUrl=aws.queue_url, WaitTimeSeconds=1)
+    assert len(reply.get("Messages", [])) == 1  # hidden for 60 s without the release
+    aws.sqs.delete_message(
+        QueueUrl=aws.queue_url, ReceiptHandle=reply["Messages"][0]["ReceiptHandle"]
+    )

@@ -30,9 +30,11 @@ from autoscaler.reconcile import Observer, Reconciler
 from autoscaler.shutdown import wait_until_stopped
 from autoscaler.writes import Actuator
 
-_STOP_TIMEOUT = (
-    10.0  # seconds a part gets to finish on shutdown (a pass's actions, a source's poll)
-)
+_STOP_TIMEOUT = 10.0  # seconds a part gets to finish on shutdown (a pass's actions)
+# seconds the sources get, counted from the start of the shutdown: an SQS long poll under way
+# lasts up to 20 s (aws.sqs.wait_time's bound) and must end here, not be left to SQS
+# (adapters/aws/queue.py `run`); within deploy/'s terminationGracePeriodSeconds (30)
+_SOURCES_STOP_TIMEOUT = 22.0
 
 
 @dataclass
@@ -245,10 +247,12 @@ class Daemon:
         self._stopped = True
         if self.scheduler.running:
             self.scheduler.shutdown(wait=False)
+        began = time.monotonic()
+        self.supervisor.stopping()
         self.loop.stop(_STOP_TIMEOUT)
         self.parts.settle()
         self.leadership.release()
-        self.supervisor.stop(_STOP_TIMEOUT)
+        self.supervisor.stop(max(0.0, _SOURCES_STOP_TIMEOUT - (time.monotonic() - began)))
         self.parts.stop()
         if self.endpoints is not None:
             self.endpoints.stop()

@@ -34,10 +34,17 @@ class Supervisor:
             thread.start()
             self._threads.append(thread)
 
-    def stop(self, timeout: float) -> None:
+    def stopping(self) -> None:
+        """Tell the sources now (their polls under way end while the daemon stops acting);
+        `stop` waits for them."""
         self._stop.set()
+
+    def stop(self, timeout: float) -> None:
+        """At most `timeout` seconds from now for all the sources' threads together."""
+        self._stop.set()
+        deadline = time.monotonic() + timeout
         for thread in self._threads:
-            thread.join(timeout)
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     def _keep_running(self, name: str, source: Source) -> None:
         backoff = Backoff(1.0, self._backoff_max)

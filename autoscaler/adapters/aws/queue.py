@@ -7,6 +7,7 @@ do; only a message whose instance lookup failed on an AWS error is left for rede
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import Counter
 from datetime import datetime, timedelta
@@ -61,9 +62,11 @@ class SqsNoticeSource:
         self.counts: Counter[str] = Counter()
         self._log = structlog.get_logger().bind(source=SOURCE)
 
-    def poll_once(self) -> int:
+    def poll_once(self, stop: threading.Event | None = None) -> int:
         """Receive up to `max_messages` (waiting up to `wait_time`), handle and delete them.
-        Returns how many were received. SQS errors propagate (the loop backs off)."""
+        Returns how many were received. SQS errors propagate (the loop backs off). Received
+        once `stop` is set (the daemon shuts down, handing over to another replica), they are
+        released instead: visible again at once, not after the visibility timeout."""
         reply = self._sqs.receive_message(
             QueueUrl=self._queue_url,
             MaxNumberOfMessages=self._max,
@@ -71,6 +74,9 @@ class SqsNoticeSource:
             VisibilityTimeout=self._visibility,
         )
         messages = reply.get("Messages", [])
+        if stop is not None and stop.is_set():
+            self._release(messages)
+            return len(messages)
         now = self._clock()
         handled = [m for m in messages if self._handle(m, now)]
         self._delete(handled)
@@ -80,7 +86,11 @@ class SqsNoticeSource:
     def run(self, stop: threading.Event) -> None:
         # The long poll paces the loop (stop is seen within one wait_time); a short poll
         # (wait_time 0) would spin on an empty queue, so it waits a second between receives.
-        run_every(self.poll_once, stop, 0.0 if self._wait else 1.0, SOURCE)
+        # The daemon's stop waits for the poll under way (SOURCE_STOP_TIMEOUT): a process that
+        # left it behind would have SQS hand the next messages to a closed connection, hidden
+        # for the visibility timeout from the replica taking over (measured: notices 10-20 s
+        # late in benchmarks/reaction.py's second run, its queue shared with the first).
+        run_every(functools.partial(self.poll_once, stop), stop, 0.0 if self._wait else 1.0, SOURCE)
 
     def _handle(self, message: dict[str, Any], now: datetime) -> bool:
         """Act on one message; True once it may be deleted."""
@@ -162,6 +172,19 @@ class SqsNoticeSource:
             self._log.warning(
                 "message_delete_failed", code=failed.get("Code"), error=failed.get("Message")
             )
+
+    def _release(self, messages: list[dict[str, Any]]) -> None:
+        if not messages:
+            return
+        self._sqs.change_message_visibility_batch(
+            QueueUrl=self._queue_url,
+            Entries=[
+                {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": 0}
+                for i, m in enumerate(messages)
+            ],
+        )
+        self.counts["released"] += len(messages)
+        self._log.info("messages_released_on_stop", count=len(messages))
 
     def _forget_before(self, cutoff: datetime) -> None:
         for key in [k for k, (_, seen) in self._newest.items() if seen < cutoff]:
