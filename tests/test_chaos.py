@@ -801,6 +801,28 @@ def test_a_graceful_notice_breaks_nothing_and_is_measured() -> None:
     assert report.stale_drained == 2  # the daemon has not pruned them (none runs here)
 
 
+def test_a_withdrawn_notice_is_not_timed_by_the_next_notices_scale_in() -> None:
+    """A notice on a, withdrawn before any ScaleIn (a false alarm), then a second notice on a:
+    the second one's ScaleIn times the second notice only (the first has no ScaleIn time; it
+    was counted 55 s late in seed 12's long run)."""
+    server = RecordingServer()
+    server.seed(
+        node("a"),
+        node("b"),
+        training_job("j", min_workers=1, max_workers=4),
+        worker("j", 0, "a"),
+        worker("j", 1, "b"),
+    )
+    _notice_and_drain(server, "a", "j", ["j-worker-0"])
+    server.patch("Node", "a", {"spec": {"taints": []}})  # withdrawn
+    _notice_and_drain(server, "a", "j", ["j-worker-0"])
+    server.seed(_scale_in("in-1", "j", ["j-worker-0"]))
+    report = check(server, settle=60.0, end=time.monotonic() + 1.0)
+    first, second = report.notices
+    assert first.scale_in_latency is None and second.scale_in_latency is not None
+    assert len(report.scale_in_latencies()) == 1
+
+
 def _notice_and_drain(server: RecordingServer, node: str, job: str, hosts: list[str]) -> None:
     """NTH's taint on `node`, then the daemon's drain of `hosts` from `job`."""
     server.patch("Node", node, {"spec": {"taints": [{"key": NTH_ITN, "effect": "NoSchedule"}]}})

@@ -163,6 +163,10 @@ class Notice:
     # waits for that one (et-operator runs one scaler per job at a time)
     queued: bool = False
     fate: dict[str, str] = field(default_factory=dict)  # uid -> removed / drained_reclaim / ...
+    # when its taint went (a false alarm): a drain or ScaleIn after that answers a later notice
+    # on the node, not this one (seed 12: a withdrawn notice's "ScaleIn" 55 s late was the next
+    # notice's)
+    withdrawn: float | None = None
     # workers that were their job's last hosts off noticed nodes: the daemon keeps such a host
     # visible until a replacement runs (Horovod must not lose its whole host set), so their
     # drain waits for the replacement and is not a notice -> drain latency
@@ -476,6 +480,9 @@ class _State:
             self.healthy_since.pop(name, None)
         elif was and not now:
             self.healthy_since[name] = e.t
+            for n in self.notices:
+                if n.node == name and n.withdrawn is None:
+                    n.withdrawn = e.t
 
     def _pod(self, e: Event) -> None:
         uid, name = e.obj["metadata"]["uid"], e.obj["metadata"]["name"]
@@ -553,6 +560,8 @@ class _State:
         for host in now - before:
             self.drained_since[(name, host)] = e.t
             for n in self.notices:
+                if n.withdrawn is not None:
+                    continue
                 for uid, job in n.pods.items():
                     if job == name and n.names[uid] == host and uid not in n.drained_at:
                         n.drained_at[uid] = e.t
@@ -586,7 +595,7 @@ class _State:
             pod = self.pod_named(pod_name)
             resolved[pod_name] = pod["metadata"]["uid"] if pod else None
             for n in self.notices:
-                if pod and pod["metadata"]["uid"] in n.pods:
+                if pod and pod["metadata"]["uid"] in n.pods and n.withdrawn is None:
                     n.named_at.setdefault(pod["metadata"]["uid"], e.t)
             if pod and self.noticed_within_race(pod, e.t):
                 self.named_noticed.add(pod["metadata"]["uid"])
