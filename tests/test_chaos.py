@@ -780,15 +780,7 @@ def test_a_write_by_a_replica_the_lease_does_not_name_is_a_violation() -> None:
 
 def test_a_graceful_notice_breaks_nothing_and_is_measured() -> None:
 
-    server = RecordingServer()
-    server.seed(
-        node("a"),
-        node("b"),
-        training_job("j", min_workers=1, max_workers=4),
-        worker("j", 0, "a"),
-        worker("j", 1, "a"),
-        worker("j", 2, "b"),
-    )
+    server = _on_a_and_b(("a", "a", "b"))
     _notice_and_drain(server, "a", "j", ["j-worker-0", "j-worker-1"])
     server.seed(_scale_in("in-1", "j", ["j-worker-0"]))
     server.delete("Pod", "j-worker-0", NS)  # the operator, by name
@@ -805,14 +797,7 @@ def test_a_withdrawn_notice_is_not_timed_by_the_next_notices_scale_in() -> None:
     """A notice on a, withdrawn before any ScaleIn (a false alarm), then a second notice on a:
     the second one's ScaleIn times the second notice only (the first has no ScaleIn time; it
     was counted 55 s late in seed 12's long run)."""
-    server = RecordingServer()
-    server.seed(
-        node("a"),
-        node("b"),
-        training_job("j", min_workers=1, max_workers=4),
-        worker("j", 0, "a"),
-        worker("j", 1, "b"),
-    )
+    server = _on_a_and_b(("a", "b"))
     _notice_and_drain(server, "a", "j", ["j-worker-0"])
     server.patch("Node", "a", {"spec": {"taints": []}})  # withdrawn
     _notice_and_drain(server, "a", "j", ["j-worker-0"])
@@ -821,6 +806,18 @@ def test_a_withdrawn_notice_is_not_timed_by_the_next_notices_scale_in() -> None:
     first, second = report.notices
     assert first.scale_in_latency is None and second.scale_in_latency is not None
     assert len(report.scale_in_latencies()) == 1
+
+
+def _on_a_and_b(placement: tuple[str, ...]) -> RecordingServer:
+    """Nodes a and b, job j (1-4 workers), its worker i on placement[i]."""
+    server = RecordingServer()
+    server.seed(
+        node("a"),
+        node("b"),
+        training_job("j", min_workers=1, max_workers=4),
+        *(worker("j", i, on) for i, on in enumerate(placement)),
+    )
+    return server
 
 
 def _notice_and_drain(server: RecordingServer, node: str, job: str, hosts: list[str]) -> None:
