@@ -9,7 +9,10 @@ deadline and over the generated family alone. Exits 1 when the gate is broken.
 
 The traces: those named on the command line (e.g. Bamboo's, read from ../shared/data/traces/),
 and `--family N` adversarial ones (seeds 1..N: autoscaler/sim/adversarial.py), each
-`--family-hours` long (default 2.5x the job) with 8, 16 or 24 spot nodes by seed.
+`--family-hours` long (default 2.5x the job) with 8, 16 or 24 spot nodes by seed. The job's max
+is what the cluster holds: a generated trace's node count (one with no spot at all runs on
+on-demand alone), a file's most nodes up at once; a trace with nothing to size the job by is
+skipped, with its reason in the table and the aggregate's `skipped`.
 
     .venv/bin/python benchmarks/deadline_seeds.py ../shared/data/traces/bamboo-p3-trace.csv \\
         ../shared/data/traces/bamboo-g4dn-trace.csv --family 200 [--job-hours 4] \\
@@ -33,7 +36,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from autoscaler.bench.dominance import Row, Scarcity, aggregate, compare, gate
+from autoscaler.bench.dominance import Row, Scarcity, Skipped, aggregate, compare, gate
 from autoscaler.bench.params import BenchParams
 from autoscaler.core import PolicySet
 from autoscaler.core.policy import Policy
@@ -44,16 +47,21 @@ NODES = (8, 16, 24)  # spot nodes of a generated trace, by seed
 FAMILY = "adversarial-"  # the generated traces' names start so
 
 
-def traces(args: argparse.Namespace) -> Iterator[tuple[str, list[TraceEvent]]]:
+def traces(args: argparse.Namespace) -> Iterator[tuple[str, list[TraceEvent], int | None]]:
+    """Each trace with the spot nodes its cluster has, where known: a generated trace's count
+    (the job is sized by it, spot or none); a file's job is sized by the most it has up at once
+    (Bamboo's name every new node anew: p3's 79 names are at most 32 nodes up)."""
     for path in args.traces:
-        yield path.name, read_trace(path)
+        yield path.name, read_trace(path), None
     hours = args.family_hours or 2.5 * args.job_hours
     for seed in range(args.first_seed, args.first_seed + args.family):
         nodes = NODES[seed % len(NODES)]
-        yield f"{FAMILY}{seed}-{nodes}n", adversarial_trace(seed, hours, nodes)
+        yield f"{FAMILY}{seed}-{nodes}n", adversarial_trace(seed, hours, nodes), nodes
 
 
-def _compare(task: tuple[BenchParams, list[TraceEvent], str, float, dict[str, Any]]) -> Row:
+def _compare(
+    task: tuple[BenchParams, list[TraceEvent], str, float, dict[str, Any]],
+) -> Row | Skipped:
     *positional, options = task
     return compare(*positional, **options)
 
@@ -119,18 +127,24 @@ def main() -> int:
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
     tasks = [
-        (params, trace, name, multiple * args.job_hours, options(args))
-        for name, trace in traces(args)
+        (params, trace, name, multiple * args.job_hours, options(args) | {"nodes": nodes})
+        for name, trace, nodes in traces(args)
         for multiple in args.deadlines
     ]
     rows: list[Row] = []
+    skipped: list[Skipped] = []
     with ProcessPoolExecutor(max(1, args.jobs)) as pool:
         for row in pool.map(_compare, tasks):  # in order, each as soon as it and those before are
-            rows.append(row)
             multiple = row.deadline_hours / args.job_hours
-            print(row_line(row).replace(f"| {row.deadline_hours:g} |", f"| {multiple:g} |"))
+            if isinstance(row, Skipped):
+                skipped.append(row)
+                print(f"| {row.trace} | {multiple:g} |{' — |' * 6} skipped: {row.reason} |")
+            else:
+                rows.append(row)
+                print(row_line(row).replace(f"| {row.deadline_hours:g} |", f"| {multiple:g} |"))
             sys.stdout.flush()
     summary = aggregate(rows)
+    summary["skipped"] = [s.as_dict() for s in skipped]
     summary["by_deadline"] = {
         f"{m:g}x": aggregate([r for r in rows if r.deadline_hours == m * args.job_hours])
         for m in args.deadlines
