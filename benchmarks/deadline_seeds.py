@@ -38,11 +38,13 @@ from typing import Any
 
 from autoscaler.bench.dominance import Row, Scarcity, Skipped, aggregate, compare, gate
 from autoscaler.bench.params import BenchParams
+from autoscaler.config import load_config
 from autoscaler.core import PolicySet
-from autoscaler.core.policy import Policy
+from autoscaler.core.policy import OnDemandRules, Policy
 from autoscaler.sim.adversarial import adversarial_trace
 from autoscaler.sim.trace import TraceEvent, read_trace
 
+EXAMPLE = Path(__file__).resolve().parents[1] / "config" / "example.yaml"
 NODES = (8, 16, 24)  # spot nodes of a generated trace, by seed
 FAMILY = "adversarial-"  # the generated traces' names start so
 
@@ -66,25 +68,34 @@ def _compare(
     return compare(*positional, **options)
 
 
+def shipped_anchor() -> OnDemandRules:
+    """The anchor config/example.yaml ships on its deadline policy (`min_on_demand`, `anchor`,
+    `calm_after`, `calm_spot_workers`), without its `max_on_demand`: that cap is left as both
+    rules have it, so the two runs differ by the anchor alone."""
+    shipped = next(p for p in load_config(EXAMPLE).policy_set.policies if p.deadline is not None)
+    return shipped.on_demand.model_copy(update={"max_on_demand": None})
+
+
 def options(args: argparse.Namespace) -> dict[str, Any]:
-    """compare's keywords for `--scarce` and `--scale-out-timeout` (with `scalers.max_age` past
-    it, as check-config wants: a ScaleOut waiting for its pods is not stuck)."""
-    out: dict[str, Any] = {"scarcity": Scarcity() if args.scarce else None}
-    if args.scale_out_timeout is not None:
-        rules = PolicySet()
-        timeout = timedelta(minutes=args.scale_out_timeout)
-        policies = [
-            Policy.model_validate(
-                p.model_dump()
-                | {
-                    "scale_out": p.scale_out.model_dump() | {"timeout": timeout},
-                    "scalers": p.scalers.model_dump()
-                    | {"max_age": max(p.scalers.max_age, timeout + timedelta(minutes=5))},
-                }
-            )
-            for p in rules.policies
-        ]
-        out["policies"] = rules.model_copy(update={"policies": policies})
+    """compare's keywords for `--rule`, `--scarce`, `--anchor` (ours holds the shipped anchor;
+    uniform_progress never has one) and `--scale-out-timeout` (with `scalers.max_age` past it,
+    as check-config wants: a ScaleOut waiting for its pods is not stuck)."""
+    out: dict[str, Any] = {"rule": args.rule, "scarcity": Scarcity() if args.scarce else None}
+    if args.scale_out_timeout is None and not args.anchor:
+        return out
+    timeout = args.scale_out_timeout and timedelta(minutes=args.scale_out_timeout)
+    anchor = shipped_anchor().model_dump() if args.anchor else None
+
+    def policy(p: Policy) -> Policy:
+        update: dict[str, Any] = {"on_demand": anchor} if anchor else {}
+        if timeout:
+            update["scale_out"] = p.scale_out.model_dump() | {"timeout": timeout}
+            age = max(p.scalers.max_age, timeout + timedelta(minutes=5))
+            update["scalers"] = p.scalers.model_dump() | {"max_age": age}
+        return Policy.model_validate(p.model_dump() | update)
+
+    rules = PolicySet()
+    out["policies"] = rules.model_copy(update={"policies": [policy(p) for p in rules.policies]})
     return out
 
 
@@ -116,11 +127,25 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=1, help="traces replayed at a time")
     parser.add_argument("--scarce", action="store_true", help="scarce on-demand (Scarcity)")
     parser.add_argument("--scale-out-timeout", type=float, help="minutes (policy default: 6)")
+    parser.add_argument(
+        "--rule", choices=["paced", "uniform_progress"], default="paced", help="ours' rule"
+    )
+    parser.add_argument(
+        "--anchor", action="store_true", help="ours holds the anchor config/example.yaml ships"
+    )
     args = parser.parse_args()
     params = BenchParams().with_job_hours(args.job_hours)
     started = time.perf_counter()
     print(f"--job-hours {args.job_hours:g}, deadlines {args.deadlines} x the job's hours")
-    print(f"scarce on-demand: {Scarcity() if args.scarce else 'no'}\n")
+    print(f"scarce on-demand: {Scarcity() if args.scarce else 'no'}")
+    if args.anchor:
+        a = shipped_anchor()
+        anchor = (
+            f"the anchor config/example.yaml ships (min_on_demand {a.min_on_demand}, "
+            f"{a.anchor}, calm_after {a.calm_after}, calm_spot_workers {a.calm_spot_workers})"
+        )
+    print(f"ours: rule {args.rule}, {anchor if args.anchor else 'no anchor'}")
+    print("UP: rule uniform_progress, no anchor\n")
     print(
         "| trace | deadline x | UP done h | ours done h | UP $ to target | ours $ | ours/UP "
         "| restarts UP / ours | gate |"

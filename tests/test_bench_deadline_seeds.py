@@ -3,10 +3,14 @@ the gate's figures per deadline and over the generated family alone."""
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+from autoscaler.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,3 +67,23 @@ def test_a_trace_with_no_spot_runs_on_on_demand_and_one_with_nothing_to_size_is_
     [row] = report["rows"]
     assert (row["trace"], row["max_workers"]) == ("adversarial-198-8n", 8)
     assert row["up"]["met"] and row["ours"]["met"]
+
+
+def test_anchor_gives_ours_the_anchor_the_example_config_ships_and_rule_its_rule() -> None:
+    spec = importlib.util.spec_from_file_location("seeds", ROOT / "benchmarks/deadline_seeds.py")
+    assert spec is not None and spec.loader is not None
+    seeds = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(seeds)
+    args = argparse.Namespace(
+        rule="uniform_progress", anchor=True, scarce=False, scale_out_timeout=None
+    )
+    out = seeds.options(args)
+    assert out["rule"] == "uniform_progress"
+    (policy,) = out["policies"].policies
+    shipped = next(
+        p for p in load_config(ROOT / "config/example.yaml").policy_set.policies if p.deadline
+    )
+    assert shipped.on_demand.min_on_demand == 1 and shipped.on_demand.anchor == "at_risk"
+    # the anchor as shipped; its max_on_demand (a cap both rules would share) is left out
+    assert policy.on_demand == shipped.on_demand.model_copy(update={"max_on_demand": None})
+    assert "policies" not in seeds.options(argparse.Namespace(**{**vars(args), "anchor": False}))
