@@ -21,7 +21,9 @@ skipped, with its reason in the table and the aggregate's `skipped`.
 `--jobs N` replays N traces at a time in separate processes (the rows and figures are the same).
 `--scarce` replays with scarce on-demand (autoscaler/bench/dominance.py `Scarcity`: nodes take
 2-20 min, seeded, a fifth are refused, the pool holds a third of the job's max workers), and
-`--scale-out-timeout MINUTES` sets the policy's `scale_out.timeout` (default 6).
+`--scale-out-timeout MINUTES` sets the policy's `scale_out.timeout` (default 6). `--rule R` runs
+ours under R (default paced), and `--anchor` gives ours the anchor config/example.yaml ships (UP
+never has one): `--rule uniform_progress --anchor` is the shipped default against plain UP.
 """
 
 from __future__ import annotations
