@@ -10,6 +10,7 @@ from autoscaler.bench.dominance import (
     Outcome,
     Row,
     Scarcity,
+    Skipped,
     aggregate,
     clip,
     compare,
@@ -17,6 +18,7 @@ from autoscaler.bench.dominance import (
     targets,
 )
 from autoscaler.bench.params import BenchParams
+from autoscaler.sim.adversarial import adversarial_trace
 from autoscaler.sim.trace import TraceEvent
 
 
@@ -78,5 +80,20 @@ def test_the_job_is_sized_by_the_whole_trace_even_with_no_spot_before_the_deadli
     # job's max is still the trace's peak, and on-demand alone carries both rules
     trace = [TraceEvent(3 * 3600.0, "add", f"n{i}") for i in range(4)]
     row = compare(BenchParams().with_job_hours(1), trace, "t", 1.5)
-    assert row.max_workers == 4
+    assert isinstance(row, Row) and row.max_workers == 4
     assert row.up.met and row.ours.met
+
+
+def test_a_trace_with_no_spot_at_all_runs_on_demand_alone_sized_by_its_node_count() -> None:
+    # adversarial seed 198 (8 nodes) never has a spot node up: sized by the generator's count,
+    # the job runs on on-demand alone and both rules replay it (a max of 0 raised before)
+    trace = adversarial_trace(198, 2.5, 8)
+    assert not any(e.kind == "add" for e in trace)
+    params = BenchParams().with_job_hours(1)
+    row = compare(params, trace, "adversarial-198-8n", 1.5, nodes=8)
+    assert isinstance(row, Row) and row.max_workers == 8
+    assert row.up.met and row.ours.met and row.up.restarts == row.ours.restarts == 0
+    assert row.cost_ratio is not None and not row.breaks
+    # nothing to size the job by: skipped, with the reason, not raised
+    reason = "no spot node in the trace and no node count"
+    assert compare(params, trace, "t", 1.5) == Skipped("t", 1.5, reason)

@@ -128,6 +128,26 @@ def test_the_anchor_comes_back_once_the_slack_is_below_a_restart() -> None:
     assert "< a whole-job restart" in out.message or out.reason is Reason.BEHIND_DEADLINE
 
 
+@pytest.mark.parametrize(("spot", "anchored"), [(0, False), (1, True)])
+def test_at_a_start_with_no_speed_the_anchor_is_asked_only_once_a_worker_runs_on_spot(
+    spot: int, anchored: bool
+) -> None:
+    # the job's first pass (progress 0 on the line's start), nothing measured: with no worker on
+    # spot a wipe-out takes nothing, so no anchor goes ahead of the line's own fill (a pass
+    # later; asked first, it held that fill back a whole provisioning); with one, it is asked
+    j = job(placement=_spot_on(spot), started_at=NOW, progress=0.0)
+    rules = policies(**_deadline(rule="uniform_progress", min_on_demand=1))
+    decisions = run(snapshot(_full_spot(spot), [j]), rules)
+    scale_outs = only(decisions, Action.SCALE_OUT)
+    assert bool(scale_outs) is anchored
+    if anchored:
+        (out,) = scale_outs
+        assert (out.reason, out.count) == (Reason.ANCHOR_ON_DEMAND, 1)
+        assert "no speed measured yet < a whole-job restart" in out.message
+    else:
+        assert "once a worker runs on spot" in decisions[0].message
+
+
 # --- Uniform Progress (the baseline) ---------------------------------------------------------
 
 

@@ -125,6 +125,18 @@ class Row:
         return asdict(self) | {"cost_ratio": self.cost_ratio, "breaks": self.breaks}
 
 
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """A trace and deadline not replayed, and why (a family run goes on past it)."""
+
+    trace: str
+    deadline_hours: float
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 def clip(trace: list[TraceEvent], seconds: float) -> list[TraceEvent]:
     """`trace` up to `seconds`: the replay holds its last state until the deadline and ends just
     after it (what comes later changes no figure here)."""
@@ -140,14 +152,21 @@ def compare(
     policies: PolicySet | None = None,
     rule: Rule = "paced",
     scarcity: Scarcity | None = None,
-) -> Row:
+    nodes: int | None = None,
+) -> Row | Skipped:
     """Both rules on `trace`, due `deadline_hours` after the start (params' job size), with
     `policies`' deadline and on-demand settings (default: the built-in policy's), and with
-    `scarcity`, scarce on-demand (default: params' node pool)."""
+    `scarcity`, scarce on-demand (default: params' node pool). A job without max_workers is
+    sized by `nodes`, the spot nodes the trace's cluster has (a generated trace's count), or
+    else the most the whole trace has up at once; Skipped when that is none."""
     params = params.model_copy(update={"deadline_hours": deadline_hours})
-    # the job's size is the whole trace's peak, cut or not (a trace may have no spot before the
-    # deadline: adversarial seed 58 has none in its first 6 h, and a max of 0 is no job)
-    whole = resolve(params, trace, name, seed).jobs
+    # the job's size is the cluster's, not what spot the replay sees: a trace may have no spot
+    # before the deadline (adversarial seed 58 has none in its first 6 h) or none at all (seed
+    # 198): the job then runs on on-demand alone, and both rules still compare on it
+    unsized = not all(s.max_workers for s in params.jobs)
+    if unsized and not nodes and not any(e.kind == "add" for e in trace):
+        return Skipped(name, deadline_hours, "no spot node in the trace and no node count")
+    whole = resolve(params, trace, name, seed, nodes).jobs
     sized = [
         s.model_copy(update={"max_workers": j.max_workers})
         for s, j in zip(params.jobs, whole, strict=True)

@@ -55,12 +55,21 @@ class World:
         return time_mean(self.available, self.end)
 
 
-def resolve(params: BenchParams, trace: list[TraceEvent], trace_name: str, seed: int) -> World:
+def resolve(
+    params: BenchParams,
+    trace: list[TraceEvent],
+    trace_name: str,
+    seed: int,
+    nodes: int | None = None,
+) -> World:
+    """The world of `trace`; a job without max_workers is sized by `nodes`, the spot nodes the
+    trace's cluster has when that is known (a generated trace's count), else by the most the
+    trace has up at once."""
     instance = params.instance_for(trace_name)
     deadline = None if params.deadline_hours is None else params.deadline_hours * 3600
     end = horizon(trace, params.overheads.tick, deadline or 0.0)  # a short trace holds to it
     available = availability(trace)
-    peak = max(n for _, n in available)
+    peak = max(max(n for _, n in available), nodes or 0)
     mean = time_mean(available, end)
     jobs = []
     for spec in params.jobs:

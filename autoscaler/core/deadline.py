@@ -352,8 +352,9 @@ def _paced(p: _Pacing, anchor: OnDemandNeed) -> tuple[int, int]:
 def _anchor_at_risk(p: _Pacing, anchor: OnDemandNeed) -> OnDemandNeed:
     """With `anchor: at_risk`, the anchor only while the deadline's slack (the time left until
     the deadline itself less what on-demand alone needs, at its lower-bound speed) is below a
-    whole-job restart (which includes starting again on on-demand), or nothing is measured yet;
-    the message says which."""
+    whole-job restart (which includes starting again on on-demand), or nothing is measured yet,
+    and asked for only while a worker runs on spot (one already there stays); the message says
+    which."""
     if not anchor.want or p.rules.anchor == "always":
         return anchor
     restart = p.deadline.restart.total_seconds() / 3600
@@ -365,6 +366,11 @@ def _anchor_at_risk(p: _Pacing, anchor: OnDemandNeed) -> OnDemandNeed:
     if slack is None or slack < restart:
         why = "no speed measured yet" if slack is None else f"slack {slack:.1f} h"
         message = f"{anchor.message}: {why} < a whole-job restart ({restart:.1f} h)"
+        if not p.fleet.spot:
+            # a spot wipe-out takes nothing from a job with no worker on spot: ask once one
+            # runs (the anchor asked first, at a job's start with no spot, held back the
+            # line's own on-demand fill a whole provisioning: Bamboo g4dn at 2x, 1.07x UP)
+            return replace(anchor, want=0, message=f"{message}, once a worker runs on spot")
         return replace(anchor, message=message)
     message = f"no anchor: slack {slack:.1f} h covers a whole-job restart ({restart:.1f} h)"
     return replace(anchor, want=0, keep=0, message=message)
