@@ -155,9 +155,9 @@ class Reconciler:
         return full
 
     def react(self, now: datetime) -> list[Decision]:
-        """The notice fast path, before a full pass: drains and ScaleIns of the jobs with workers
-        on noticed nodes only, decided as the full pass would (`decide_departures`). Growth,
-        other jobs and standing objects wait for the pass that follows."""
+        """The notice fast path (the responder's thread, beside a pass under way): drains and
+        ScaleIns of the jobs with workers on noticed nodes only, decided as the full pass would
+        (`decide_departures`). Growth, other jobs and standing objects wait for the next pass."""
         snapshot, mark = self._look(partial(noticed_view, self.observer), now)
         noticed = {n.node for n in snapshot.notices}
         keys = frozenset(j.key for j in snapshot.jobs if any(w.node in noticed for w in j.workers))

@@ -240,24 +240,12 @@ class Writes:
 
     def _claim(self, decision: Decision, mark: Mark | None) -> bool:
         """Under `_lock`: whether `decision` may be written now; if so it is its job's last
-        claim. Refused (logged; the next pass decides again), drains aside: a write while
-        another of the job is under way (a second scaler), and any decision of a job another
-        writer wrote since
-        `mark`, made on a view without that write (a ScaleOut sized before a notice's ScaleIn,
-        a second ScaleIn for the same notice). A drain answers a notice whatever the view; an
-        alert (a noop's Event) changes no job."""
+        claim. Refused (logged; the next pass decides again) as `_refusal` says. A drain answers
+        a notice whatever the view; an alert (a noop's Event) changes no job."""
         if decision.action is Action.NOOP:
             return True
         if decision.action is not Action.DRAIN:
-            last = self._last_write.get(decision.job)
-            stale = mark is not None and last is not None and last[0] > mark.seq
-            if stale and last is not None and last[1] is not mark:
-                why = "the job was written since this view of it"
-            elif self._busy[decision.job] or decision.job in self._writing:
-                why = "a write of the job is under way"
-            else:
-                why = ""
-            if why:
+            if why := self._refusal(decision.job, mark):
                 self.logger.info(
                     "decision_dropped", job=decision.job, action=decision.action.value, why=why
                 )
@@ -266,6 +254,18 @@ class Writes:
         self._seq += 1
         self._last_write[decision.job] = (self._seq, mark)
         return True
+
+    def _refusal(self, job: str, mark: Mark | None) -> str:
+        """Why a write of `job` may not go now ('' if it may): another writer wrote the job
+        since `mark`, so the decision was made on a view without that write (a ScaleOut sized
+        before a notice's ScaleIn, a second ScaleIn for the same notice); or another write of
+        the job is under way (a second scaler)."""
+        last = self._last_write.get(job)
+        if mark is not None and last is not None and last[0] > mark.seq and last[1] is not mark:
+            return "the job was written since this view of it"
+        if self._busy[job] or job in self._writing:
+            return "a write of the job is under way"
+        return ""
 
     def _written(self, job: str, future: Future[bool]) -> None:
         with self._lock:
