@@ -288,19 +288,25 @@ class Karpenter:
 
     def delete_node_pool(self, name: str) -> None:
         """Delete its NodeClaims (their nodes drain, which is quick once their pods are gone),
-        wait until they and their nodes are gone, then the NodePool."""
-        claims = self.node_claims(name)
-        nodes = {(c.get("status") or {}).get("nodeName") for c in claims} - {None}
-        for claim in claims:
-            with contextlib.suppress(ApiException):  # 404: gone already
-                self.custom.delete_cluster_custom_object(
-                    *KARPENTER, "nodeclaims", claim["metadata"]["name"]
-                )
-        wait_for(
-            lambda: not self.node_claims(name) and not (nodes & names_now(self.core)),
-            SETTLE,
-            f"the NodeClaims and nodes of NodePool {name} gone",
-        )
+        wait until they and their nodes are gone, then the NodePool. Each look deletes the
+        claims it finds: the provisioner may still be launching one for a pod deleted a moment
+        ago (a replacement worker), created after an earlier look."""
+        nodes: set[str] = set()
+
+        def gone() -> bool:
+            claims = self.node_claims(name)
+            for claim in claims:
+                if node := (claim.get("status") or {}).get("nodeName"):
+                    nodes.add(node)
+                if claim["metadata"].get("deletionTimestamp"):
+                    continue
+                with contextlib.suppress(ApiException):  # 404: gone already
+                    self.custom.delete_cluster_custom_object(
+                        *KARPENTER, "nodeclaims", claim["metadata"]["name"]
+                    )
+            return not claims and not (nodes & names_now(self.core))
+
+        wait_for(gone, SETTLE, f"the NodeClaims and nodes of NodePool {name} gone")
         with contextlib.suppress(ApiException):
             self.custom.delete_cluster_custom_object(*KARPENTER, "nodepools", name)
 
