@@ -810,6 +810,9 @@ class EmulatedBench:
     def churn(self) -> dict[str, int]:
         return {}
 
+    def controllers(self) -> dict[str, float]:
+        return {}  # the emulator runs no controller-manager
+
     def versions(self) -> dict[str, Any]:
         return {"kube_api": "emulator (tests/support/kube_api.py)"}
 
@@ -967,9 +970,10 @@ class RealBench:
     def marked(self) -> None:
         """The counters the run's figures are differences of, read as its rounds begin."""
         from benchmarks import deployed
-        from benchmarks.real_plane import apiserver_durations, apiserver_requests
+        from benchmarks.real_plane import apiserver_durations, apiserver_requests, controller_work
 
         self._marks = {
+            "controllers": controller_work(self.plane),
             "guards": apiserver_requests(
                 self.rest, "poddisruptionbudgets", ("POST", "PUT", "PATCH")
             ),
@@ -988,6 +992,15 @@ class RealBench:
             what: _window(self._marks["durations"].get(what, {}), series, DURATION)
             for what, series in after.items()
         }
+
+    def controllers(self, top: int = 6) -> dict[str, float]:
+        """The controller-manager's busiest workqueues since the mark: seconds worked."""
+        from benchmarks.real_plane import controller_work
+
+        before = self._marks["controllers"]
+        worked = {k: v - before.get(k, 0.0) for k, v in controller_work(self.plane).items()}
+        busiest = sorted(worked.items(), key=lambda kv: -kv[1])[:top]
+        return {k: round(v, 1) for k, v in busiest}
 
     def guard_writes(self) -> int:
         """Budget writes since the mark (the server's apiserver_request_total: only the daemon
@@ -1280,6 +1293,7 @@ def _one_run(
         metrics = _scrape(port)
         guard_writes = bench.guard_writes()
         server_times = bench.server_times()
+        controllers = bench.controllers()
         apf = bench.apf()
         meter.peaks()
         # the run's last reclaimed nodes replaced, so the next run starts from a whole cluster
@@ -1326,6 +1340,9 @@ def _one_run(
         "decisions": _decision_counts(lines),
         # the API server's own time per kind of request in the rounds (a real plane's only)
         "server_times": server_times,
+        # the controller-manager's busiest controllers in the rounds, seconds worked (a real
+        # plane's only: its CPU is a third of the machine's there)
+        "controllers_s": controllers,
         # API Priority and Fairness: where the daemon's requests landed, their wait in APF
         "apf": apf,
         "daemon_errors": _errors(err),
@@ -1723,6 +1740,13 @@ def report(r: dict[str, Any]) -> str:
         )
         + f"  decisions: {', '.join(f'{k} {n}' for k, n in r['decisions'].items())}\n"
         + f"  churn: {', '.join(f'{k} {v}' for k, v in r['churn'].items())}\n"
+        + (
+            "  controller-manager, busiest queues (s worked): "
+            + ", ".join(f"{k} {v}" for k, v in r["controllers_s"].items())
+            + "\n"
+            if r.get("controllers_s")
+            else ""
+        )
         + f"  daemon: mean pass {r['pass_mean_s']} s, mean notice received -> applied "
         f"{r['daemon_reaction_mean_s']} s; in the rounds {p['count']} passes, mean "
         f"{p['mean_s']} s, p50 <= {p['p50_le_s']} s, p99 <= {p['p99_le_s']} s\n"

@@ -15,6 +15,8 @@
 - `Meter`: CPU seconds (utime + stime from /proc/<pid>/stat, children reaped included) and peak
   RSS (VmHWM from /proc/<pid>/status) of any process: the daemon, this harness and each
   control-plane component, read at named marks so a phase's CPU is a difference of two marks.
+- `controller_work()`: the controller-manager's busy seconds per controller (its workqueues'
+  `workqueue_work_duration_seconds_sum`), so a run can say which controllers took its CPU.
 - `versions()`: which binaries ran (the pinned versions, the apiserver's /version, etcd's and
   kwok's --version).
 """
@@ -29,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -417,3 +420,31 @@ def apiserver_requests(rest: Rest, resource_name: str, verbs: Sequence[str]) -> 
         ):
             total += float(value)
     return int(total)
+
+
+WORK = "workqueue_work_duration_seconds_sum"
+
+
+def controller_work(plane: ControlPlane) -> dict[str, float]:
+    """Seconds each of the controller-manager's workqueues has spent working so far (by queue
+    name: "disruption", "garbage_collector_attempt_to_delete", ...). Its serving certificate is
+    self-signed (no CA to check it against); the admin's client certificate authorizes."""
+    user = yaml.safe_load(plane.kubeconfig_path.read_text())["users"][0]["user"]
+    http = urllib3.PoolManager(
+        cert_reqs="CERT_NONE",
+        cert_file=user["client-certificate"],
+        key_file=user["client-key"],
+        retries=False,
+        timeout=urllib3.Timeout(connect=5, read=30),
+    )
+    url = f"https://127.0.0.1:{plane.ports['kube-controller-manager']}/metrics"
+    with warnings.catch_warnings():  # loopback, self-signed: nothing to verify against
+        warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
+        r = http.request("GET", url)
+    out: dict[str, float] = {}
+    for line in r.data.decode().splitlines():
+        if line.startswith(WORK + "{"):
+            series, _, value = line.rpartition(" ")
+            name = series.split('name="', 1)[1].split('"', 1)[0]
+            out[name] = out.get(name, 0.0) + float(value)
+    return out

@@ -8,6 +8,7 @@ from dataclasses import replace
 from datetime import datetime
 
 from core_fixtures import NOW, job, node, notice, policies, snapshot
+from support.waiting import wait_for
 
 from autoscaler.core import Action, Decision, PolicySet, Snapshot
 from autoscaler.logs import file_logger
@@ -160,9 +161,25 @@ class GatedWorld(FixedWorld):
             super().apply(decision, now)
 
 
+def test_the_fast_path_waits_for_no_write_and_a_scale_in_follows_its_jobs_drain() -> None:
+    """react returns while its drains are still held (the next notice needs the responder); a
+    job's ScaleIn goes only after that job's drain is done, well or not."""
+    world = GatedWorld(two_preempted_jobs(), refuse="ml/b", gated=Action.DRAIN)
+    reconciler = Reconciler(world, world, PolicySet(), file_logger(io.StringIO()), write_workers=2)
+    urgent = reconciler.react(NOW)
+    assert {(d.job, d.action) for d in urgent} == {
+        (j, a) for j in ("ml/a", "ml/b") for a in (Action.DRAIN, Action.SCALE_IN)
+    }
+    assert world.applied == []  # the drains wait at the gate, the ScaleIns behind them
+    world.gate.set()
+    reconciler.finish(5)
+    assert world.applied == [("ml/a", Action.DRAIN), ("ml/a", Action.SCALE_IN)]
+    assert reconciler.errors == 2  # ml/b's refused drain, then its refused ScaleIn all the same
+
+
 def test_the_fast_path_writes_scale_ins_behind_its_drains() -> None:
-    """react returns once the drains are written; while a job's ScaleIn is still going out, a
-    pass applies nothing of that job but drains (no second scaler); its end wakes the loop."""
+    """While a job's ScaleIn is still going out, a pass applies nothing of that job but drains
+    (no second scaler); its end wakes the loop."""
     world = GatedWorld(two_preempted_jobs(), refuse="ml/b")
     written = threading.Event()
     reconciler = Reconciler(
@@ -177,7 +194,7 @@ def test_the_fast_path_writes_scale_ins_behind_its_drains() -> None:
     assert {(d.job, d.action) for d in urgent} == {
         (j, a) for j in ("ml/a", "ml/b") for a in (Action.DRAIN, Action.SCALE_IN)
     }
-    assert sorted(world.applied) == [("ml/a", Action.DRAIN)]  # ml/b's drain was refused
+    wait_for(lambda: world.applied == [("ml/a", Action.DRAIN)], 5, "ml/a's drain (ml/b's refused)")
     assert reconciler.tick(NOW) == [d for d in reconciler.tick(NOW) if d.action is Action.DRAIN]
     assert ("ml/a", Action.SCALE_IN) not in world.applied
     world.gate.set()
