@@ -136,6 +136,27 @@ def test_wakes_for_notices_and_capacity_but_not_heartbeats(kube: Kube) -> None:
     ]
 
 
+def test_only_a_node_change_that_may_bring_a_notice_goes_to_the_responder(kube: Kube) -> None:
+    """A node's new taint is a notice wake (the responder answers it at once); its GPUs, a
+    label, a node added untainted or a taint withdrawn wake the pass only."""
+    kube.server.seed(node("a"))
+    cache = kube.cache()
+    kube.server.patch("Node", "a", {"status": {"allocatable": {"nvidia.com/gpu": "4"}}})
+    kube.server.patch("Node", "a", {"metadata": {"labels": {"team": "x"}}})
+    kube.server.seed(node("b"))
+    taint = {"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}
+    kube.server.patch("Node", "a", {"spec": {"taints": [taint]}})
+    kube.server.patch("Node", "a", {"spec": {"taints": []}})
+    wait_for(lambda: len(kube.wakes) >= 5, what="five wakes")
+    assert kube.wakes == [
+        "Node a changed",
+        "Node a changed",
+        "Node b added",
+        "notice: Node a changed",
+        "Node a changed",
+    ]
+
+
 def test_stop_ends_every_watch_promptly(kube: Kube) -> None:
     cache = kube.cache()
     kube.server.wait_until(lambda: kube.server.watch_count >= 6)

@@ -33,7 +33,7 @@ from autoscaler.adapters.kube.resources import (
 )
 from autoscaler.adapters.kube.served import is_served
 from autoscaler.adapters.kube.view import Watchlist
-from autoscaler.adapters.kube.wake_signatures import signature
+from autoscaler.adapters.kube.wake_signatures import may_bring_notice, signature
 from autoscaler.config.kubernetes import KubernetesSettings
 from autoscaler.config.selectors import LabelMatcher, label_matcher
 from autoscaler.notices_and_prices import NoticeWake, Wake
@@ -252,7 +252,8 @@ class KubeCache:
                 what = "deleted" if new is None else "added" if old is None else "changed"
                 try:
                     why = f"{resource.kind} {key_of(obj)} {what}"
-                    self._wake(NoticeWake(why) if resource is NODES else why)
+                    notice = resource is NODES and may_bring_notice(old, new)
+                    self._wake(NoticeWake(why) if notice else why)
                 except Exception as exc:  # the daemon's callback must not kill a watch thread
                     log.warning("wake_failed", error=f"{type(exc).__name__}: {exc}")
                 return

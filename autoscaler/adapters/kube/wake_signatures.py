@@ -41,6 +41,20 @@ def _node(node: Obj) -> Hashable:
     )
 
 
+def may_bring_notice(old: Obj | None, new: Obj | None) -> bool:
+    """Whether a Node change may bring a notice: its taints or our notice annotation changed and
+    it has some. Only those go to the notice responder at once; the rest (a node added, Ready
+    again, its GPUs, a notice withdrawn) wait for the pass, and with a node replaced every
+    second (2,000 nodes with churn) they kept the responder from the notices."""
+
+    def fields(node: Obj | None) -> tuple[str, str | None]:
+        taints = ((node or {}).get("spec") or {}).get("taints") or []
+        return _frozen(taints), annotations_of(node or {}).get(NOTICE_ANNOTATION)
+
+    after = fields(new)
+    return new is not None and after != fields(old) and after != (_frozen([]), None)
+
+
 def _pod(pod: Obj, settings: KubernetesSettings) -> Hashable:
     gpus, memory = gpu_requests(pod.get("spec") or {}, settings)
     if not gpus and not memory:
