@@ -118,6 +118,7 @@ class Writes:
         self._seq = 0  # writes claimed so far
         self._last_write: dict[str, tuple[int, Mark | None]] = {}  # job -> its last claim
         self._busy: Counter[str] = Counter()  # job -> its writes under way, drains aside
+        self._drains_going: Counter[tuple[str, str]] = Counter()  # (job, host) being drained
 
     # --- a pass's decisions ---------------------------------------------------------------------
     def act(
@@ -277,16 +278,30 @@ class Writes:
         a notice whatever the view; an alert (a noop's Event) changes no job."""
         if decision.action is Action.NOOP:
             return True
-        if decision.action is not Action.DRAIN:
-            if why := self._refusal(decision.job, mark):
-                self.logger.info(
-                    "decision_dropped", job=decision.job, action=decision.action.value, why=why
-                )
-                return False
+        if decision.action is Action.DRAIN:
+            why = self._drain_refusal(decision)
+        else:
+            why = self._refusal(decision.job, mark)
+        if why:
+            self.logger.info(
+                "decision_dropped", job=decision.job, action=decision.action.value, why=why
+            )
+            return False
+        if decision.action is Action.DRAIN:
+            self._drains_going.update((decision.job, h) for h in decision.hosts)
+        else:
             self._busy[decision.job] += 1
         self._seq += 1
         self._last_write[decision.job] = (self._seq, mark)
         return True
+
+    def _drain_refusal(self, decision: Decision) -> str:
+        """A drain goes whatever the view, unless the same one is going out: the other writer's
+        snapshot was taken before that drain landed (writes are not waited for)."""
+        going = decision.hosts and all(
+            self._drains_going[(decision.job, h)] for h in decision.hosts
+        )
+        return "the same drain is under way" if going else ""
 
     def _refusal(self, job: str, mark: Mark | None) -> str:
         """Why a write of `job` may not go now ('' if it may): another writer wrote the job
@@ -357,7 +372,11 @@ class Writes:
             self._log(decision, now)
             return self._apply(decision, now)
         finally:
-            if decision.action not in (Action.NOOP, Action.DRAIN):
+            if decision.action is Action.DRAIN:
+                with self._lock:
+                    self._drains_going.subtract((decision.job, h) for h in decision.hosts)
+                    self._drains_going = +self._drains_going
+            elif decision.action is not Action.NOOP:
                 with self._lock:
                     self._busy[decision.job] -= 1
                     if self._busy[decision.job] <= 0:

@@ -4,6 +4,7 @@ CCE patches, dry run, restarts. The Reconciler drives observe -> decide -> act."
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -28,6 +29,7 @@ from autoscaler.annotations import (
     decode_notice,
 )
 from autoscaler.core import Action, Decision, Notice, NoticeKind, Reason
+from autoscaler.notice import ANNOTATION
 
 BOTH = pytest.mark.servers("emulator", "real")  # Kubernetes-facing: pinned on both
 NTH_ITN = {"key": "aws-node-termination-handler/spot-itn", "value": "evt-9", "effect": "NoSchedule"}
@@ -100,6 +102,32 @@ def test_drained_hosts_come_back_when_the_notice_is_withdrawn(kube: Kube) -> Non
     annotations = kube.server.get("TrainingJob", "bert", NS)["metadata"].get("annotations", {})
     assert DRAINED_ANNOTATION not in annotations  # the last host shown again: annotation removed
     assert [e["reason"] for e in kube.events()] == ["HostsUndrained"]
+
+
+def test_a_drain_of_hosts_already_drained_tells_no_pod_again(kube: Kube) -> None:
+    """Two writers may decide the same drain (the responder's and a pass's view before it
+    landed): the second changes nothing and sends no checkpoint signal (a list and a PATCH per
+    worker, repeated, queued thousands at 2,000 nodes). A drain of a new host still tells."""
+    kube.server.seed(node("a", taints=[NTH_ITN]), *bert_on("a", "a", max_workers=2))
+    held = {"metadata": {"annotations": {DRAINED_ANNOTATION: json.dumps(["bert-worker-0"])}}}
+    kube.server.patch("TrainingJob", "bert", held, NS)
+    cache = kube.cache()
+    actuator = kube.actuator(cache)
+    again = Decision(
+        "ml/bert", Action.DRAIN, Reason.PREEMPTION_NOTICE, "default", 2, 1, count=1,
+        pods=("bert-worker-0",), hosts=("bert-worker-0",), nodes=("a",),
+    )  # fmt: skip
+    actuator.apply(again, now())
+    actuator.apply(replace(again, pods=("bert-worker-1",), hosts=("bert-worker-1",)), now())
+
+    def told(pod: str) -> dict[str, object]:
+        notice = kube.server.get("Pod", pod, NS)["metadata"].get("annotations", {}).get(ANNOTATION)
+        return json.loads(notice) if notice else {}
+
+    for name in ("bert-worker-0", "bert-worker-1"):
+        wait_for(lambda n=name: told(n).get("hosts") == ["bert-worker-1"], 5, f"{name} told")
+    assert len(kube.server.requests("PATCH", f"/namespaces/{NS}/pods/")) == 2  # the new drain's
+    assert len(kube.server.requests("GET", f"/namespaces/{NS}/pods", watch=False)) == 1
 
 
 @BOTH

@@ -177,6 +177,21 @@ def test_the_fast_path_waits_for_no_write_and_a_scale_in_follows_its_jobs_drain(
     assert reconciler.errors == 2  # ml/b's refused drain, then its refused ScaleIn all the same
 
 
+def test_a_pass_drops_the_drain_the_fast_path_is_still_writing() -> None:
+    """A pass beside the fast path's drains (not waited for) decides them again on a view
+    without them: dropped while the same drain goes out, not written twice."""
+    world = GatedWorld(two_preempted_jobs(), gated=Action.DRAIN)
+    logs = io.StringIO()
+    reconciler = Reconciler(world, world, PolicySet(), file_logger(logs), write_workers=2)
+    reconciler.react(NOW)
+    assert Action.DRAIN in [d.action for d in reconciler.tick(NOW)]  # decided again
+    world.gate.set()
+    reconciler.finish(5)
+    drains = sorted(j for j, a in world.applied if a is Action.DRAIN)
+    assert drains == ["ml/a", "ml/b"]
+    assert logs.getvalue().count("the same drain is under way") == 2
+
+
 def test_the_fast_path_writes_scale_ins_behind_its_drains() -> None:
     """While a job's ScaleIn is still going out, a pass applies nothing of that job but drains
     (no second scaler); its end wakes the loop."""

@@ -24,9 +24,10 @@ from autoscaler.adapters.kube.kinds.base import JobKind, KindActuator
 from autoscaler.adapters.kube.objects import ObjectApi
 from autoscaler.adapters.kube.outcomes import refuse, summary
 from autoscaler.adapters.kube.rejects import Rejections
-from autoscaler.adapters.kube.resources import NODES, Obj
+from autoscaler.adapters.kube.resources import NODES, Obj, annotations_of
 from autoscaler.adapters.kube.shield import DisruptionShield
 from autoscaler.adapters.kube.signal import CheckpointSignal
+from autoscaler.annotations import DRAINED_ANNOTATION, decode_drained
 from autoscaler.config import Config
 from autoscaler.core.model import Action, Decision, Job, Notice, Reason
 from autoscaler.core.voluntary import Shield
@@ -201,7 +202,10 @@ class KubeActuator:
         hosts = frozenset(decision.hosts)
         drain = decision.action is Action.DRAIN
         resource = kind.jobs
-        if drain and tell:
+        # told already when its hosts are drained (a second writer's same drain): the signal is
+        # a list and a PATCH per worker, and repeated it queued thousands at 2,000 nodes
+        held = decode_drained(annotations_of(job).get(DRAINED_ANNOTATION))
+        if drain and tell and not hosts <= held:
             self._signal.tell_pods(kind, job, decision, now)
         if drain:
             told = self._signal.annotations(job, decision, now)
