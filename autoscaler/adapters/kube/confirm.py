@@ -83,15 +83,18 @@ class ServerCheck:
         # their nodes (the cache may tell a pod's node) asked with the victims, not after them:
         # one round trip less between the notice and its ScaleIn on a busy server
         asked = {n for p, n in on.items() if n and (p in named or self._noticed_in_view(n, now))}
-        nodes_read = _READS.submit(self._noticed, asked, now) if asked else None
+        nodes_read = _READS.submit(self._noticed_from, asked, now) if asked else None
         pods, live = self._workers(job, kind, decision.pods, now)
-        noticed = nodes_read.result() if nodes_read is not None else set()
+        noticed, read_at = nodes_read.result() if nodes_read is not None else (set(), None)
         alive = {p: _node_of(pods[p]) for p in decision.pods if p in pods and _alive(pods[p])}
         meant = {p for p, n in alive.items() if p in named or (n and self._noticed_in_view(n, now))}
         unasked = {alive[p] for p in meant} - asked  # a victim the cache did not place
-        if unasked:  # what can change under a notice victim is its notice: read after this
-            since = time.monotonic()
-            noticed |= self._noticed(unasked, now)
+        if unasked:
+            more, read_more_at = self._noticed_from(unasked, now)
+            noticed |= more
+            read_at = read_at if read_at is not None else read_more_at
+        if meant and read_at is not None:  # what can change under a notice victim is its notice
+            since = read_at
         by_notice = {p for p in meant if alive[p] in noticed}
         # the others only above the decision's target, counted on the server; a notice victim
         # that does not hold up stays, and the target with it
@@ -213,6 +216,12 @@ class ServerCheck:
     def _noticed_in_cache(self, node: str) -> bool:
         obj = self._cache.get(NODES, node)
         return obj is not None and bool(node_notices(obj, self._settings))
+
+    def _noticed_from(self, nodes: set[str], now: datetime) -> tuple[set[str], float]:
+        """`_noticed`, and the time.monotonic() its reads began: on a busy daemon a read waits
+        for a thread first, and the wait is no part of how old the answer is."""
+        began = time.monotonic()
+        return self._noticed(nodes, now), began
 
     def _noticed(self, nodes: set[str], now: datetime) -> set[str]:
         """Those of `nodes` the server (or the cloud source's record) says carry a notice; a
