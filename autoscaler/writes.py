@@ -9,9 +9,8 @@ The Reconciler observes and decides; this carries the decisions out and logs the
   pass began, docs/benchmarks.md);
 - the rest (undrains, alerts) a batch of different jobs at a time, asking between batches
   whether a waiting notice should have the loop (`give_way`, `notice_waits`);
-- the fast path's writes not waited for: its drains at once, each job's ScaleIn behind that
-  job's drain on threads of their own; a job with a write behind (ScaleIn or ScaleOut) is held
-  (only its drains go) until that write ends;
+- the fast path's ScaleIns written behind its drains on their own threads; a job with a write
+  behind (ScaleIn or ScaleOut) is held (only its drains go) until that write ends;
 - two writers at once (the notice responder beside a pass: daemon/loop.py): each writes under a
   `Mark` taken before its snapshot, and a decision (drains aside) for a job the other wrote since
   is dropped: it was made on a view without that write (`_claim`);
@@ -112,7 +111,6 @@ class Writes:
         self._growth = _pool(workers, "growth")
         self._writing: dict[str, Future[bool]] = {}
         self._departing: set[str] = set()  # jobs of `_writing` whose write is a ScaleIn
-        self._draining: set[Future[bool]] = set()  # the fast path's drains going out
         self._lock = threading.Lock()
         self._on_written = on_written
         self._seq = 0  # writes claimed so far
@@ -203,56 +201,25 @@ class Writes:
             return decisions
         return [d for d in decisions if d.action is Action.DRAIN or d.job not in writing]
 
-    def answer(self, decisions: list[Decision], now: datetime, mark: Mark | None) -> None:
-        """The fast path's drains and ScaleIns, not waited for: every drain at once on the
-        writers, each job's ScaleIn behind that job's drain on its own threads. The responder is
-        free for the next notice while they go out (it waited for the last one's drains: p99
-        1.5 s before a notice's react began at 2,000 nodes, docs/benchmarks.md). Without pools
-        (one worker) both are written here, drains first."""
-        drains = [d for d in decisions if d.action is Action.DRAIN]
-        scale_ins = [d for d in decisions if d.action is Action.SCALE_IN]
-        if self._pool is None or self._behind is None:
-            self.act(drains + scale_ins, now, mark=mark)
+    def write_behind(self, decisions: list[Decision], now: datetime, mark: Mark | None) -> None:
+        """The fast path's ScaleIns: log and apply in the pool without waiting (at once when
+        there is none)."""
+        if self._behind is None:
+            self.act(decisions, now, mark=mark)
             return
         for decision in decisions:
             if self.on_decision is not None:
                 self.on_decision(decision)
-        draining: dict[str, list[Future[bool]]] = {}
-        for decision in drains:
-            with self._lock:
-                if not self._claim(decision, mark):
-                    continue
-                future = self._pool.submit(self._log_and_apply, decision, now)
-                self._draining.add(future)
-            draining.setdefault(decision.job, []).append(future)
-            future.add_done_callback(self._drained)
-        for decision in scale_ins:
-            after = draining.get(decision.job, [])
-            self._submit(self._behind, [decision], now, mark, partial(self._after, after))
-
-    def _after(self, drains: list[Future[bool]], decision: Decision, now: datetime) -> bool:
-        """A ScaleIn once its job's drains are done (well or not: the node goes either way)."""
-        wait(drains)
-        return self._log_and_apply(decision, now)
-
-    def _drained(self, future: Future[bool]) -> None:
-        with self._lock:
-            self._draining.discard(future)
-        self._count_failed(future.exception() is not None or not future.result())
+        self._submit(self._behind, decisions, now, mark)
 
     def _submit(
-        self,
-        pool: ThreadPoolExecutor,
-        decisions: list[Decision],
-        now: datetime,
-        mark: Mark | None,
-        write: Callable[[Decision, datetime], bool] | None = None,
+        self, pool: ThreadPoolExecutor, decisions: list[Decision], now: datetime, mark: Mark | None
     ) -> None:
         for decision in decisions:
             with self._lock:
                 if not self._claim(decision, mark):
                     continue
-                future = pool.submit(write or self._log_and_apply, decision, now)
+                future = pool.submit(self._log_and_apply, decision, now)
                 self._writing[decision.job] = future
                 if decision.action is Action.SCALE_IN:
                     self._departing.add(decision.job)
@@ -330,7 +297,6 @@ class Writes:
         while not stop() and (left := deadline - time.monotonic()) > 0:
             with self._lock:
                 pending = [f for j, f in self._writing.items() if growth or j in self._departing]
-                pending += self._draining
             if not pending:
                 return
             wait(pending, min(left, _SETTLE_POLL))

@@ -10,7 +10,7 @@ from datetime import datetime
 from core_fixtures import NOW, job, node, notice, policies, snapshot
 from support.waiting import wait_for
 
-from autoscaler.core import Action, Decision, PolicySet, Snapshot
+from autoscaler.core import Action, Decision, PolicySet, Snapshot, decide
 from autoscaler.logs import file_logger
 from autoscaler.reconcile import Reconciler
 
@@ -161,40 +161,26 @@ class GatedWorld(FixedWorld):
             super().apply(decision, now)
 
 
-def test_the_fast_path_waits_for_no_write_and_a_scale_in_follows_its_jobs_drain() -> None:
-    """react returns while its drains are still held (the next notice needs the responder); a
-    job's ScaleIn goes only after that job's drain is done, well or not."""
-    world = GatedWorld(two_preempted_jobs(), refuse="ml/b", gated=Action.DRAIN)
-    reconciler = Reconciler(world, world, PolicySet(), file_logger(io.StringIO()), write_workers=2)
-    urgent = reconciler.react(NOW)
-    assert {(d.job, d.action) for d in urgent} == {
-        (j, a) for j in ("ml/a", "ml/b") for a in (Action.DRAIN, Action.SCALE_IN)
-    }
-    assert world.applied == []  # the drains wait at the gate, the ScaleIns behind them
-    world.gate.set()
-    reconciler.finish(5)
-    assert world.applied == [("ml/a", Action.DRAIN), ("ml/a", Action.SCALE_IN)]
-    assert reconciler.errors == 2  # ml/b's refused drain, then its refused ScaleIn all the same
-
-
-def test_a_pass_drops_the_drain_the_fast_path_is_still_writing() -> None:
-    """A pass beside the fast path's drains (not waited for) decides them again on a view
-    without them: dropped while the same drain goes out, not written twice."""
+def test_a_drain_the_other_writer_is_still_writing_is_dropped() -> None:
+    """The responder and a pass decide the same drains (the pass's view is from before they
+    landed): the second writer's are dropped while the first's go out, not written twice."""
     world = GatedWorld(two_preempted_jobs(), gated=Action.DRAIN)
     logs = io.StringIO()
     reconciler = Reconciler(world, world, PolicySet(), file_logger(logs), write_workers=2)
-    reconciler.react(NOW)
-    assert Action.DRAIN in [d.action for d in reconciler.tick(NOW)]  # decided again
-    world.gate.set()
-    reconciler.finish(5)
-    drains = sorted(j for j, a in world.applied if a is Action.DRAIN)
-    assert drains == ["ml/a", "ml/b"]
+    drains = [d for d in decide(world.snap, PolicySet(), NOW) if d.action is Action.DRAIN]
+    first = threading.Thread(target=reconciler.writes.act, args=(drains, NOW))
+    first.start()
+    wait_for(lambda: logs.getvalue().count('"drain"') == 2, 5, "the first writer's drains")
+    reconciler.writes.act(drains, NOW)  # the second writer's: returns at once
     assert logs.getvalue().count("the same drain is under way") == 2
+    world.gate.set()
+    first.join(5)
+    assert sorted(j for j, a in world.applied if a is Action.DRAIN) == ["ml/a", "ml/b"]
 
 
 def test_the_fast_path_writes_scale_ins_behind_its_drains() -> None:
-    """While a job's ScaleIn is still going out, a pass applies nothing of that job but drains
-    (no second scaler); its end wakes the loop."""
+    """react returns once the drains are written; while a job's ScaleIn is still going out, a
+    pass applies nothing of that job but drains (no second scaler); its end wakes the loop."""
     world = GatedWorld(two_preempted_jobs(), refuse="ml/b")
     written = threading.Event()
     reconciler = Reconciler(

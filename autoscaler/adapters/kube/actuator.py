@@ -38,7 +38,7 @@ log = structlog.get_logger()
 # seconds a server check holds for the write that rests on it, counted from before the reads it
 # rests on: the fault suite tolerates no write landing later than 1 s after its notice went
 CONFIRMED_FOR = 1.0
-CHECKS_PER_SCALE_IN = 3  # checks (each with its create) per decision: the job's other writes wait
+CHECKS_PER_SCALE_IN = 2  # checks (each with its create) per decision: the job's other writes wait
 
 
 class KubeActuator:
