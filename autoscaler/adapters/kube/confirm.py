@@ -78,21 +78,17 @@ class ServerCheck:
         # notice withdrawn since does not make its victim a clamp's (the decision's target
         # counted it as leaving: its place is no room above the target)
         named = set(decision.for_notice)
-        namespace = job["metadata"]["namespace"]
-        on = {p: self.node_of(namespace, p) for p in decision.pods}
         # their nodes (the cache may tell a pod's node) asked with the victims, not after them:
         # one round trip less between the notice and its ScaleIn on a busy server
-        asked = {n for p, n in on.items() if n and (p in named or self._noticed_in_view(n, now))}
-        nodes_read = _READS.submit(self._noticed_from, asked, now) if asked else None
+        on = {p: self.node_of(job["metadata"]["namespace"], p) for p in decision.pods}
+        asked = {n for n in self._meant(on, named, now).values() if n}
+        nodes_read = _READS.submit(self._noticed_from, asked, now)
         pods, live = self._workers(job, kind, decision.pods, now)
-        noticed, read_at = nodes_read.result() if nodes_read is not None else (set(), None)
+        noticed, read_at = nodes_read.result()
         alive = {p: _node_of(pods[p]) for p in decision.pods if p in pods and _alive(pods[p])}
-        meant = {p for p, n in alive.items() if p in named or (n and self._noticed_in_view(n, now))}
-        unasked = {alive[p] for p in meant} - asked  # a victim the cache did not place
-        if unasked:
-            more, read_more_at = self._noticed_from(unasked, now)
-            noticed |= more
-            read_at = read_at if read_at is not None else read_more_at
+        meant = set(self._meant(alive, named, now))
+        # a victim the cache did not place: its node read now
+        noticed, read_at = self._read_more({alive[p] for p in meant} - asked, noticed, read_at, now)
         if meant and read_at is not None:  # what can change under a notice victim is its notice
             since = read_at
         by_notice = {p for p in meant if alive[p] in noticed}
@@ -100,14 +96,7 @@ class ServerCheck:
         # that does not hold up stays, and the target with it
         plain = _within_room([p for p in alive if p not in meant], live, decision, len(meant))
         kept = _kept(decision, kind, by_notice | set(plain))
-        if kept != decision.pods:
-            log.info(
-                "scale_in_narrowed_by_server",
-                job=decision.job,
-                pods=list(decision.pods),
-                kept=list(kept),
-                gone=sorted(set(decision.pods) - set(alive)),
-            )
+        _log_narrowed(decision, kept, set(alive))
         return narrowed(decision, kept), since
 
     def drain(
@@ -217,9 +206,24 @@ class ServerCheck:
         obj = self._cache.get(NODES, node)
         return obj is not None and bool(node_notices(obj, self._settings))
 
-    def _noticed_from(self, nodes: set[str], now: datetime) -> tuple[set[str], float]:
-        """`_noticed`, and the time.monotonic() its reads began: on a busy daemon a read waits
-        for a thread first, and the wait is no part of how old the answer is."""
+    def _read_more(
+        self, nodes: set[str], noticed: set[str], read_at: float | None, now: datetime
+    ) -> tuple[set[str], float | None]:
+        """`noticed` with `nodes` read too; when the first read began."""
+        more, began = self._noticed_from(nodes, now)
+        return noticed | more, began if read_at is None else read_at
+
+    def _meant(self, on: dict[str, str], named: set[str], now: datetime) -> dict[str, str]:
+        """Of the victims (pod -> node), those that go for a notice: named so by the decision,
+        or on a node the view has a notice for."""
+        return {p: n for p, n in on.items() if p in named or (n and self._noticed_in_view(n, now))}
+
+    def _noticed_from(self, nodes: set[str], now: datetime) -> tuple[set[str], float | None]:
+        """`_noticed`, and the time.monotonic() its reads began (None: no node to read): on a
+        busy daemon a read waits for a thread first, and the wait is no part of how old the
+        answer is."""
+        if not nodes:
+            return set(), None
         began = time.monotonic()
         return self._noticed(nodes, now), began
 
@@ -242,6 +246,17 @@ class ServerCheck:
             if node_notices(obj, self._settings):
                 out.add(node)
         return out
+
+
+def _log_narrowed(decision: Decision, kept: tuple[str, ...], alive: set[str]) -> None:
+    if kept != decision.pods:
+        log.info(
+            "scale_in_narrowed_by_server",
+            job=decision.job,
+            pods=list(decision.pods),
+            kept=list(kept),
+            gone=sorted(set(decision.pods) - alive),
+        )
 
 
 def _kept(decision: Decision, kind: JobKind, holding: set[str]) -> tuple[str, ...]:
