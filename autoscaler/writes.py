@@ -263,8 +263,8 @@ class Writes:
         return True
 
     def _drain_refusal(self, decision: Decision) -> str:
-        """A drain goes whatever the view, unless the same one is going out: the other writer's
-        snapshot was taken before that drain landed (writes are not waited for)."""
+        """A drain goes whatever the view, unless the same one is going out: the other writer
+        (the responder beside a pass) took its snapshot before that drain landed."""
         going = decision.hosts and all(
             self._drains_going[(decision.job, h)] for h in decision.hosts
         )
