@@ -65,11 +65,12 @@ class Reconciler:
         on_decision: Callable[[Decision], None] | None = None,
         write_workers: int = 1,
         on_written: Callable[[], None] = lambda: None,
+        on_expired: Callable[[], None] = lambda: None,
     ) -> None:
         self.observer = observer
         self.policies = policies
         self.logger = logger
-        self.writes = Writes(actuator, logger, on_decision, write_workers, on_written)
+        self.writes = Writes(actuator, logger, on_decision, write_workers, on_written, on_expired)
         self.idle_since: dict[str, datetime] = {}
         self._idle_of: tuple[GpuNode, ...] | None = None  # the nodes idle_since was tracked for
         self.memo = PassMemo()

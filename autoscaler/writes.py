@@ -16,7 +16,10 @@ The Reconciler observes and decides; this carries the decisions out and logs the
   is dropped: it was made on a view without that write (`_claim`);
 - standing objects (PodDisruptionBudgets) a few writes at a time;
 - every action logged, a noop once per episode (its reason for that job changes); failures
-  logged and counted, never raised: the next pass sees the world again.
+  logged and counted, never raised: the next pass sees the world again;
+- a write whose server check expired before it could land (`fencing.Stale`: a slow server) is
+  no failure: it is decided again at once (`on_expired`), not after the loop's back-off, which
+  grew to 15 s under a busy control plane and held one notice's ScaleIn for 67 s.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from autoscaler.core import Action, Decision, Job, Shield
 from autoscaler.decisionlog import log_decision
+from autoscaler.fencing import Stale
 
 _APPLY_ORDER = {
     Action.DRAIN: 0,
@@ -90,6 +94,7 @@ class Writes:
         on_decision: Callable[[Decision], None] | None = None,
         workers: int = 1,
         on_written: Callable[[], None] = lambda: None,
+        on_expired: Callable[[], None] = lambda: None,
     ) -> None:
         self.actuator = actuator
         self.logger = logger
@@ -109,10 +114,11 @@ class Writes:
         # and ScaleIns apart from growth: a notice's ScaleIn never queues behind tens of ScaleOuts.
         self._behind = _pool(workers, "behind")
         self._growth = _pool(workers, "growth")
-        self._writing: dict[str, Future[bool]] = {}
+        self._writing: dict[str, Future[bool | None]] = {}
         self._departing: set[str] = set()  # jobs of `_writing` whose write is a ScaleIn
         self._lock = threading.Lock()
         self._on_written = on_written
+        self._on_expired = on_expired
         self._seq = 0  # writes claimed so far
         self._last_write: dict[str, tuple[int, Mark | None]] = {}  # job -> its last claim
         self._busy: Counter[str] = Counter()  # job -> its writes under way, drains aside
@@ -135,7 +141,7 @@ class Writes:
         to_apply = self._to_apply(decisions, now)
         # Every job's drain before any scaler: a drain is what races the node's death, and it
         # must not wait behind other jobs' API writes. Within a job, drain still precedes scale-in.
-        done: list[bool] = []
+        done: list[bool | None] = []
         for action in _DEPARTURES:
             done += self._apply_at_once([d for d in to_apply if d.action is action], now, mark)
         finished = self._apply_rest(to_apply, now, done, give_way, notice_waits, mark)
@@ -161,7 +167,7 @@ class Writes:
         self,
         to_apply: list[Decision],
         now: datetime,
-        done: list[bool],
+        done: list[bool | None],
         give_way: Callable[[], bool],
         notice_waits: Callable[[], bool],
         mark: Mark | None,
@@ -282,11 +288,14 @@ class Writes:
             return "a write of the job is under way"
         return ""
 
-    def _written(self, job: str, future: Future[bool]) -> None:
+    def _written(self, job: str, future: Future[bool | None]) -> None:
         with self._lock:
             del self._writing[job]
             self._departing.discard(job)
-        self._count_failed(future.exception() is not None or not future.result())
+        done = future.result() if future.exception() is None else False
+        self._count_failed(done is False)
+        if done is None:  # the job is free again: its next react or pass may write it
+            self._on_expired()
         self._on_written()
 
     def settle(self, stop: Callable[[], bool], timeout: float, growth: bool = False) -> None:
@@ -322,40 +331,54 @@ class Writes:
 
     def _apply_at_once(
         self, decisions: list[Decision], now: datetime, mark: Mark | None
-    ) -> list[bool]:
+    ) -> list[bool | None]:
         """Decisions of different jobs, concurrently when there is a pool; those refused by
-        `_claim` are left out (not failures)."""
+        `_claim` are left out (not failures). As `_apply` says for each."""
         with self._lock:
             decisions = [d for d in decisions if self._claim(d, mark)]
         if self._pool is None or len(decisions) < 2:
-            return [self._log_and_apply(d, now) for d in decisions]
-        return list(self._pool.map(lambda d: self._log_and_apply(d, now), decisions))
+            done = [self._log_and_apply(d, now) for d in decisions]
+        else:
+            done = list(self._pool.map(lambda d: self._log_and_apply(d, now), decisions))
+        if None in done:
+            self._on_expired()
+        return done
 
-    def _log_and_apply(self, decision: Decision, now: datetime) -> bool:
-        """A claimed decision (`_claim`): logged, applied, its claim let go."""
+    def _log_and_apply(self, decision: Decision, now: datetime) -> bool | None:
+        """A claimed decision (`_claim`): logged, applied, its claim let go; as `_apply`."""
         try:
             self._worth_logging(decision)  # an action ends its job's noop episode
             self._log(decision, now)
             return self._apply(decision, now)
         finally:
-            if decision.action is Action.DRAIN:
-                with self._lock:
-                    self._drains_going.subtract((decision.job, h) for h in decision.hosts)
-                    self._drains_going = +self._drains_going
-            elif decision.action is not Action.NOOP:
-                with self._lock:
-                    self._busy[decision.job] -= 1
-                    if self._busy[decision.job] <= 0:
-                        del self._busy[decision.job]
+            self._let_go(decision)
+
+    def _let_go(self, decision: Decision) -> None:
+        """The end of a claimed decision's write (`_claim`)."""
+        if decision.action is Action.DRAIN:
+            with self._lock:
+                self._drains_going.subtract((decision.job, h) for h in decision.hosts)
+                self._drains_going = +self._drains_going
+        elif decision.action is not Action.NOOP:
+            with self._lock:
+                self._busy[decision.job] -= 1
+                if self._busy[decision.job] <= 0:
+                    del self._busy[decision.job]
 
     def _log(self, decision: Decision, now: datetime) -> None:
         log_decision(self.logger, decision, now=now, dry_run=self.actuator.dry_run)
 
-    def _apply(self, decision: Decision, now: datetime) -> bool:
-        """Carry out one decision; False if it failed (logged)."""
+    def _apply(self, decision: Decision, now: datetime) -> bool | None:
+        """Carry out one decision; False if it failed, None if its server check expired first
+        (logged; `on_expired` once its claim is gone)."""
         try:
             self.actuator.apply(decision, now)
             return True
+        except Stale as exc:  # each try read the server for at least the window: no hot loop
+            self.logger.warning(
+                "actuation_expired", job=decision.job, action=decision.action.value, why=str(exc)
+            )
+            return None
         except Exception as exc:  # an adapter's failure must not stop the other decisions
             self.logger.error(
                 "actuation_failed",

@@ -11,6 +11,7 @@ from core_fixtures import NOW, job, node, notice, policies, snapshot
 from support.waiting import wait_for
 
 from autoscaler.core import Action, Decision, PolicySet, Snapshot, decide
+from autoscaler.fencing import Stale
 from autoscaler.logs import file_logger
 from autoscaler.reconcile import Reconciler
 
@@ -313,3 +314,38 @@ def test_a_pass_drops_what_it_decided_for_a_job_the_notice_path_wrote_since_its_
     assert "decision_dropped" in out.getvalue()
     reconciler.tick(NOW)  # a pass that looked after the notice's writes acts again
     assert world.applied[-2:] == [("ml/a", Action.DRAIN), ("ml/a", Action.SCALE_IN)]
+
+
+class ExpiringWorld(FixedWorld):
+    """Every ScaleIn's server check expires before its create could land (a slow server)."""
+
+    def apply(self, decision: Decision, now: datetime) -> None:
+        if decision.action is Action.SCALE_IN:
+            raise Stale("create scaleins not sent: the ScaleIn's victims was checked too long ago")
+        super().apply(decision, now)
+
+
+def test_a_departure_whose_check_expired_is_answered_again_at_once_not_after_a_back_off() -> None:
+    """A ScaleIn that could not land while its check held is no failure (a failure grows the
+    loop's back-off, which held a notice's ScaleIn for 67 s on a busy control plane): it is
+    logged, and `on_expired` asks for an answer once the jobs are free again, so the react it
+    brings may write them. On the pass's path and behind the responder's drains alike."""
+    world = ExpiringWorld(two_preempted_jobs())
+    logs = io.StringIO()
+    scale_ins = [d for d in decide(world.snap, PolicySet(), NOW) if d.action is Action.SCALE_IN]
+    free_when_asked: list[int] = []  # per ask: the ScaleIns a react could write then
+    reconciler = Reconciler(
+        world,
+        world,
+        PolicySet(),
+        file_logger(logs),
+        write_workers=2,
+        on_expired=lambda: free_when_asked.append(len(reconciler.writes.not_writing(scale_ins))),
+    )
+    reconciler.tick(NOW)
+    assert free_when_asked == [2]  # one ask for the pass's batch, after both ended
+    assert logs.getvalue().count('"actuation_expired"') == 2
+    reconciler.react(NOW)  # behind its drains: an ask as each job's write ends
+    reconciler.finish(5)
+    assert len(free_when_asked) == 3 and free_when_asked[1] >= 1 and free_when_asked[2] == 2
+    assert reconciler.errors == 0 and '"actuation_failed"' not in logs.getvalue()

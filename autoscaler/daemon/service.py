@@ -26,6 +26,7 @@ from autoscaler.daemon.metrics import Metrics
 from autoscaler.daemon.reload import ConfigReloader
 from autoscaler.daemon.supervise import Supervisor
 from autoscaler.fencing import Fence
+from autoscaler.notices_and_prices import NoticeWake
 from autoscaler.reconcile import Observer, Reconciler
 from autoscaler.shutdown import wait_until_stopped
 from autoscaler.writes import Actuator
@@ -101,6 +102,8 @@ class Daemon:
             decision_logger,
             write_workers=parts.write_workers,
             on_written=lambda: wake("a ScaleIn written behind its drains"),
+            # a departure that could not land while its check held: the responder answers again
+            on_expired=lambda: wake(NoticeWake("a departure's server check expired")),
         )
         self.metrics.count_errors_from("memo", lambda: self.reconciler.memo_mismatches)
         backoff_max = self.settings.error_backoff_max.total_seconds()
