@@ -756,6 +756,29 @@ def test_every_invariant_fires_on_a_stream_that_breaks_it() -> None:
     assert report.fates() == {"killed_undrained": 1, "survived": 1}
 
 
+def test_a_replacement_named_as_a_drained_host_gone_since_is_judged_from_its_arrival() -> None:
+    """et-operator names a new worker as one gone since (seed 27, long: worker-39 drained and
+    removed, a new worker-39 on a healthy node 7 s later, undrained 0.7 s after it came). The
+    drained host's settle time counts from the new pod's arrival, not from the old one's drain;
+    a replacement hidden for longer than `settle` is still flagged."""
+    server = RecordingServer()
+    server.seed(node("a"), node("b"), training_job("j", min_workers=1, max_workers=3))
+    server.seed(worker("j", 0, "a"), worker("j", 1, "b"))
+    server.patch("Node", "a", {"spec": {"taints": [{"key": NTH_ITN, "effect": "NoSchedule"}]}})
+    drained = {"spot-autoscaler.io/drained-hosts": '["j-worker-0"]'}
+    server.patch("TrainingJob", "j", {"metadata": {"annotations": drained}}, NS)
+    server.delete("Pod", "j-worker-0", NS)
+    server.patch("Node", "a", {"spec": {"taints": []}})
+    since_drain = time.monotonic()
+    while time.monotonic() - since_drain <= 0.5:  # past `settle` below, counted from the drain
+        time.sleep(0.05)
+    server.seed(worker("j", 0, "a"))  # the same name, a new pod, on healthy a
+    came = time.monotonic()
+    assert check(server, settle=0.4, end=came + 0.2, race=0.1).by_kind() == {}
+    report = check(server, settle=0.4, end=came + 0.6, race=0.1)
+    assert report.by_kind() == {"drained_after_healthy": 1}  # hidden longer than settle
+
+
 def test_a_write_by_a_replica_the_lease_does_not_name_is_a_violation() -> None:
     with RecordingServer() as server:
         server.seed(

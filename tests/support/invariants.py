@@ -20,7 +20,9 @@ of:
   daemon keeps such a host in discovery until a replacement settles (its fate is then
   ``kept_at_reclaim``);
 - ``drained_after_healthy``: a host still drained ``settle`` seconds after its pod's node is
-  healthy again (notice taint gone) and the pod still runs there;
+  healthy again (notice taint gone) and the pod still runs there (counted from the later of the
+  two, and from the pod's arrival on the node: a replacement that took the name of a drained
+  worker gone since is judged from when it came, not from the drain of the pod before it);
 - ``write_by_non_leader``: a write (not to the Lease) from a replica (User-Agent
   ``spot-autoscaler/<identity>``) that the Lease does not name as its holder when the request
   reaches the server (on kube-apiserver: one the server did not refuse with a 4xx, such as the
@@ -279,6 +281,7 @@ class _State:
         self.join_grace = join_grace
         self.raced = 0
         self.ready_since: dict[str, float] = {}  # pod uid -> when it was first seen Running
+        self.placed_at: dict[str, float] = {}  # pod uid -> when it was first seen on a node
         self.nodes: dict[str, Obj] = {}
         self.healthy_since: dict[str, float] = {}  # node -> when it last lost the notice taint
         self.pods: dict[str, Obj] = {}  # uid -> pod
@@ -490,6 +493,8 @@ class _State:
         is_worker = _labels(e.obj).get("training-job-role") == "worker"
         if e.type != "DELETED":
             self.pods[uid] = e.obj
+            if (e.obj.get("spec") or {}).get("nodeName"):
+                self.placed_at.setdefault(uid, e.t)
             if (e.obj.get("status") or {}).get("phase") == "Running":
                 self.ready_since.setdefault(uid, e.t)
             lo, hi = self.bounds(job)
@@ -615,9 +620,11 @@ class _State:
         for (job, host), since in list(self.drained_since.items()):
             pod = next((p for p in self.workers(job) if p["metadata"]["name"] == host), None)
             node = (pod.get("spec") or {}).get("nodeName") if pod else None
-            if node is None or node not in self.healthy_since:
+            if pod is None or node is None or node not in self.healthy_since:
                 continue
-            healthy = max(self.healthy_since[node], since)
+            # et-operator's names come back: a pod named as a drained host gone since is new
+            placed = self.placed_at.get(pod["metadata"]["uid"], since)
+            healthy = max(self.healthy_since[node], since, placed)
             if t - healthy > self.settle:
                 self.flag(
                     t,
