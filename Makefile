@@ -23,7 +23,7 @@ test: $(VENV)/.installed
 	else \
 		echo "make test: no Go here: the real-cluster and chart tests are skipped (install Go 1.26, then make control-plane helm karpenter)"; \
 	fi
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadgroup
 
 # Only the tests against the real control plane (built first if not cached; also part of `make test`).
 test-real: $(VENV)/.installed

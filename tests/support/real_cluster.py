@@ -57,14 +57,18 @@ def find_bin_dir() -> tuple[Path | None, str]:
 _LEFT_OUT: list[str] = []  # why the real-cluster tests were left out of this run, if they were
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark the tests that need the plane; without its binaries (and without
-    REQUIRE_REAL_CLUSTER=1) leave them out, said once at the end instead of once per test."""
+    REQUIRE_REAL_CLUSTER=1) leave them out, said once at the end instead of once per test.
+    Under `pytest -n 2 --dist loadgroup` (`make test`) they all run on one worker, in order:
+    one plane for the session, and no test beside another's controllers (their timing)."""
     real = []
     for item in items:
         if "control_plane" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.real_cluster)
         if item.get_closest_marker("real_cluster") is not None:
+            item.add_marker(pytest.mark.xdist_group("real_cluster"))
             real.append(item)
     if not real or os.environ.get("REQUIRE_REAL_CLUSTER") == "1":
         return
