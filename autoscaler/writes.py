@@ -18,8 +18,11 @@ The Reconciler observes and decides; this carries the decisions out and logs the
 - every action logged, a noop once per episode (its reason for that job changes); failures
   logged and counted, never raised: the next pass sees the world again;
 - a write whose server check expired before it could land (`fencing.Stale`: a slow server) is
-  no failure: it is decided again at once (`on_expired`), not after the loop's back-off, which
-  grew to 15 s under a busy control plane and held one notice's ScaleIn for 67 s.
+  no failure, so it does not grow the loop's back-off (which held one notice's ScaleIn for 67 s
+  on a busy control plane). That job's action is held back and asked for again (`on_expired`)
+  after a back-off of its own, as a workqueue's per-item rate limiter does: retried at once,
+  hundreds of expired ScaleIns re-read the server together and kept it too slow for any of them
+  (2,000 nodes: 116 expiries in a minute).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ _DEPARTURES = (Action.DRAIN, Action.CANCEL, Action.SCALE_IN)
 _ANSWERS_NOTICES = frozenset(_DEPARTURES)
 _SETTLE_POLL = 0.02  # seconds between looks for a waiting notice while writes settle
 _KEEP_WRITES = 5  # standing-object writes per pass: ~5-20 ms each on a real API server
+_EXPIRED_FIRST, _EXPIRED_MAX = 0.5, 8.0  # seconds a job's expired action waits, doubling
 
 
 def never() -> bool:
@@ -123,6 +127,8 @@ class Writes:
         self._last_write: dict[str, tuple[int, Mark | None]] = {}  # job -> its last claim
         self._busy: Counter[str] = Counter()  # job -> its writes under way, drains aside
         self._drains_going: Counter[tuple[str, str]] = Counter()  # (job, host) being drained
+        # (job, action) whose last try expired -> (tries expired in a row, not again before)
+        self._expired: dict[tuple[str, Action], tuple[int, float]] = {}
 
     # --- a pass's decisions ---------------------------------------------------------------------
     def act(
@@ -229,7 +235,7 @@ class Writes:
                 self._writing[decision.job] = future
                 if decision.action is Action.SCALE_IN:
                     self._departing.add(decision.job)
-            future.add_done_callback(partial(self._written, decision.job))
+            future.add_done_callback(partial(self._written, decision))
 
     # --- two writers: a pass and the notice responder --------------------------------------------
     def mark(self) -> Mark:
@@ -244,6 +250,8 @@ class Writes:
             for job in self._last_write.keys() - jobs:
                 if self._last_write[job][0] <= mark.seq:
                     del self._last_write[job]
+            for key in [k for k in self._expired if k[0] not in jobs]:
+                del self._expired[key]
 
     def _claim(self, decision: Decision, mark: Mark | None) -> bool:
         """Under `_lock`: whether `decision` may be written now; if so it is its job's last
@@ -255,6 +263,7 @@ class Writes:
             why = self._drain_refusal(decision)
         else:
             why = self._refusal(decision.job, mark)
+        why = why or self._expiry_refusal(decision)
         if why:
             self.logger.info(
                 "decision_dropped", job=decision.job, action=decision.action.value, why=why
@@ -288,15 +297,41 @@ class Writes:
             return "a write of the job is under way"
         return ""
 
-    def _written(self, job: str, future: Future[bool | None]) -> None:
+    def _expiry_refusal(self, decision: Decision) -> str:
+        """Under `_lock`: why the job's action waits ('' if it need not): its last try's
+        check expired, and its back-off has not run out."""
+        expired = self._expired.get((decision.job, decision.action))
+        left = expired[1] - time.monotonic() if expired else 0.0
+        return f"its last server check expired: tried again in {left:.1f} s" if left > 0 else ""
+
+    def _written(self, decision: Decision, future: Future[bool | None]) -> None:
         with self._lock:
-            del self._writing[job]
-            self._departing.discard(job)
+            del self._writing[decision.job]
+            self._departing.discard(decision.job)
         done = future.result() if future.exception() is None else False
         self._count_failed(done is False)
         if done is None:  # the job is free again: its next react or pass may write it
-            self._on_expired()
+            self._retry_later(decision)
         self._on_written()
+
+    def _retry_later(self, decision: Decision) -> None:
+        """Ask for `decision`'s job again (`on_expired`) once its back-off has run out."""
+        with self._lock:
+            _, after = self._expired.get((decision.job, decision.action), (0, 0.0))
+        timer = threading.Timer(max(0.0, after - time.monotonic()), self._on_expired)
+        timer.daemon = True
+        timer.start()
+
+    def _expiry(self, decision: Decision, expired: bool) -> None:
+        """Count a try of a departure (whose write rests on a server check)."""
+        key = (decision.job, decision.action)
+        with self._lock:
+            if not expired:
+                self._expired.pop(key, None)
+                return
+            tries = self._expired.get(key, (0, 0.0))[0] + 1
+            wait = min(_EXPIRED_MAX, _EXPIRED_FIRST * 2 ** (tries - 1))
+            self._expired[key] = (tries, time.monotonic() + wait)
 
     def settle(self, stop: Callable[[], bool], timeout: float, growth: bool = False) -> None:
         """Wait for the ScaleIns going out behind the fast path (and the growth behind passes
@@ -340,8 +375,9 @@ class Writes:
             done = [self._log_and_apply(d, now) for d in decisions]
         else:
             done = list(self._pool.map(lambda d: self._log_and_apply(d, now), decisions))
-        if None in done:
-            self._on_expired()
+        for decision, result in zip(decisions, done, strict=True):
+            if result is None:
+                self._retry_later(decision)
         return done
 
     def _log_and_apply(self, decision: Decision, now: datetime) -> bool | None:
@@ -370,11 +406,14 @@ class Writes:
 
     def _apply(self, decision: Decision, now: datetime) -> bool | None:
         """Carry out one decision; False if it failed, None if its server check expired first
-        (logged; `on_expired` once its claim is gone)."""
+        (logged; `on_expired` once its claim is gone and its back-off has run out)."""
         try:
             self.actuator.apply(decision, now)
+            if decision.action in _ANSWERS_NOTICES:
+                self._expiry(decision, expired=False)
             return True
-        except Stale as exc:  # each try read the server for at least the window: no hot loop
+        except Stale as exc:
+            self._expiry(decision, expired=True)
             self.logger.warning(
                 "actuation_expired", job=decision.job, action=decision.action.value, why=str(exc)
             )

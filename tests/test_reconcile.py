@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import threading
+import time
 from dataclasses import replace
 from datetime import datetime
 
@@ -325,27 +326,36 @@ class ExpiringWorld(FixedWorld):
         super().apply(decision, now)
 
 
-def test_a_departure_whose_check_expired_is_answered_again_at_once_not_after_a_back_off() -> None:
+def test_a_departure_whose_check_expired_is_tried_again_after_its_own_back_off() -> None:
     """A ScaleIn that could not land while its check held is no failure (a failure grows the
-    loop's back-off, which held a notice's ScaleIn for 67 s on a busy control plane): it is
-    logged, and `on_expired` asks for an answer once the jobs are free again, so the react it
-    brings may write them. On the pass's path and behind the responder's drains alike."""
+    loop's back-off, which held a notice's ScaleIn for 67 s on a busy control plane). It is
+    logged, held back for a back-off of its job's own (doubling: retried at once, hundreds of
+    them kept a busy server too slow for any), and then asked for (`on_expired`) with the job
+    free, on the pass's path and behind the responder's drains alike."""
     world = ExpiringWorld(two_preempted_jobs())
     logs = io.StringIO()
     scale_ins = [d for d in decide(world.snap, PolicySet(), NOW) if d.action is Action.SCALE_IN]
-    free_when_asked: list[int] = []  # per ask: the ScaleIns a react could write then
+    asked: list[tuple[float, int]] = []  # per ask: when, and the ScaleIns a react could write
     reconciler = Reconciler(
         world,
         world,
         PolicySet(),
         file_logger(logs),
         write_workers=2,
-        on_expired=lambda: free_when_asked.append(len(reconciler.writes.not_writing(scale_ins))),
+        on_expired=lambda: asked.append(
+            (time.monotonic(), len(reconciler.writes.not_writing(scale_ins)))
+        ),
     )
+    began = time.monotonic()
     reconciler.tick(NOW)
-    assert free_when_asked == [2]  # one ask for the pass's batch, after both ended
+    assert logs.getvalue().count('"actuation_expired"') == 2 and asked == []  # not at once
+    reconciler.tick(NOW)  # within the back-off: the drains go, the ScaleIns wait
+    assert logs.getvalue().count("its last server check expired") == 2
     assert logs.getvalue().count('"actuation_expired"') == 2
-    reconciler.react(NOW)  # behind its drains: an ask as each job's write ends
-    wait_for(lambda: len(free_when_asked) == 3, 5, "an ask per ScaleIn behind")
-    assert free_when_asked[1] >= 1 and free_when_asked[2] == 2
+    wait_for(lambda: len(asked) == 2, 5, "an ask per expired ScaleIn after its back-off")
+    assert all(t - began >= 0.5 and free == 2 for t, free in asked)
+    again = time.monotonic()
+    reconciler.react(NOW)  # behind its drains; expired again: twice the wait
+    wait_for(lambda: len(asked) == 4, 5, "an ask per ScaleIn behind")
+    assert all(t - again >= 1.0 for t, _ in asked[2:]) and asked[-1][1] == 2
     assert reconciler.errors == 0 and '"actuation_failed"' not in logs.getvalue()
