@@ -102,7 +102,8 @@ class Daemon:
             decision_logger,
             write_workers=parts.write_workers,
             on_written=lambda: wake("a ScaleIn written behind its drains"),
-            # a departure that could not land while its check held: the responder answers again
+            # a departure that could not land while its check held, after its own back-off
+            # (writes.Writes._retry_later): the responder answers it again
             on_expired=lambda: wake(NoticeWake("a departure's server check expired")),
         )
         self.metrics.count_errors_from("memo", lambda: self.reconciler.memo_mismatches)
