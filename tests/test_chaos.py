@@ -65,7 +65,10 @@ from support.waiting import wait_for
 from support.watch_record import WatchRecorder
 
 from autoscaler.adapters.kube import EventRecorder, KubeActuator
+from autoscaler.adapters.kube.objects import ObjectApi
+from autoscaler.adapters.kube.resources import NODES
 from autoscaler.core import Action, Decision, decide
+from autoscaler.fencing import Fence, NotLeader
 
 LONG = os.environ.get("CHAOS_LONG") == "1"
 
@@ -799,6 +802,40 @@ def test_a_write_by_a_replica_the_lease_does_not_name_is_a_violation() -> None:
     assert [(v.kind, v.detail) for v in report.violations] == [
         ("write_by_non_leader", "PATCH /api/v1/nodes/a by r-2 while r-1 held the Lease")
     ]
+
+
+def test_the_emulators_leader_fence_refuses_a_replica_the_lease_does_not_name() -> None:
+    """The `[emulator]` runs' double of deploy/leader-fence.yaml, pinned as
+    tests/test_real_leader_fence.py pins the policy on kube-apiserver: through the daemon's own
+    write path with its client-side fence open (a replica resumed past its check), only the
+    holder's write lands; the other's is NotLeader, changes nothing and is no write on record."""
+    lease = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": "spot-autoscaler", "namespace": "default"},
+        "spec": {"holderIdentity": "r-1", "leaseDurationSeconds": 6},
+    }
+    with RecordingServer(leader_fence=True) as server:
+        server.seed(node("a"), lease)
+        outcomes = {}
+        for identity in ("r-2", "r-1"):
+            api = server.api_client()
+            api.user_agent = f"spot-autoscaler/{identity}"
+            objects = ObjectApi(api, retries=0, fence=Fence.open())
+            try:
+                objects.merge_patch(NODES, "", "a", {"metadata": {"labels": {"by": identity}}})
+                outcomes[identity] = "landed"
+            except NotLeader as exc:
+                outcomes[identity] = str(exc)
+            api.close()
+        labels = server.get("Node", "a")["metadata"].get("labels") or {}
+        report = check(server, settle=1.0)
+    assert outcomes["r-1"] == "landed" and labels.get("by") == "r-1"
+    assert (
+        "spot-autoscaler leader fence: pod r-2 does not hold Lease spot-autoscaler"
+        in (outcomes["r-2"])
+    )
+    assert server.fence_refusals == 1 and report.violations == []
 
 
 def test_a_graceful_notice_breaks_nothing_and_is_measured() -> None:

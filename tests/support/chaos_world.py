@@ -127,7 +127,8 @@ class EmulatorWorld:
 
         self._node = node
         self.namespace, self.lease_namespace = namespace, "default"
-        self.server = RecordingServer()
+        # refuses a non-holder's writes, as deploy/leader-fence.yaml does on kube-apiserver
+        self.server = RecordingServer(leader_fence=True)
         self.server.start()
         self.record: Record = self.server
         self.proxy = FaultProxy(self.server.url, rates, seed=seed).start()

@@ -43,6 +43,7 @@ the node then is in its job's drained hosts, and how each of those workers left.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import threading
@@ -52,7 +53,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from autoscaler.adapters.kube.server_fence import FENCE_MARK
+
 from .kube_api import KubeApiServer, Resource
+from .kube_core import ApiError
 
 Obj = dict[str, Any]
 MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -91,12 +95,22 @@ class Write:
 
 class RecordingServer(KubeApiServer):
     """The emulator, also keeping every event of the kinds the invariants read, and every write
-    a replica sends (with the Lease holder at that moment)."""
+    a replica sends (with the Lease holder at that moment).
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    With ``leader_fence``, it also refuses what deploy/leader-fence.yaml refuses on kube-apiserver
+    (tests/test_real_leader_fence.py): a replica's write, other than to the Lease or an Event,
+    while the Lease names another holder; 403 with the policy's message, and nothing written.
+    A client-side fence cannot close the gap between its check and its bytes leaving (a replica
+    SIGSTOPped there sends when resumed): deployed, the server closes it, and so does this one.
+    The replica is known by its User-Agent here, by its pod-bound token there; and this one reads
+    the Lease as committed, where the policy reads its informer's copy (a watch event later)."""
+
+    def __init__(self, *args: Any, leader_fence: bool = False, **kwargs: Any) -> None:
         self.events: list[Event] = []
         self.writes: list[Write] = []
         self.reclaimed: set[str] = set()  # uids of pods the spot reclaim killed
+        self.fence_refusals = 0
+        self._leader_fence = leader_fence
         self._record_lock = threading.Lock()
         super().__init__(*args, **kwargs)
 
@@ -110,19 +124,38 @@ class RecordingServer(KubeApiServer):
     def _serve(self, h: Any) -> None:
         agent = h.headers.get("User-Agent") or ""
         if h.command in _WRITES and agent.startswith(AGENT) and "/leases" not in h.path:
+            identity, path = agent[len(AGENT) :], h.path.split("?")[0]
             with self._lock:
                 lease = self.get("leases", *LEASE)
                 holder = lease["spec"].get("holderIdentity") if lease else None
-                self.writes.append(
-                    Write(
-                        time.monotonic(),
-                        agent[len(AGENT) :],
-                        h.command,
-                        h.path.split("?")[0],
-                        holder,
-                    )
-                )
+                refused = self._refuses(identity, holder, path)
+                if refused:
+                    self.fence_refusals += 1
+                else:
+                    self.writes.append(Write(time.monotonic(), identity, h.command, path, holder))
+            if refused:
+                self._refuse(h, identity)
+                return
         super()._serve(h)
+
+    def _refuses(self, identity: str, holder: str | None, path: str) -> bool:
+        # parameterNotFoundAction: Allow (no Lease: nobody leads, the daemon's own fence is shut)
+        return (
+            self._leader_fence
+            and holder is not None
+            and identity != holder
+            and "/events" not in path
+        )
+
+    @staticmethod
+    def _refuse(h: Any, identity: str) -> None:
+        h.rfile.read(int(h.headers.get("Content-Length") or 0))
+        message = (
+            "ValidatingAdmissionPolicy 'spot-autoscaler-leader-fence' denied request: "
+            f"{FENCE_MARK}: pod {identity} does not hold Lease {LEASE[0]}"
+        )
+        with contextlib.suppress(OSError):  # the client may have gone away
+            h.send_json(403, ApiError(403, message, reason="Forbidden").status(), {}, [])
 
     def record(self) -> tuple[list[Event], set[str], list[Write]]:
         """What `check` replays: the events in commit order, the reclaimed pods, the writes."""
