@@ -57,6 +57,18 @@ def test_a_scale_in_is_not_cancelled_if_started_foreign_or_a_victim_lives() -> N
         assert not only(run(snapshot([node("b")], [j])), Action.CANCEL), scaler
 
 
+def test_a_scale_in_the_operator_just_took_up_is_left_to_it_for_a_moment() -> None:
+    # et-operator deletes the victims (grace 0) and writes status.toDeletePods after, in its
+    # deferred status update (scaler.go executeScaling): between the two, the victims look
+    # gone before it ran, and a cancel would erase a ScaleIn that did its work
+    taken = replace(_scale_in(("bert-worker-9",)), picked_up_at=NOW - timedelta(seconds=1))
+    j = job(placement=["b"], scaler=taken)
+    assert not only(run(snapshot([node("b")], [j])), Action.CANCEL)
+    # still not started seconds later: the operator is not running it, and it would wipe the job
+    later = run(snapshot([node("b")], [j]), now=NOW + timedelta(seconds=4))
+    assert [d.reason for d in only(later, Action.CANCEL)] == [Reason.VICTIMS_GONE]
+
+
 def test_a_scale_in_whose_only_live_victim_is_terminating_is_cancelled() -> None:
     placed = workers("bert", ["a", "b"])
     j = replace(

@@ -23,6 +23,7 @@ from support.et_operator import SSH_ATTACH, EtOperator
 from support.eviction import evict
 from support.waiting import wait_for
 
+from autoscaler.adapters.kube.kinds.et_operator import SCALE_INS
 from autoscaler.core import Action, Reason
 from autoscaler.core.policy import POLICY_LABEL
 
@@ -98,6 +99,38 @@ def test_a_scale_in_whose_pods_vanished_first_is_cancelled_and_the_job_survives(
     assert [d.reason for d in cancel] == [Reason.VICTIMS_GONE]
     operator.step()
     assert pods(kube) == ["bert-worker-1", "bert-worker-2"]  # not every worker
+    assert kube.server.objects("ScaleIn", NS) == []
+
+
+def test_a_scale_in_the_operator_is_running_is_not_cancelled_when_its_victim_goes(
+    kube: Kube, tmp_path: Path
+) -> None:
+    """et-operator takes our ScaleIn up (its Scaling condition), deletes the victim with grace 0,
+    and writes status.toDeletePods only after (scaler.go `executeScaling`, a deferred status
+    update): a pass in between sees the victim gone and the ScaleIn not started. It is left to
+    the operator; one still not started seconds after its pickup is cancelled."""
+    seeded(kube, tmp_path)
+    cache = kube.cache()
+    rec = kube.reconciler(cache)
+    rec.tick(now())
+    [scale_in] = kube.server.objects("ScaleIn", NS)
+    name = scale_in["metadata"]["name"]
+    taken = now().replace(microsecond=0)
+    scaling = {
+        "type": "Scaling",
+        "status": "True",
+        "reason": "ScaleInScaling",
+        "lastUpdateTime": taken.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "lastTransitionTime": taken.strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    kube.server.patch("ScaleIn", name, {"status": {"conditions": [scaling]}}, NS)
+    kube.server.delete("Pod", "bert-worker-0", NS)  # the operator's DeleteWorkerPods
+    wait_for(lambda: any("bert-worker-0 deleted" in w for w in kube.wakes), what="the pod gone")
+    wait_for(lambda: (cache.get(SCALE_INS, f"{NS}/{name}") or {}).get("status"), what="the pickup")
+    assert not [d for d in rec.tick(now()) if d.action is Action.CANCEL]
+    assert [s["metadata"]["name"] for s in kube.server.objects("ScaleIn", NS)] == [name]
+    late = [d for d in rec.tick(taken + timedelta(seconds=6)) if d.action is Action.CANCEL]
+    assert [d.reason for d in late] == [Reason.VICTIMS_GONE]
     assert kube.server.objects("ScaleIn", NS) == []
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from autoscaler.core.model import (
     Action,
@@ -36,6 +36,12 @@ class Departures:
 
 # the node goes whatever the job does: its workers leave even below min
 _NODE_GOES = (Reason.PREEMPTION_NOTICE, Reason.MAINTENANCE, Reason.KARPENTER_DISRUPTION)
+# How long a ScaleIn et-operator has just taken up is left to it even with its victims gone: the
+# reconcile after the pickup deletes them (grace 0) and writes status.toDeletePods only after,
+# in a deferred status update (scaler.go `executeScaling`), so for that moment its own deletions
+# look like victims lost before it ran. Seconds: condition times have 1 s resolution, and clocks
+# of two machines differ.
+_PICKUP_SETTLE = timedelta(seconds=5)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +65,7 @@ def plan_departures(
 ) -> Departures:
     leaving = _who_leaves(job, policy, risk, nodes, bounds, moment)
     out = Departures(leaving=leaving.workers, kept=leaving.kept)
-    cancel = _cancel(job, policy)
+    cancel = _cancel(job, policy, moment)
     if cancel is not None:
         out.decisions.append(cancel)
     out.decisions.extend(_undrains(job, policy, leaving.workers, nodes))
@@ -432,17 +438,21 @@ def scaler_block(job: Job, policy: Policy, moment: Moment) -> tuple[Reason, str]
     return Reason.SCALER_IN_FLIGHT, ""
 
 
-def _cancel(job: Job, policy: Policy) -> Decision | None:
+def _cancel(job: Job, policy: Policy, moment: Moment) -> Decision | None:
     """Our ScaleIn, not picked up yet, whose pods have all gone (node died, evicted, NTH or
     Karpenter got there first): et-operator keeps only named pods that still exist, and an empty
     list means ALL workers (scalein.go `setsSaleInToDelete`, worker.go `DeleteWorkerPods`), so
     it must be deleted before the operator runs it. A deleted scaler just ends
-    (scaler.go `executeScaling`)."""
+    (scaler.go `executeScaling`). One the operator took up moments ago is running now
+    (`_PICKUP_SETTLE`): deleting it would erase a ScaleIn that did its work."""
     scaler = job.scaler
     if scaler is None or scaler.kind is not ScalerKind.SCALE_IN or not scaler.ours:
         return None
     live = {w.pod for w in job.workers if not w.terminating}
     if scaler.started or live & set(scaler.pods):
+        return None
+    picked = scaler.picked_up_at
+    if picked is not None and not moment.reached(picked + _PICKUP_SETTLE):
         return None
     return Decision.about(
         job,

@@ -225,6 +225,8 @@ class Scaler:
     # a ScaleOut's workers the operator has yet to make (no pod so far): their room is held, or
     # the next pass gives it to another job and this ScaleOut rolls back at its timeout
     unborn: int = 0
+    # when the operator took up a ScaleIn not started yet (et-operator: its Scaling condition)
+    picked_up_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from autoscaler.adapters.kube.resources import (
 )
 from autoscaler.core.model import Reason, Scaler, ScalerKind
 
+SCALING = "Scaling"
 SUCCEEDED = "ScaleSucceeded"
 FAILED = "ScaleFailed"
 _FINISHED = (SUCCEEDED, FAILED)
@@ -37,6 +38,8 @@ class ScalerFacts:
     # a ScaleIn whose victims et-operator has frozen in status.toDeletePods (scalein.go
     # `setsSaleInToDelete`); before that it names pods in spec only
     started: bool = True
+    # when et-operator took it up (its Scaling condition, scaler.go `updateCurrentScaler`)
+    picked_up_at: datetime | None = None
     resource_version: int = 0  # the object's, when numeric: to tell which watches have seen it
     count: int = 0  # a ScaleOut's spec.toAdd.count (0: unknown)
     # a ScaleOut's workers Running when et-operator last looked (status.replicaStatuses.Worker
@@ -53,7 +56,14 @@ class ScalerFacts:
         if self.kind is ScalerKind.SCALE_OUT:
             unborn = max(0, self.count - len(set(self.pods).intersection(workers)))
         return Scaler(
-            self.kind, self.name, self.created_at, self.pods, self.ours, self.started, unborn
+            self.kind,
+            self.name,
+            self.created_at,
+            self.pods,
+            self.ours,
+            self.started,
+            unborn,
+            self.picked_up_at,
         )
 
     @property
@@ -87,10 +97,21 @@ def scaler_facts(resource: Resource, obj: Obj) -> ScalerFacts:
         refill=(meta.get("annotations") or {}).get(REASON_ANNOTATION) == Reason.BELOW_MIN.value,
         ours=(meta.get("labels") or {}).get(MANAGED_BY_LABEL) == MANAGER,
         started=kind is ScalerKind.SCALE_OUT or bool(status.get("toDeletePods")),
+        picked_up_at=_since(status, SCALING),
         resource_version=int(rv) if (rv := str(meta.get("resourceVersion", ""))).isdigit() else 0,
         count=_count(kind, spec),
         active=_active(status),
     )
+
+
+def _since(status: Obj, ctype: str) -> datetime | None:
+    """When the scaler's condition `ctype` was last set (None: it has none)."""
+    times = [
+        parse_time(c.get("lastTransitionTime")) or parse_time(c.get("lastUpdateTime"))
+        for c in status.get("conditions") or ()
+        if isinstance(c, dict) and c.get("type") == ctype
+    ]
+    return max((t for t in times if t is not None), default=None)
 
 
 def _active(status: Obj) -> int:
