@@ -238,26 +238,31 @@ def test_the_command_runs_the_sidecar(kube_api: KubeApiServer, tmp_path: Path) -
     kubeconfig = kube_api.kubeconfig(str(tmp_path / "kubeconfig"))
     edl = tmp_path / "edl"
     cmd = sidecar_command(edl, "--kubeconfig", kubeconfig, "--watch-timeout", "30s")
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    log = tmp_path / "sidecar.log"
+
+    def written() -> list[list[str]]:  # the file is written first, its log line after
+        lines = (content(log) or "").splitlines()
+        logged = [json.loads(line) for line in lines if line.startswith("{")]
+        return [e["hosts"] for e in logged if e["event"] == "drain_file_written"]
+
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
     try:
         drain = edl / "drained-hosts"
         wait_for(lambda: content(drain) == "bert-worker-1\n", timeout=15, what="the command's sync")
         annotate(kube_api, encode_drained({"bert-worker-1", "bert-worker-2"}))
         wait_for(lambda: content(drain) == "bert-worker-1\nbert-worker-2\n", what="the change")
+        wait_for(lambda: len(written()) >= 2, what="the change's log line")
     finally:
         proc.terminate()
-        _, err = proc.communicate(timeout=10)
-    logged = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
-    assert [e["hosts"] for e in logged if e["event"] == "drain_file_written"] == [
-        ["bert-worker-1"],
-        ["bert-worker-1", "bert-worker-2"],
-    ]
+        proc.wait(timeout=10)
+    assert written() == [["bert-worker-1"], ["bert-worker-1", "bert-worker-2"]]
 
 
 def test_a_bad_job_reference_is_a_usage_error() -> None:
