@@ -80,6 +80,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     _LEFT_OUT.append(f"{len(real)} real-cluster tests not run: {why}")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist sends the worker's collection
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """On an xdist worker under `--dist loadgroup`, every real-cluster test must carry its
+    group in its id, or the scheduler deals them to both workers: two planes on two cores, and
+    a class's tests split between two daemons. pytest 9.2 keeps the id where xdist 3.8 no
+    longer renames it (pyproject.toml pins pytest below 9.2 for that); fail, never split."""
+    config = session.config
+    if not hasattr(config, "workerinput") or config.getoption("dist", None) != "loadgroup":
+        return
+    loose = [i.nodeid for i in session.items if i.get_closest_marker("real_cluster") is not None]
+    loose = [n for n in loose if not n.endswith("@real_cluster")]
+    if loose:
+        raise pytest.UsageError(
+            f"{len(loose)} real-cluster tests lack their xdist group (e.g. {loose[0]}): "
+            "this pytest and pytest-xdist do not group tests; see pyproject.toml's pin"
+        )
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     for line in _LEFT_OUT:
         terminalreporter.write_line(line, yellow=True)
