@@ -115,7 +115,8 @@ def test_the_lock_acquires_renews_and_resolves_races(api: KubeApiServer) -> None
     assert lease["metadata"]["resourceVersion"] != rv and lease["spec"]["leaseTransitions"] == 0
 
     # optimistic concurrency: a write between our read and our replace makes ours a 409 and a loss
-    api.fail_next(1, 409, path_contains=f"leases/{LEASE}", method="PUT")
+    # (the first 409 is the holder's fast path, which falls back to the read)
+    api.fail_next(2, 409, path_contains=f"leases/{LEASE}", method="PUT")
     assert not a.try_acquire_or_renew()
     assert a.try_acquire_or_renew()
     # someone else's API trouble is raised, not mistaken for an answer
@@ -127,6 +128,32 @@ def test_the_lock_acquires_renews_and_resolves_races(api: KubeApiServer) -> None
     assert b.try_acquire_or_renew()  # free at once after a release, no lease duration to wait
     assert api.get("leases", LEASE, "default")["spec"]["leaseTransitions"] == 0
     assert not a.release()  # not ours to release
+
+
+def test_the_holder_renews_with_one_write_and_reads_after_a_conflict(api: KubeApiServer) -> None:
+    """client-go's fast path: on a busy server a renewal is one round trip, not two."""
+    now = [0.0]
+    a = LeaseLock(
+        api.api_client(), "default", LEASE, "a", timedelta(seconds=1), clock=lambda: now[0]
+    )
+
+    def renewal() -> list[str]:
+        since = len(api.request_log)
+        assert a.try_acquire_or_renew()
+        return [r.method for r in api.request_log[since:] if f"leases/{LEASE}" in r.path]
+
+    assert a.try_acquire_or_renew()
+    assert renewal() == ["PUT"]
+    # someone else changed the Lease: the stored version is stale, the fast write a 409; the
+    # read then finds it still ours, and the renewal on it lands
+    api.patch("leases", LEASE, {"metadata": {"labels": {"edited": "yes"}}}, "default")
+    assert renewal() == ["PUT", "GET", "PUT"]
+    # past its duration by our clock, what we stored is no lease to renew blind: read first
+    now[0] += 1.5
+    assert renewal() == ["GET", "PUT"]
+    # another holder since: the fast write is refused, and the read says who leads
+    api.patch("leases", LEASE, {"spec": {"holderIdentity": "b"}}, "default")
+    assert not a.try_acquire_or_renew() and a.holder == "b"
 
 
 def test_two_replicas_only_the_leader_acts(pair: Pair, api: KubeApiServer) -> None:
