@@ -310,6 +310,47 @@ def test_the_fence_closes_when_the_last_renewal_is_older_than_the_renew_deadline
     assert api.get("nodes", "node-0")["metadata"]["labels"]["a"] == "b"
 
 
+class Logged:
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, dict[str, object]]] = []
+
+    def warning(self, event: str, **kw: object) -> None:
+        self.lines.append((event, kw))
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *a, **k: None
+
+
+def test_a_renewal_after_the_fence_closed_is_logged_as_a_lapse() -> None:
+    """No step sees the lapse (the fence closes between two steps): the late renewal says it."""
+    now, logged = [100.0], Logged()
+    settings = LeaderElectionSettings(
+        lease_duration=timedelta(seconds=15),
+        renew_deadline=timedelta(seconds=10),
+        retry_period=timedelta(seconds=2),
+    )
+    elector = LeaderElector(
+        FakeLock(), settings, logged, lambda _: None, lambda: None, clock=lambda: now[0]
+    )
+    elector.step()
+    now[0] += 9.0
+    elector.step()  # in time: nothing to say
+    assert logged.lines == []
+    now[0] += 14.0  # the next step starts 14 s after the last renewal: closed for 4 s
+    elector.step()
+    assert logged.lines == [
+        (
+            "lease_lapsed",
+            {
+                "identity": "me",
+                "writes_refused_s": 4.0,
+                "renewal_took_s": 0.0,
+                "since_last_renewal_s": 14.0,
+            },
+        )
+    ]
+
+
 def test_a_fence_is_checked_before_each_retry(api: AuditedApi) -> None:
     """Server trouble and a lapse during the back-off: the retry is not sent."""
     allowed = [True]

@@ -78,8 +78,7 @@ class LeaderElector:
             started = self._clock()
             try:
                 if self._lock.try_acquire_or_renew():
-                    # the attempt's start, not its end: the lease was valid from before the call
-                    self._renewed_at = started
+                    self._renewed(started)
                 elif self._lock.holder and self._lock.holder != self._lock.identity:
                     # someone else holds it now (we were paused, or partitioned): stop acting at
                     # once, not when our own deadline runs out
@@ -88,6 +87,24 @@ class LeaderElector:
                 self._on_error()
                 self._logger.warning("lease_error", error=f"{type(exc).__name__}: {exc}")
             self._publish()
+
+    def _renewed(self, started: float) -> None:
+        """A renewal landed. Its attempt's start, not its end, is when the lease was valid from.
+        One that comes after the fence had closed (no renewal within the renew deadline: a slow
+        API server, or a stalled process) was a lapse that no step saw: it is logged, with how
+        long writes were refused and how long this renewal took."""
+        before, self._renewed_at = self._renewed_at, started
+        if before is None:
+            return
+        closed = started - (before + self._renew_deadline)
+        if closed > 0:
+            self._logger.warning(
+                "lease_lapsed",
+                identity=self._lock.identity,
+                writes_refused_s=round(closed + (self._clock() - started), 3),
+                renewal_took_s=round(self._clock() - started, 3),
+                since_last_renewal_s=round(started - before, 3),
+            )
 
     def release(self) -> None:
         """Step down and free the Lease so a standby takes over at once."""
