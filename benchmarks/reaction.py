@@ -1118,10 +1118,12 @@ def run_size(
     identity: str = "serviceaccount",
     flowschema: bool = True,
     logs: Path | None = None,
+    finished: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """`repeat` runs on one cluster (made once: at 2,000 real nodes that is most of the time),
     each with a daemon of its own, started afresh, and notices on nodes no earlier run touched;
-    with `logs`, each daemon's stdout (its decisions) and stderr are kept there."""
+    with `logs`, each daemon's stdout (its decisions) and stderr are kept there. `finished` gets
+    each run's result as soon as it ends: a later run that stops the series keeps it."""
     from benchmarks.real_plane import Meter
 
     meter = Meter()
@@ -1167,22 +1169,23 @@ def run_size(
         setup_cpu = meter.cpu("begin", "setup")
         notify = Notifier(bench, sqs, queue)
         plans, kept = _plans(bench, plan, repeat), _log_names(logs, nodes, repeat)
-        runs = [
-            _one_run(bench, meter, env, Path(tmp), (notify, replacer), seen, p, py_spy, keep)
-            for p, keep in zip(plans, kept, strict=True)
-        ]
-    return [
-        {
-            "cluster": bench.name,
-            "nodes": nodes,
-            "pods": nodes * 2 * PER_JOB_ON_NODE,
-            "run": i + 1,
-            "setup_s": bench.setup,
-            **run,
-            "cpu_s": {"setup": setup_cpu, **run["cpu_s"]},
-        }
-        for i, run in enumerate(runs)
-    ]
+        runs = []
+        for i, (p, keep) in enumerate(zip(plans, kept, strict=True)):
+            run = _one_run(bench, meter, env, Path(tmp), (notify, replacer), seen, p, py_spy, keep)
+            runs.append(
+                {
+                    "cluster": bench.name,
+                    "nodes": nodes,
+                    "pods": nodes * 2 * PER_JOB_ON_NODE,
+                    "run": i + 1,
+                    "setup_s": bench.setup,
+                    **run,
+                    "cpu_s": {"setup": setup_cpu, **run["cpu_s"]},
+                }
+            )
+            if finished is not None:
+                finished(runs[-1])
+    return runs
 
 
 @contextmanager
@@ -1759,6 +1762,14 @@ def report(r: dict[str, Any]) -> str:
     )
 
 
+def _run_finished(out_dir: Path | None, run: dict[str, Any]) -> None:
+    """A run's figures, printed and kept as soon as it ends."""
+    print(report(run), flush=True)
+    if out_dir:
+        path = out_dir / f"reaction-{run['nodes']}-run{run['run']}.json"
+        path.write_text(json.dumps(run, indent=2) + "\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -1864,13 +1875,9 @@ def main() -> int:
             args.identity,
             args.flowschema == "shipped",
             args.out_dir,
+            partial(_run_finished, args.out_dir),
         )
         results += r
-        for run in r:
-            print(report(run), flush=True)
-            if args.out_dir:
-                path = args.out_dir / f"reaction-{size}-run{run['run']}.json"
-                path.write_text(json.dumps(run, indent=2) + "\n")
         if len(r) > 1:
             print(spread(r), flush=True)
         if args.out_dir:
