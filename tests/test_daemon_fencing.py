@@ -321,6 +321,18 @@ class Logged:
         return lambda *a, **k: None
 
 
+class SlowLock(FakeLock):
+    """Each attempt takes `took` seconds of the test's clock and loses its round (a 409)."""
+
+    def __init__(self, now: list[float], took: float) -> None:
+        super().__init__()
+        self.now, self.took = now, took
+
+    def try_acquire_or_renew(self) -> bool:
+        self.now[0] += self.took
+        return False
+
+
 def test_a_renewal_after_the_fence_closed_is_logged_as_a_lapse() -> None:
     """No step sees the lapse (the fence closes between two steps): the late renewal says it."""
     now, logged = [100.0], Logged()
@@ -338,7 +350,8 @@ def test_a_renewal_after_the_fence_closed_is_logged_as_a_lapse() -> None:
     assert logged.lines == []
     now[0] += 14.0  # the next step starts 14 s after the last renewal: closed for 4 s
     elector.step()
-    assert logged.lines == [
+    lapse = logged.lines[:]
+    assert lapse == [
         (
             "lease_lapsed",
             {
@@ -348,6 +361,14 @@ def test_a_renewal_after_the_fence_closed_is_logged_as_a_lapse() -> None:
                 "since_last_renewal_s": 14.0,
             },
         )
+    ]
+    # a step that takes longer than the retry period says how it ended
+    slow = LeaderElector(
+        SlowLock(now, 3.0), settings, logged, lambda _: None, lambda: None, clock=lambda: now[0]
+    )
+    slow.step()
+    assert logged.lines[len(lapse) :] == [
+        ("lease_step_slow", {"took_s": 3.0, "outcome": "not taken", "holder": "me"})
     ]
 
 

@@ -57,6 +57,7 @@ class LeaderElector:
     ) -> None:
         self._lock = lock
         self._renew_deadline = settings.renew_deadline.total_seconds()
+        self._retry_period = settings.retry_period.total_seconds()
         self._logger = logger
         self._on_change = on_change  # called with the new state whenever it flips
         self._on_error = on_error
@@ -75,18 +76,31 @@ class LeaderElector:
         with self._guard:
             if self._released:
                 return
-            started = self._clock()
+            started, outcome = self._clock(), "renewed"
             try:
                 if self._lock.try_acquire_or_renew():
                     self._renewed(started)
                 elif self._lock.holder and self._lock.holder != self._lock.identity:
                     # someone else holds it now (we were paused, or partitioned): stop acting at
                     # once, not when our own deadline runs out
-                    self._renewed_at = None
+                    self._renewed_at, outcome = None, "held by another"
+                else:
+                    outcome = "not taken"  # a 409: a write of ours or another's came between
             except Exception as exc:  # API down: leadership lapses by the deadline, we retry
                 self._on_error()
                 self._logger.warning("lease_error", error=f"{type(exc).__name__}: {exc}")
+                outcome = "error"
+            self._slow_step(started, outcome)
             self._publish()
+
+    def _slow_step(self, started: float, outcome: str) -> None:
+        """A step longer than the retry period says so: the leader's renewals are what keeps its
+        fence open, and at 2,000 nodes they lapsed (20 s) with no error to show why."""
+        took = self._clock() - started
+        if took > self._retry_period:
+            self._logger.warning(
+                "lease_step_slow", took_s=round(took, 3), outcome=outcome, holder=self._lock.holder
+            )
 
     def _renewed(self, started: float) -> None:
         """A renewal landed. Its attempt's start, not its end, is when the lease was valid from.
