@@ -107,7 +107,7 @@ def scaler_facts(resource: Resource, obj: Obj) -> ScalerFacts:
 def _since(status: Obj, ctype: str) -> datetime | None:
     """When the scaler's condition `ctype` was last set (None: it has none)."""
     times = [
-        parse_time(c.get("lastTransitionTime")) or parse_time(c.get("lastUpdateTime"))
+        _set_at(c)
         for c in status.get("conditions") or ()
         if isinstance(c, dict) and c.get("type") == ctype
     ]
@@ -142,8 +142,14 @@ def _outcome(status: Obj, created: datetime | None) -> tuple[str | None, datetim
     state = last.get("type") or status.get("phase")
     if state not in _FINISHED:
         return None, None
-    when = parse_time(last.get("lastTransitionTime")) or parse_time(last.get("lastUpdateTime"))
-    return state, when or created
+    return state, _set_at(last) or created
+
+
+def _set_at(condition: Obj) -> datetime | None:
+    """When a condition was set: its transition, else its last update."""
+    return parse_time(condition.get("lastTransitionTime")) or parse_time(
+        condition.get("lastUpdateTime")
+    )
 
 
 def by_job(facts: Iterable[ScalerFacts]) -> dict[str, list[ScalerFacts]]:
