@@ -23,6 +23,8 @@ _SECRET_VALUE = re.compile(
     r"|(?i:(?:signature|token|accesskeyid|x-amz-security-token)=)[^&\s\"']+"
 )
 REDACTED = "[redacted]"
+# daemon.log_format -> configure()'s json_lines (auto: JSON unless on a terminal)
+JSON_LINES: dict[str, bool | None] = {"json": True, "console": False, "auto": None}
 
 
 def redact(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:

@@ -448,10 +448,11 @@ def test_wiring_bounds_writes_by_the_lease_margin_and_names_the_replica(tmp_path
         fence = d.parts.fence
         assert fence is not None and fence.write_timeout == pytest.approx(0.5)
         assert not fence.allows()  # not elected yet
-        d.leadership.step()
-        assert fence.allows()
+        d.leadership.step()  # starts the renewer process, which takes the free Lease
+        wait_for(fence.allows, 20, "the renewer to take the Lease")
         d.leadership.release()
         assert not fence.allows()
+        assert lease_holder(server) == ""  # given up at once, for a standby to take
     dry, _ = wired_daemon_dry(cfg, tmp_path / "kubeconfig")
     assert dry.parts.fence is not None and dry.parts.fence.allows()  # dry run: never fenced
     off = parse_config(

@@ -68,7 +68,11 @@ class Pair:
         self.recorders = {name: Recorder(self.world) for name in self.locks}
         self.daemons: dict[str, Daemon] = {}
         for name in self.locks:
-            parts = Parts(observer=self.world, actuator=self.recorders[name], lock=self.locks[name])
+            parts = Parts(
+                observer=self.world,
+                actuator=self.recorders[name],
+                lock=lambda lk=self.locks[name]: lk,
+            )
             self.daemons[name], _ = daemon(config(), parts, WakeSignal())
         self.both_led = False
         self._stop = threading.Event()

@@ -41,6 +41,7 @@ daemon:
     lease_duration: 1s
     renew_deadline: 0.6s
     retry_period: 0.1s
+    renew_in: thread          # the locks are the tests' objects (a cut network, a fake)
 """
 
 

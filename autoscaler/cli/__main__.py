@@ -4,4 +4,5 @@ import sys
 
 from autoscaler.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # the lease renewer, spawned, imports this module again
+    sys.exit(main())

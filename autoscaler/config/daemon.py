@@ -25,6 +25,10 @@ class LeaderElectionSettings(StrictModel):
     renew_deadline: Positive = timedelta(seconds=10)
     retry_period: Positive = timedelta(seconds=2)  # between acquire / renew attempts
     identity: str | None = None  # None: $POD_NAME, else hostname-pid
+    # process: renewals in a child process of their own, which the daemon's busy threads cannot
+    # starve of the interpreter lock (a lapsed lease at 2,000 nodes, docs/benchmarks.md);
+    # thread: in the daemon's process (one interpreter less, ~85 MB resident)
+    renew_in: Literal["process", "thread"] = "process"
 
     @model_validator(mode="after")
     def _ordered(self) -> LeaderElectionSettings:

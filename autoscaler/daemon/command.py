@@ -21,11 +21,10 @@ from autoscaler.daemon.loop import WakeSignal
 from autoscaler.daemon.metrics import Metrics
 from autoscaler.daemon.service import Daemon
 from autoscaler.daemon.wiring import build_parts
-from autoscaler.logs import configure, processors
+from autoscaler.logs import JSON_LINES, configure, processors
 from autoscaler.shutdown import stop_on_signals
 
 EXIT_OK, EXIT_FAILED = 0, 1
-_JSON_LINES = {"json": True, "console": False, "auto": None}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -57,14 +56,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--log-level", choices=["debug", "info", "warning", "error"], help="daemon.log_level"
     )
-    p.add_argument("--log-format", choices=list(_JSON_LINES), help="daemon.log_format")
+    p.add_argument("--log-format", choices=list(JSON_LINES), help="daemon.log_format")
     p.set_defaults(func=cmd_run)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     config = _with_flags(load_config(args.config), args)  # a bad file at start: the CLI lists it
     settings = config.daemon
-    json_lines = _JSON_LINES[settings.log_format]
+    json_lines = JSON_LINES[settings.log_format]
     configure(json_lines, settings.log_level)
     # Our scheduled jobs catch and log their own errors (structlog, JSON); apscheduler's plain-text
     # stdlib warnings would only break the log format.

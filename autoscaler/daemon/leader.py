@@ -67,6 +67,11 @@ class LeaderElector:
         self._guard = threading.Lock()  # step() and release() never interleave
         self._released = False  # after release, a late step must not take the Lease again
 
+    @property
+    def renewed_at(self) -> float | None:
+        """When the last renewal that landed began (our clock); None: not leading."""
+        return self._renewed_at
+
     def is_leader(self) -> bool:
         renewed = self._renewed_at
         return renewed is not None and self._clock() - renewed < self._renew_deadline

@@ -24,6 +24,7 @@ from autoscaler.daemon.leader import AlwaysLeader, LeaderElector, LeaderLock, Le
 from autoscaler.daemon.loop import ReconcileLoop, WakeSignal
 from autoscaler.daemon.metrics import Metrics
 from autoscaler.daemon.reload import ConfigReloader
+from autoscaler.daemon.renewer import RenewerProcess
 from autoscaler.daemon.supervise import Supervisor
 from autoscaler.fencing import Fence
 from autoscaler.notices_and_prices import NoticeWake
@@ -58,7 +59,9 @@ class Parts:
     # finish what a pass left queued (Events) while the Lease is still ours; before `stop`
     settle: Callable[[], object] = lambda: None
     sources: list[NamedSource] = field(default_factory=list)  # notice and price feeds
-    lock: LeaderLock | None = None  # None: this mode runs alone (no leader election)
+    # makes the leader lock where the renewals run (pickled into the renewer's process unless
+    # leader_election.renew_in is "thread"); None: this mode runs alone (no leader election)
+    lock: Callable[[], LeaderLock] | None = None
     # asked by the mode's writers before each write; the daemon binds it to the leadership
     fence: Fence | None = None
     watch_errors: Callable[[], int] = lambda: 0  # failed lists/watches, retried by the caches
@@ -136,18 +139,22 @@ class Daemon:
         self.endpoints: Endpoints | None = None
         self._stopped = False
 
-    def _leadership(self, lock: LeaderLock | None) -> Leadership:
+    def _leadership(self, make_lock: Callable[[], LeaderLock] | None) -> Leadership:
         election = self.settings.leader_election
-        if lock is None or not election.enabled or self.parts.actuator.dry_run:
+        if make_lock is None or not election.enabled or self.parts.actuator.dry_run:
             return AlwaysLeader()  # a dry run writes nothing, not even the Lease
 
         def changed(leader: bool) -> None:
             if leader:
                 self.wake("leader elected")
 
-        return LeaderElector(
-            lock, election, self._logger, changed, lambda: self.metrics.error("lease")
-        )
+        def failed() -> None:
+            self.metrics.error("lease")
+
+        if election.renew_in == "thread":
+            return LeaderElector(make_lock(), election, self._logger, changed, failed)
+        log = (self.settings.log_format, self.settings.log_level)
+        return RenewerProcess(make_lock, election, log, self._logger, changed, failed)
 
     # --- health ------------------------------------------------------------------------------
     def liveness(self) -> str | None:
@@ -195,7 +202,7 @@ class Daemon:
                 self.reloader.check,
                 now + s.config_reload_interval,
             )
-        if isinstance(self.leadership, LeaderElector):
+        if not isinstance(self.leadership, AlwaysLeader):  # renews, or minds the renewer
             self._every("lease", s.leader_election.retry_period, self.leadership.step, now)
         self.scheduler.start()
         self._logger.info(

@@ -66,7 +66,7 @@ def _kubernetes(
     )
     from autoscaler.adapters.kube.client import api_client, own_namespace, unreachable
     from autoscaler.adapters.kube.kinds import WATCHLIST
-    from autoscaler.adapters.kube.lease import LeaseLock
+    from autoscaler.adapters.kube.lease import LeaseRecipe
     from autoscaler.adapters.kube.rejects import Rejections
 
     election = config.daemon.leader_election
@@ -94,8 +94,8 @@ def _kubernetes(
     board = PersistingBoard(actuator.persist_notice, logger, lambda: on_error("notices"))
     prices = PriceBook()
     sources = build_sources(config, SourceContext(board, prices, wake, cache, cache.instance_types))
-    lock = LeaseLock(
-        api,
+    lock = LeaseRecipe(  # made where the renewals run: in a process of their own by default
+        None if kubeconfig is None else str(kubeconfig),
         election.lease_namespace or own_namespace(),
         election.lease_name,
         me,

@@ -19,12 +19,39 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from autoscaler.adapters.kube.client import api_client
+
 _CONFLICT, _NOT_FOUND = 409, 404
+
+
+@dataclass(frozen=True)
+class LeaseRecipe:
+    """How to make the daemon's LeaseLock, with a client of its own: it is pickled and made in
+    the lease renewer's process (autoscaler/daemon/renewer.py), where the daemon's client cannot
+    go. Credentials are read there as the daemon reads them (kubeconfig or in-cluster)."""
+
+    kubeconfig: str | None
+    namespace: str
+    name: str
+    identity: str
+    lease_duration: timedelta
+    request_timeout: float
+
+    def __call__(self) -> LeaseLock:
+        return LeaseLock(
+            api_client(self.kubeconfig, identity=self.identity),  # the child's own connections
+            self.namespace,
+            self.name,
+            self.identity,
+            self.lease_duration,
+            self.request_timeout,
+        )
 
 
 class LeaseLock:
