@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -102,6 +103,24 @@ def test_sigterm_stops_cleanly_and_releases_the_lease(api: KubeApiServer, tmp_pa
         < names.index("daemon_stopped")
     )
     assert any(e.get("event") == "decision" and e["action"] == "scale_out" for e in json_lines(out))
+
+
+def test_ctrl_c_reaches_the_renewer_too_and_the_lease_is_still_released(
+    api: KubeApiServer, tmp_path: Path
+) -> None:
+    """A terminal's Ctrl-C goes to the whole foreground group, the lease renewer's process with
+    the daemon: the daemon stops as on SIGTERM, and the renewer waits to be told to release."""
+    proc = run_cli(tmp_path, identity="daemon-1", own_group=True)
+    try:
+        api.wait_until(lambda: lease_holder(api) == "daemon-1", timeout=15)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=15)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert lease_holder(api) == ""
+    assert "Traceback" not in err
+    assert "lease_released" in [e.get("event") for e in json_lines(err)]
 
 
 def test_two_daemons_on_one_cluster_create_one_scaler(api: KubeApiServer, tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -127,10 +128,11 @@ class RenewerProcess:
             child, pipe = self._child, self._pipe
             if child is None or pipe is None:
                 return
-            with contextlib.suppress(OSError):  # gone: its Lease runs out on its own
-                pipe.send(("release", None))
-            self._released.wait(_RELEASE_WAIT)
-            child.join(_RELEASE_WAIT)
+            if child.is_alive():  # else its Lease runs out on its own
+                with contextlib.suppress(OSError):
+                    pipe.send(("release", None))
+                self._released.wait(_RELEASE_WAIT)
+                child.join(_RELEASE_WAIT)
             if child.is_alive():
                 child.kill()
                 child.join()
@@ -147,6 +149,10 @@ def _serve(
 ) -> None:
     """The child: a LeaderElector stepped every retry period while the daemon's heartbeat is
     fresh, its renewal time published to `renewed`."""
+    # A terminal's Ctrl-C or a signal to the whole group is the daemon's to handle: it tells the
+    # child to release, or goes, which the child sees on the pipe. Not a traceback, not a lapse.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     configure(JSON_LINES[log[0]], log[1])
     logger = structlog.get_logger("spot-autoscaler").bind(process="lease-renewer")
 

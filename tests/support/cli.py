@@ -19,9 +19,11 @@ def run_cli(
     identity: str = "cli",
     stdout: int | IO[str] = subprocess.PIPE,
     stderr: int | IO[str] = subprocess.PIPE,
+    own_group: bool = False,
 ) -> subprocess.Popen[str]:
     """`run` on tmp_path's config.yaml and kubeconfig, plus ARGS, as pod IDENTITY ($POD_NAME:
-    the replica's leader-election identity)."""
+    the replica's leader-election identity); `own_group`: in a process group of its own, as a
+    terminal's foreground job (a signal to the group reaches its lease renewer too)."""
     return subprocess.Popen(
         [
             str(CLI),
@@ -37,6 +39,7 @@ def run_cli(
         text=True,
         stdout=stdout,
         stderr=stderr,
+        start_new_session=own_group,
     )
 
 
