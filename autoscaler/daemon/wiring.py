@@ -112,7 +112,8 @@ def _kubernetes(
         rejected=rejections.counts,
         start=cache.start,
         stop=lambda: _stop_all(board.close, cache.stop),
-        settle=lambda: recorder.flush(_EVENTS_FLUSH),
+        # before the Lease goes: queued pod signals dropped (counted), queued Events sent
+        settle=lambda: _stop_all(actuator.stop_signals, lambda: recorder.flush(_EVENTS_FLUSH)),
         write_workers=_WRITE_WORKERS,
         announce=lambda reason, message: recorder.about_self(reason, message, _now()),
         sources=sources,
@@ -143,6 +144,6 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-def _stop_all(*steps: Callable[[], None]) -> None:
+def _stop_all(*steps: Callable[[], object]) -> None:
     for step in steps:
         step()

@@ -172,6 +172,10 @@ class KubeActuator:
         """Pods the checkpoint signal did not reach (annotation or POST)."""
         return self._signal.failures
 
+    def stop_signals(self) -> None:
+        """At shutdown, before the Lease goes: no more checkpoint signals to pods."""
+        self._signal.close()
+
     def persist_notice(self, node: str, notice: Notice) -> bool:
         """Keep a cloud notice on its Node (NOTICE_ANNOTATION) so a restart still knows it.
         False when nothing was written: the node is gone, or already holds it or a harder one."""
@@ -247,6 +251,9 @@ class DryRunActuator:
 
     def apply(self, decision: Decision, now: datetime) -> None:
         log.debug("dry_run_skipped", job=decision.job, action=decision.action.value)
+
+    def stop_signals(self) -> None:
+        pass
 
     def persist_notice(self, node: str, notice: Notice) -> bool:
         log.debug("dry_run_notice_not_persisted", node=node, notice=notice.id)
