@@ -531,6 +531,7 @@ def run_chaos(plan: Plan, tmp: Path, world: World) -> Outcome:
         codes = replicas.stop()
         stepper.join(timeout=15)
         if keep := os.environ.get("CHAOS_KEEP"):  # the daemons' logs, for the evidence
+            Path(keep).mkdir(parents=True, exist_ok=True)
             for f in replicas.logs("daemon.log") + replicas.logs("decisions.jsonl"):
                 (Path(keep) / f"seed{plan.seed}-{f.name}").write_bytes(f.read_bytes())
         proxy.stop()
