@@ -15,6 +15,12 @@ from typing import Any, Protocol
 from autoscaler.config.daemon import LeaderElectionSettings
 
 
+def lease_valid(renewed_at: float | None, renew_deadline: float, now: float) -> bool:
+    """Whether a holder may act: its last renewal (when that attempt began, on its own
+    monotonic clock) is less than the renew deadline old. The fence's rule (fencing.py)."""
+    return renewed_at is not None and now - renewed_at < renew_deadline
+
+
 class LeaderLock(Protocol):
     identity: str
     holder: str | None
@@ -73,8 +79,7 @@ class LeaderElector:
         return self._renewed_at
 
     def is_leader(self) -> bool:
-        renewed = self._renewed_at
-        return renewed is not None and self._clock() - renewed < self._renew_deadline
+        return lease_valid(self._renewed_at, self._renew_deadline, self._clock())
 
     def step(self) -> None:
         """One acquire-or-renew attempt; call every retry period."""

@@ -33,11 +33,11 @@ from typing import Any
 import structlog
 
 from autoscaler.config.daemon import LeaderElectionSettings
-from autoscaler.daemon.leader import LeaderElector, LeaderLock
+from autoscaler.daemon.leader import LeaderElector, LeaderLock, lease_valid
 from autoscaler.logs import JSON_LINES, configure
 
 _CONTEXT = multiprocessing.get_context("spawn")  # fork would copy a process with threads running
-_RELEASE_WAIT = 5.0  # seconds the daemon waits for the child to give the Lease up at shutdown
+_RELEASE_WAIT = 5.0  # seconds the daemon waits for the child to give the Lease up and exit
 
 
 class RenewerProcess:
@@ -61,16 +61,13 @@ class RenewerProcess:
         self._beat = _CONTEXT.RawValue("d", 0.0)
         self._child: Any = None  # multiprocessing's Process (SpawnProcess)
         self._pipe: Connection | None = None
-        self._released = threading.Event()  # the child said it let the Lease go
         self._stopping = threading.Event()
         self._guard = threading.Lock()  # step() and release() never interleave
 
     def is_leader(self) -> bool:
-        renewed = self._renewed.value
-        return (
-            not self._stopping.is_set()
-            and renewed > 0
-            and time.monotonic() - renewed < self._deadline
+        renewed = self._renewed.value or None  # 0: not leading
+        return not self._stopping.is_set() and lease_valid(
+            renewed, self._deadline, time.monotonic()
         )
 
     def step(self) -> None:
@@ -106,7 +103,7 @@ class RenewerProcess:
             self._beat.value = time.monotonic()
 
     def _listen(self, pipe: Connection) -> None:
-        """The child's news: leadership changes, errors, the release done. Ends with the child."""
+        """The child's news: leadership changes and errors. Ends with the child."""
         while True:
             try:
                 what, value = pipe.recv()
@@ -116,8 +113,6 @@ class RenewerProcess:
                 self._on_change(value)
             elif what == "error":
                 self._on_error()
-            elif what == "released":
-                self._released.set()
 
     def release(self) -> None:
         """Stop acting at once; the child gives the Lease up so a standby takes over now."""
@@ -131,8 +126,7 @@ class RenewerProcess:
             if child.is_alive():  # else its Lease runs out on its own
                 with contextlib.suppress(OSError):
                     pipe.send(("release", None))
-                self._released.wait(_RELEASE_WAIT)
-                child.join(_RELEASE_WAIT)
+                child.join(_RELEASE_WAIT)  # it exits once the Lease is given up
             if child.is_alive():
                 child.kill()
                 child.join()
@@ -171,7 +165,6 @@ def _serve(
                 pipe.recv()  # the one message down: release
                 elector.release()
                 renewed.value = 0.0
-                tell("released")
                 return
         except (EOFError, OSError):
             renewed.value = 0.0

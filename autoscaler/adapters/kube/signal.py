@@ -98,7 +98,9 @@ class CheckpointSignal:
                 self._waiting += 1
             try:
                 self._pool.submit(self._tell_pod, decision.job, pod, body, target)
-            except RuntimeError:  # closed meanwhile (shutdown): counted by close()
+            except RuntimeError:  # closed meanwhile (shutdown): the rest are not told
+                with self._lock:
+                    self._waiting -= 1
                 return
 
     def _tell_pod(self, job: str, pod: Obj, body: str, target: tuple[int, str] | None) -> None:
