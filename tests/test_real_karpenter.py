@@ -124,7 +124,17 @@ def test_a_pending_gpu_worker_gets_a_spot_node_from_the_preferred_pool_and_kwok_
     # the instance's GPUs are in allocatable; capacity holds only what the NodeClaim asked for
     assert node.status.allocatable["nvidia.com/gpu"] == "1"
     assert node.spec.provider_id == f"kwok://{node.metadata.name}"
-    [claim] = karpenter.node_claims(SPOT)
+    # Karpenter syncs the Node first and writes the NodeClaim's status.nodeName after, in the
+    # lifecycle controller's status patch (pkg/controllers/nodeclaim/lifecycle/registration.go
+    # `Registration.Reconcile`): the Node can be settled while the claim does not name it yet
+    claim = wait_for(
+        lambda: next(
+            (c for c in karpenter.node_claims(SPOT) if c.get("status", {}).get("nodeName")), None
+        ),
+        15,
+        "the NodeClaim's status.nodeName",
+    )
+    assert len(karpenter.node_claims(SPOT)) == 1
     assert claim["status"]["nodeName"] == node.metadata.name
     # kubernetes.io/hostname is the NodeClaim's name, not the Node's (kwok cloudprovider.go
     # addInstanceLabels): pods must be joined to nodes by spec.nodeName
