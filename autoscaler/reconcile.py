@@ -25,10 +25,10 @@ from autoscaler.core import (
     PassMemo,
     PolicySet,
     Shield,
+    ShieldMemo,
     Snapshot,
     decide,
     decide_departures,
-    shielded,
     track_idle,
 )
 from autoscaler.writes import Actuator, Mark, Writes, never
@@ -78,7 +78,8 @@ class Reconciler:
         self._passes = 0
         self.gave_way = False  # the last tick stopped for a waiting notice (see tick)
         self._managed: list[Job] = []
-        self._shield: Shield = frozenset()  # their pods Karpenter must leave alone
+        self._shield: Shield = {}  # their pods Karpenter must leave alone
+        self._shields = ShieldMemo()
         # the observer's memos are not for two threads: the notice responder (react) waits
         # for a pass's snapshot, not for its decisions or writes
         self._observing = threading.Lock()
@@ -132,7 +133,7 @@ class Reconciler:
             return []
         self.writes.forget({j.key for j in snapshot.jobs}, mark)
         self._managed = [j for j in snapshot.jobs if self.policies.for_job(j) is not None]
-        self._shield = shielded(self._managed, self.policies)
+        self._shield = self._shields.shield(self._managed, self.policies)
         if give_way():
             self.writes.kept = False  # left for keep_more, once no notice waits
         else:

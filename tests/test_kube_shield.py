@@ -7,6 +7,7 @@ import pytest
 from kube_fixtures import NS, Kube, node, now, training_job, worker
 from support.waiting import wait_for
 
+from autoscaler.adapters.kube.resources import NODES, PODS, annotations_of, labels_of
 from autoscaler.annotations import DO_NOT_DISRUPT, SHIELD_MARK
 
 
@@ -41,3 +42,25 @@ def test_running_workers_are_shielded_while_managed_and_only_our_annotation_goes
         kube.server.patch("TrainingJob", job, {"status": {"phase": "Succeeded"}}, NS)
     wait_for(lambda: rec.tick(now()) is not None and notes(kube, "bert-worker-0") == {})
     assert notes(kube, "gpt-worker-0") == {DO_NOT_DISRUPT: "true"}
+
+
+@pytest.mark.servers("emulator", "real")
+def test_a_node_karpenter_takes_over_and_an_annotation_taken_off_are_seen_by_the_next_pass(
+    kube: Kube,
+) -> None:
+    """Between full rescans (every RESCAN_EVERY passes) the shield follows what changed: a
+    node's label and a pod's annotations, each seen by the very next pass."""
+    kube.server.seed(node("a"), training_job("bert"), worker("bert", 0, "a"))
+    cache = kube.cache()
+    rec = kube.reconciler(cache)
+    rec.tick(now())  # the first pass rescans
+    assert notes(kube, "bert-worker-0") == {}  # not Karpenter's node
+    kube.server.patch("Node", "a", {"metadata": {"labels": {"karpenter.sh/nodepool": "spot"}}})
+    wait_for(lambda: "karpenter.sh/nodepool" in labels_of(cache.get(NODES, "a") or {}))
+    rec.tick(now())
+    assert notes(kube, "bert-worker-0") == {DO_NOT_DISRUPT: "true", SHIELD_MARK: "true"}
+    gone = {DO_NOT_DISRUPT: None, SHIELD_MARK: None}  # someone took it off
+    kube.server.patch("Pod", "bert-worker-0", {"metadata": {"annotations": gone}}, NS)
+    wait_for(lambda: not annotations_of(cache.get(PODS, f"{NS}/bert-worker-0") or {}))
+    rec.tick(now())
+    assert notes(kube, "bert-worker-0") == {DO_NOT_DISRUPT: "true", SHIELD_MARK: "true"}

@@ -18,13 +18,14 @@ from autoscaler.core.model import (
     Worker,
 )
 from autoscaler.core.policy import Policy, PolicySet
-from autoscaler.core.voluntary import Shield, shielded
+from autoscaler.core.voluntary import Guarded, Shield, ShieldMemo
 
 __all__ = [
     "Action",
     "CapacityType",
     "Decision",
     "GpuNode",
+    "Guarded",
     "Job",
     "Notice",
     "NoticeKind",
@@ -35,10 +36,10 @@ __all__ = [
     "Scaler",
     "ScalerKind",
     "Shield",
+    "ShieldMemo",
     "Snapshot",
     "Worker",
     "decide",
     "decide_departures",
-    "shielded",
     "track_idle",
 ]

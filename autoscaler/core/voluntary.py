@@ -9,23 +9,50 @@ once (core/notices.py).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from autoscaler.core.model import Job
-from autoscaler.core.policy import PolicySet
+from autoscaler.core.policy import Policy, PolicySet
 
-# (namespace, pod) of every worker that must carry the annotation
-Shield = frozenset[tuple[str, str]]
+# One job's workers that must carry the annotation: (namespace, pod, node)
+Guarded = frozenset[tuple[str, str, str]]
+# job key -> its guarded workers; jobs with none are left out. A job's entry is the very same
+# object from one pass to the next while the job is (ShieldMemo), so a reader can skip it.
+Shield = Mapping[str, Guarded]
 
 
-def shielded(jobs: Iterable[Job], policies: PolicySet) -> Shield:
-    """The workers of managed jobs whose policy protects them: every one bound to a node and not
-    being deleted (Karpenter counts a pod until it is terminating: pkg/utils/pod/scheduling.go
-    `IsActive`, `IsDisruptable`)."""
-    out: set[tuple[str, str]] = set()
-    for job in jobs:
-        policy = policies.for_job(job)
-        if policy is None or policy.preemption.voluntary != "protect":
-            continue
-        out.update((job.namespace, w.pod) for w in job.workers if w.node and not w.terminating)
-    return frozenset(out)
+def _guarded(job: Job, policy: Policy | None) -> Guarded:
+    """Every worker bound to a node and not being deleted (Karpenter counts a pod until it is
+    terminating: pkg/utils/pod/scheduling.go `IsActive`, `IsDisruptable`), when the job's policy
+    protects it."""
+    if policy is None or policy.preemption.voluntary != "protect":
+        return frozenset()
+    return frozenset(
+        (job.namespace, w.pod, w.node) for w in job.workers if w.node and not w.terminating
+    )
+
+
+class ShieldMemo:
+    """The workers of managed jobs whose policy protects them, by job. Each job's entry is
+    reused while the job and its policy are the very same objects (the observer hands back the
+    same Job while nothing it was built from changed): at 2,000 nodes, walking all 16,000
+    workers every pass was a tenth of the daemon's CPU."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[Job, Policy | None, Guarded]] = {}
+
+    def shield(self, jobs: Iterable[Job], policies: PolicySet) -> dict[str, Guarded]:
+        out: dict[str, Guarded] = {}
+        kept: dict[str, tuple[Job, Policy | None, Guarded]] = {}
+        for job in jobs:
+            policy = policies.for_job(job)
+            hit = self._last.get(job.key)
+            if hit is not None and hit[0] is job and hit[1] is policy:
+                guarded = hit[2]
+            else:
+                guarded = _guarded(job, policy)
+            kept[job.key] = (job, policy, guarded)
+            if guarded:
+                out[job.key] = guarded
+        self._last = kept
+        return out
