@@ -1372,23 +1372,26 @@ def _one_run(
         "cluster_health": healthy,
         "versions": versions | _ours(),
         # every notice: its path and latencies (the aggregate over runs is made of these)
-        "samples": [{k: s[k] for k in ("path", "drain", "scale_in", "sent_at")} for s in samples],
+        "samples": [
+            {k: s[k] for k in ("path", "drain", "scale_in", "sent_at", "sent_in")} for s in samples
+        ],
+    }
+
+
+def _path_figures(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "drain_s": _stats([s["drain"] for s in samples]),
+        "scale_in_s": _stats([s["scale_in"] for s in samples]),
+        "notice_write_s": _stats([s["sent_in"] for s in samples if "sent_in" in s]),
     }
 
 
 def _figures(samples: list[dict[str, Any]]) -> dict[str, Any]:
     """p50 / p99 / max of drain and ScaleIn over the notices, and per notice path."""
-    out: dict[str, Any] = {
-        "drain_s": _stats([s["drain"] for s in samples]),
-        "scale_in_s": _stats([s["scale_in"] for s in samples]),
-    }
+    out: dict[str, Any] = _path_figures(samples)
     by_path: dict[str, Any] = {}
     for path in dict.fromkeys(s["path"] for s in samples):
-        mine = [s for s in samples if s["path"] == path]
-        by_path[path] = {
-            "drain_s": _stats([s["drain"] for s in mine]),
-            "scale_in_s": _stats([s["scale_in"] for s in mine]),
-        }
+        by_path[path] = _path_figures([s for s in samples if s["path"] == path])
     out["by_path"] = by_path
     return out
 
@@ -1472,7 +1475,19 @@ def _rounds(
         notify.before(slot, path)
         at, wall = time.monotonic(), time.time()
         notify(slot, path)
-        sent.append({"slot": slot, "path": path, "at": at, "sent_at": wall, "pods": pods})
+        # the notice's own write (the taint's PATCH answered, or SQS's SendMessage): the floor
+        # under a drain, which needs one more write and a watch on the same server
+        written = time.monotonic() - at
+        sent.append(
+            {
+                "slot": slot,
+                "path": path,
+                "at": at,
+                "sent_at": wall,
+                "pods": pods,
+                "sent_in": written,
+            }
+        )
         replacer.retire(slot, pods)
     deadline = sent[-1]["at"] + REACT_WITHIN if sent else time.monotonic()
     with seen.lock:
@@ -1677,10 +1692,11 @@ def spread(runs: list[dict[str, Any]]) -> str:
         return " / ".join("-" if v is None else f"{v:.3f}" for v in d.values())
 
     def line(label: str, figures: dict[str, Any]) -> str:
-        d, s = figures["drain_s"], figures["scale_in_s"]
+        d, s, w = figures["drain_s"], figures["scale_in_s"], figures.get("notice_write_s") or {}
         return (
             f"  {label}: drain p50 {d['p50']} p99 {d['p99']} max {d['max']} s; "
-            f"ScaleIn p50 {s['p50']} p99 {s['p99']} max {s['max']} s (n {d['n']})"
+            f"ScaleIn p50 {s['p50']} p99 {s['p99']} max {s['max']} s (n {d['n']}); "
+            f"the notice's own write p50 {w.get('p50')} p99 {w.get('p99')} s"
         )
 
     lines = [f"{len(runs)} runs, {agg['notices']} notices together:", line("all", agg)]
@@ -1706,10 +1722,11 @@ def report(r: dict[str, Any]) -> str:
     plan = r["plan"]
 
     def figures(label: str, f: dict[str, Any]) -> str:
-        d, s = f["drain_s"], f["scale_in_s"]
+        d, s, w = f["drain_s"], f["scale_in_s"], f.get("notice_write_s") or {}
         return (
             f"  {label}: drain p50 {d['p50']} / p99 {d['p99']} / max {d['max']} s, "
-            f"ScaleIn p50 {s['p50']} / p99 {s['p99']} / max {s['max']} s (n {d['n']})\n"
+            f"ScaleIn p50 {s['p50']} / p99 {s['p99']} / max {s['max']} s (n {d['n']}); "
+            f"the notice's own write p50 {w.get('p50')} / p99 {w.get('p99')} s\n"
         )
 
     apf = ""

@@ -83,6 +83,9 @@ def test_reaction_runs_on_a_real_control_plane(tmp_path: Path) -> None:
         }
         for figure in ("drain_s", "scale_in_s"):
             assert 0 < r[figure]["p50"] <= r[figure]["p99"] <= r[figure]["max"]
+        # the notice's own write, timed by the harness: a floor no drain can beat
+        assert 0 < r["notice_write_s"]["p50"] < r["drain_s"]["p50"]
+        assert r["by_path"]["nth"]["notice_write_s"]["n"] == 2
         assert r["daemon_passes"]["count"] > 0 and r["pass_mean_s"] > 0
         # its ServiceAccount under deploy/rbac.yaml, nothing refused; APF queues its requests
         # in deploy/flowschema.yaml's schemas

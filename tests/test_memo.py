@@ -160,6 +160,19 @@ def test_a_changed_job_is_planned_again_alone() -> None:
     assert memo.replanned == 1 and memo.regrown
 
 
+def test_growth_decided_again_reuses_the_decisions_of_jobs_that_claim_nothing() -> None:
+    memo, ps = PassMemo(), policies()
+    nodes = [node(f"n{i}", used=4) for i in range(4)]
+    at_max = [job(f"j{k}", hi=2, placement=[f"n{k}", f"n{(k + 1) % 4}"]) for k in range(4)]
+    snap = snapshot(nodes, at_max)
+    first = {d.job: d for d in decide(snap, ps, NOW, memo)}
+    grown = replace(snap, nodes=(*snap.nodes, node("n9")))  # idle GPUs: growth decided again
+    again = decide(grown, ps, NOW, memo)
+    assert memo.regrown and memo.replanned == 0
+    assert again == decide(grown, ps, NOW)
+    assert all(d is first[d.job] for d in again)  # not made again
+
+
 def test_a_notice_plans_again_only_the_jobs_on_its_node() -> None:
     memo, snap, ps = PassMemo(), _cluster(), policies()
     decide(snap, ps, NOW, memo)

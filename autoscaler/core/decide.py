@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
+from functools import partial
 
 from autoscaler.core.capacity import CapacityPool, Claim, fill, grant_of
 from autoscaler.core.deadline import needs_fleet, on_demand
@@ -64,7 +65,7 @@ def decide(
     growth = memo.growth(
         (tuple(plans), snapshot.nodes, snapshot.jobs, snapshot.idle_since, noticed),
         now,
-        lambda: _grow(snapshot, policies, plans, now),
+        lambda: _grow(snapshot, policies, plans, now, memo),
     )
     decisions: list[Decision] = []
     for plan in plans:
@@ -191,18 +192,22 @@ def _unscalable(job: Job, policy: Policy) -> str:
 
 
 def _grow(
-    snapshot: Snapshot, policies: PolicySet, plans: list[_Plan], now: datetime
+    snapshot: Snapshot, policies: PolicySet, plans: list[_Plan], now: datetime, memo: PassMemo
 ) -> tuple[dict[str, Decision], datetime | None]:
     """Each job's growth decision from idle capacity shared between the plans, and when time
     alone could change them (cooldowns ending, idle capacity settling)."""
     cluster_spend = sum(p.spend for p in plans)
     pool = _idle_capacity(snapshot, policies, cluster_spend, now)
     claims = _share(pool, plans, now)
-    growth = {
-        p.job.key: _growth_decision(p, claims.get(p.job.key), pool, now)
-        for p in plans
-        if p.departures.blocks_scale_out is None
-    }
+    growth: dict[str, Decision] = {}
+    for p in plans:
+        if p.departures.blocks_scale_out is not None:
+            continue
+        key = p.job.key
+        if (claim := claims.get(key)) is not None:
+            growth[key] = _growth_decision(p, claim, pool, now)
+        else:
+            growth[key] = memo.unclaimed(key, p, partial(_growth_decision, p, None, pool, now))
     return growth, _regrow_at(pool, plans, claims, now)
 
 
