@@ -781,12 +781,15 @@ class EmulatedBench:
         for slot in slots:
             self.cluster.replace(slot)
 
-    def taint(self, node: str, taint: Obj, cordon: bool = False) -> None:
+    def taint(self, node: str, taint: Obj, cordon: bool = False) -> float:
+        """The taint, then (NTH) the cordon; when the taint's write was answered (monotonic)."""
         current = self.api.get("nodes", node) or {}
         taints = [*((current.get("spec") or {}).get("taints") or []), taint]
         self.api.patch("nodes", node, {"spec": {"taints": taints}})
+        written = time.monotonic()
         if cordon:
             self.api.patch("nodes", node, {"spec": {"unschedulable": True}})
+        return written
 
     def terminating(self, node: str) -> None:
         """Deleted, held by Karpenter's finalizer (the backdoor sets what a DELETE would)."""
@@ -937,10 +940,11 @@ class RealBench:
     def replace(self, slots: list[int]) -> None:
         self.cluster.replace_nodes(slots)
 
-    def taint(self, node: str, taint: Obj, cordon: bool = False) -> None:
+    def taint(self, node: str, taint: Obj, cordon: bool = False) -> float:
         """A strategic merge patch of the node's taints (merged by key, as the taint manager's
         and kubectl's), then, for NTH, its cordon (NTH taints first, then cordons and drains:
-        pkg/node/node.go TaintSpotItn, CordonAndDrain)."""
+        pkg/node/node.go TaintSpotItn, CordonAndDrain). When the taint's write was answered
+        (monotonic)."""
         from benchmarks.real_plane import ApiError
 
         path = f"{self.rest.base}/api/v1/nodes/{node}"
@@ -952,10 +956,12 @@ class RealBench:
         r = self.rest.http.request("PATCH", path, body=body, headers=headers)
         if r.status >= 400:
             raise ApiError("PATCH", path, r.status, r.data.decode(errors="replace"))
+        written = time.monotonic()
         if cordon:
             self.rest.call(
                 "PATCH", f"/api/v1/nodes/{node}", {"spec": {"unschedulable": True}}, merge=True
             )
+        return written
 
     def terminating(self, node: str) -> None:
         """Karpenter's finalizer on the Node, then its DELETE: the Node stays, being deleted."""
@@ -1216,17 +1222,19 @@ class Notifier:
         if path == "karpenter":
             self.bench.terminating(self.bench.cluster.node_name(slot))
 
-    def __call__(self, slot: int, path: str) -> None:
+    def __call__(self, slot: int, path: str) -> float:
+        """When the notice's own write was answered (monotonic): SQS's SendMessage, the taint's
+        PATCH (NTH's cordon comes after it)."""
         cluster = self.bench.cluster
         if path == "sqs":
             body = interruption(cluster.instance(slot))
             self.sqs.send_message(QueueUrl=self.queue, MessageBody=body)
-        elif path == "nth":
-            self.bench.taint(cluster.node_name(slot), nth_taint(), cordon=True)
-        elif path == "karpenter":
-            self.bench.taint(cluster.node_name(slot), karpenter_taint())
-        else:
-            raise ValueError(f"unknown notice path {path!r}")
+            return time.monotonic()
+        if path == "nth":
+            return self.bench.taint(cluster.node_name(slot), nth_taint(), cordon=True)
+        if path == "karpenter":
+            return self.bench.taint(cluster.node_name(slot), karpenter_taint())
+        raise ValueError(f"unknown notice path {path!r}")
 
 
 def _log_names(logs: Path | None, nodes: int, repeat: int) -> list[Path | None]:
@@ -1474,10 +1482,9 @@ def _rounds(
         pods = [p for _, p in cluster.pods_on[slot]]
         notify.before(slot, path)
         at, wall = time.monotonic(), time.time()
-        notify(slot, path)
         # the notice's own write (the taint's PATCH answered, or SQS's SendMessage): the floor
         # under a drain, which needs one more write and a watch on the same server
-        written = time.monotonic() - at
+        written = notify(slot, path) - at
         sent.append(
             {
                 "slot": slot,
