@@ -112,8 +112,9 @@ def _kubernetes(
         rejected=rejections.counts,
         start=cache.start,
         stop=lambda: _stop_all(board.close, cache.stop),
-        # before the Lease goes: queued pod signals dropped (counted), queued Events sent
-        settle=lambda: _stop_all(actuator.stop_signals, lambda: recorder.flush(_EVENTS_FLUSH)),
+        # before the Lease goes: queued pod signals dropped (counted), queued Events sent for
+        # a while, then dropped (counted)
+        settle=lambda: _stop_all(actuator.stop_signals, lambda: recorder.close(_EVENTS_FLUSH)),
         write_workers=_WRITE_WORKERS,
         announce=lambda reason, message: recorder.about_self(reason, message, _now()),
         sources=sources,
