@@ -180,8 +180,11 @@ class Reconciler:
 
     def finish(self, timeout: float) -> None:
         """Wait (at most `timeout` seconds) for writes still going out behind the fast path and
-        the passes."""
+        the passes; those not begun by then are dropped, counted in one line (the caller lets
+        go of the Lease next)."""
         self.writes.settle(never, timeout, growth=True)
+        if dropped := self.writes.drop_waiting():
+            self.logger.info("writes_dropped", writes=dropped, why="the daemon is stopping")
 
     def keep_more(self, now: datetime) -> bool:
         """A few more standing-object writes for the jobs of the last pass; True when done."""
