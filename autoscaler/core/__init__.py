@@ -18,14 +18,13 @@ from autoscaler.core.model import (
     Worker,
 )
 from autoscaler.core.policy import Policy, PolicySet
-from autoscaler.core.voluntary import Guarded, Shield, ShieldMemo
+from autoscaler.core.voluntary import Shield, ShieldMemo
 
 __all__ = [
     "Action",
     "CapacityType",
     "Decision",
     "GpuNode",
-    "Guarded",
     "Job",
     "Notice",
     "NoticeKind",

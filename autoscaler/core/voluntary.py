@@ -15,13 +15,13 @@ from autoscaler.core.model import Job
 from autoscaler.core.policy import Policy, PolicySet
 
 # One job's workers that must carry the annotation: (namespace, pod, node)
-Guarded = frozenset[tuple[str, str, str]]
-# job key -> its guarded workers; jobs with none are left out. A job's entry is the very same
+ShieldedWorkers = frozenset[tuple[str, str, str]]
+# job key -> its shielded workers; jobs with none are left out. A job's entry is the very same
 # object from one pass to the next while the job is (ShieldMemo), so a reader can skip it.
-Shield = Mapping[str, Guarded]
+Shield = Mapping[str, ShieldedWorkers]
 
 
-def _guarded(job: Job, policy: Policy | None) -> Guarded:
+def _shielded(job: Job, policy: Policy | None) -> ShieldedWorkers:
     """Every worker bound to a node and not being deleted (Karpenter counts a pod until it is
     terminating: pkg/utils/pod/scheduling.go `IsActive`, `IsDisruptable`), when the job's policy
     protects it."""
@@ -39,20 +39,20 @@ class ShieldMemo:
     workers every pass took 7% of the daemon's CPU samples (py-spy)."""
 
     def __init__(self) -> None:
-        self._last: dict[str, tuple[Job, Policy | None, Guarded]] = {}
+        self._last: dict[str, tuple[Job, Policy | None, ShieldedWorkers]] = {}
 
-    def shield(self, jobs: Iterable[Job], policies: PolicySet) -> dict[str, Guarded]:
-        out: dict[str, Guarded] = {}
-        kept: dict[str, tuple[Job, Policy | None, Guarded]] = {}
+    def shield(self, jobs: Iterable[Job], policies: PolicySet) -> dict[str, ShieldedWorkers]:
+        out: dict[str, ShieldedWorkers] = {}
+        kept: dict[str, tuple[Job, Policy | None, ShieldedWorkers]] = {}
         for job in jobs:
             policy = policies.for_job(job)
             hit = self._last.get(job.key)
             if hit is not None and hit[0] is job and hit[1] is policy:
-                guarded = hit[2]
+                workers = hit[2]
             else:
-                guarded = _guarded(job, policy)
-            kept[job.key] = (job, policy, guarded)
-            if guarded:
-                out[job.key] = guarded
+                workers = _shielded(job, policy)
+            kept[job.key] = (job, policy, workers)
+            if workers:
+                out[job.key] = workers
         self._last = kept
         return out
