@@ -16,6 +16,9 @@ def notes(kube: Kube, pod: str) -> dict[str, str]:
     return found["metadata"].get("annotations") or {}
 
 
+SHIELDED = {DO_NOT_DISRUPT: "true", SHIELD_MARK: "true"}  # what our PATCH leaves on a worker
+
+
 @pytest.mark.servers("emulator", "real")
 def test_running_workers_are_shielded_while_managed_and_only_our_annotation_goes(
     kube: Kube,
@@ -34,7 +37,7 @@ def test_running_workers_are_shielded_while_managed_and_only_our_annotation_goes
     )
     rec = kube.reconciler()
     rec.tick(now())
-    assert notes(kube, "bert-worker-0") == {DO_NOT_DISRUPT: "true", SHIELD_MARK: "true"}
+    assert notes(kube, "bert-worker-0") == SHIELDED
     assert notes(kube, "bert-worker-1") == {}  # on no node yet: nothing to consolidate
     assert notes(kube, "bert-worker-2") == {}  # a node Karpenter does not manage: no PATCH
     assert notes(kube, "gpt-worker-0") == {DO_NOT_DISRUPT: "true"}  # already: left as it is
@@ -58,9 +61,11 @@ def test_a_node_karpenter_takes_over_and_an_annotation_taken_off_are_seen_by_the
     kube.server.patch("Node", "a", {"metadata": {"labels": {"karpenter.sh/nodepool": "spot"}}})
     wait_for(lambda: "karpenter.sh/nodepool" in labels_of(cache.get(NODES, "a") or {}))
     rec.tick(now())
-    assert notes(kube, "bert-worker-0") == {DO_NOT_DISRUPT: "true", SHIELD_MARK: "true"}
+    assert notes(kube, "bert-worker-0") == SHIELDED
+    # the view must have our write before the removal, or an empty view is only a stale one
+    wait_for(lambda: annotations_of(cache.get(PODS, f"{NS}/bert-worker-0") or {}) == SHIELDED)
     gone = {DO_NOT_DISRUPT: None, SHIELD_MARK: None}  # someone took it off
     kube.server.patch("Pod", "bert-worker-0", {"metadata": {"annotations": gone}}, NS)
     wait_for(lambda: not annotations_of(cache.get(PODS, f"{NS}/bert-worker-0") or {}))
     rec.tick(now())
-    assert notes(kube, "bert-worker-0") == {DO_NOT_DISRUPT: "true", SHIELD_MARK: "true"}
+    assert notes(kube, "bert-worker-0") == SHIELDED

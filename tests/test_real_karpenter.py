@@ -269,9 +269,15 @@ def test_a_termination_grace_period_deletes_a_guarded_worker_at_tgp_minus_its_ow
     # the deadline is the NodeClaim's deletionTimestamp (whole seconds: up to 1 s before our
     # request) plus the TGP, so the delete may come up to 1 s before `after`
     assert after - 1.5 < took < after + 3.0, f"deleted {took:.1f} s after the interruption"
-    [event] = [
-        e for e in karpenter.events(NS, "Disrupted") if e.involved_object.name == "forced-worker-0"
-    ]
+    [event] = wait_for(  # Karpenter's recorder posts Events on its own time, after the DELETE
+        lambda: [
+            e
+            for e in karpenter.events(NS, "Disrupted")
+            if e.involved_object.name == "forced-worker-0"
+        ],
+        SETTLE,
+        "Karpenter's Disrupted Event on the worker",
+    )
     assert "bypasses the PDB" in event.message
     # the deadline it worked to: the NodeClaim's deletion + TGP, as an annotation
     with contextlib.suppress(ApiException):  # gone already: then the Event must do
