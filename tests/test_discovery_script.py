@@ -398,7 +398,7 @@ HALF_B = lines(*(f"job-worker-{i}:1" for i in (0, 1, 2, 3)))
 STALL, PAUSE = 0.005, 0.1  # a writer descheduled between chunks; et-operator's rewrites apart
 REWRITER = f"""
 import os, sys, time
-path, mode, views = sys.argv[1], sys.argv[2], [v.encode() for v in sys.argv[3:]]
+path, mode, views = sys.argv[1], sys.argv[2], [v.encode() for v in sys.argv[3:5]]
 print("ready", flush=True)
 i = 0
 while True:  # `echo '<content>' > hostfile`: truncate, then write
@@ -410,7 +410,7 @@ while True:  # `echo '<content>' > hostfile`: truncate, then write
             time.sleep({STALL})
     os.close(fd)
     i += 1
-    time.sleep({PAUSE})  # the operator rewrites when its workers change, not back to back
+    time.sleep(float(sys.argv[5]))  # the operator rewrites when its workers change
 """
 
 
@@ -418,7 +418,8 @@ while True:  # `echo '<content>' > hostfile`: truncate, then write
 def rewriter(edl: Overlay, request: pytest.FixtureRequest) -> Iterator[None]:
     """A process rewriting the hostfile in place, alternating VIEW_A and VIEW_B (each as the
     operator writes it: `echo` adds a newline), with one write() per rewrite, one per line, or
-    one per line with a stall after each."""
+    one per line with a stall after each; (mode, pause): `pause` seconds between rewrites."""
+    mode, pause = request.param if isinstance(request.param, tuple) else (request.param, PAUSE)
     edl.set(VIEW_A + "\n")
     proc = subprocess.Popen(
         [
@@ -426,9 +427,10 @@ def rewriter(edl: Overlay, request: pytest.FixtureRequest) -> Iterator[None]:
             "-c",
             REWRITER,
             str(edl.hostfile),
-            request.param,
+            mode,
             f"{VIEW_A}\n",
             f"{VIEW_B}\n",
+            str(pause),
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -465,7 +467,13 @@ def test_in_place_rewrites_never_reach_horovod_torn(edl: Overlay, rewriter: None
     assert VIEW_A in outputs and VIEW_B in outputs  # rewrites do get through
 
 
-@pytest.mark.parametrize("rewriter", ["stalls"], indirect=True)
+# a first call's quiet wait wants 5 steps without a write; a step (a 10 ms sleep and a `find`)
+# took 20-40 ms under CI's load, so 0.1 s between rewrites left no quiet time at all (1 empty
+# call of 30); the file is still mid-rewrite ~15% of the time
+FIRST_CALL_PAUSE = 0.25
+
+
+@pytest.mark.parametrize("rewriter", [("stalls", FIRST_CALL_PAUSE)], indirect=True)
 def test_a_first_call_during_rewrites_prints_a_whole_view(edl: Overlay, rewriter: None) -> None:
     """With no last good view yet (a new horovodrun), the call waits for a whole view instead of
     printing nothing (or a torn one)."""
