@@ -47,7 +47,7 @@ def bert(*placement: str, max_workers: int = 4) -> list[dict]:
 NOTICE_ON_A = Decision(
     "ml/bert", Action.SCALE_IN, Reason.PREEMPTION_NOTICE, "default", 3, 1, count=2,
     pods=("bert-worker-0", "bert-worker-1"), hosts=("bert-worker-0", "bert-worker-1"),
-    nodes=("a",),
+    nodes=("a",), for_notice=("bert-worker-0", "bert-worker-1"),
 )  # fmt: skip
 
 
@@ -151,10 +151,15 @@ def test_a_notices_scale_in_reads_only_its_victims(kube: Kube) -> None:
     assert sorted(reads) == [f"/api/v1/namespaces/{NS}/pods/bert-worker-{i}" for i in (0, 1)]
 
 
+def victim_reads(kube: Kube) -> int:
+    return len(kube.server.requests("GET", f"/namespaces/{NS}/pods/bert-worker-0", watch=False))
+
+
 def test_a_scale_in_that_outlives_its_check_is_checked_again_and_sent_once(kube: Kube) -> None:
     """Three 500s on the create take it past CONFIRMED_FOR (retries at 0.2, 0.6 and 1.4 s): it
-    is not sent on that check; the victims are checked again and the ScaleIn goes out in the same
-    apply, not a back-off later."""
+    is not sent on that check; the victims' node is read again (a victim read alive stays one:
+    what can change under it is its notice) and the ScaleIn goes out in the same apply, not a
+    back-off later."""
     kube.server.seed(node("a", taints=[NTH_ITN]), node("b"), *bert("a", "a", "b"))
     cache = kube.cache()
     kube.server.fail_next(3, 500, path_contains="/scaleins", method="POST")
@@ -162,9 +167,46 @@ def test_a_scale_in_that_outlives_its_check_is_checked_again_and_sent_once(kube:
     kube.actuator(cache).apply(NOTICE_ON_A, now())
     [made] = kube.objects("ScaleIn")
     assert made["spec"]["toDelete"]["podNames"] == ["bert-worker-0", "bert-worker-1"]
-    checks = kube.server.requests("GET", f"/namespaces/{NS}/pods/bert-worker-0", watch=False)
-    assert len(checks) == 2
+    assert (victim_reads(kube), node_gets(kube)) == (1, 2)
     assert len(kube.server.requests("POST", "/scaleins")) == 4  # three refused, one made
+
+
+SLOW_CHECK = 0.75  # a victim's GET this late leaves less of the check's hold than SEND_BUDGET
+
+
+def test_a_check_that_left_the_create_too_little_time_reads_the_nodes_again_first(
+    kube: Kube,
+) -> None:
+    """The victims' GETs came back late (a busy server): rather than send a create that may
+    time out unanswered, the ScaleIn reads its nodes again and goes out once, on that read."""
+    kube.server.seed(node("a", taints=[NTH_ITN]), node("b"), *bert("a", "a", "b"))
+    cache = kube.cache()
+    kube.server.slow_next(1, SLOW_CHECK, path_contains="/pods/bert-worker-0", method="GET")
+    kube.server.clear_requests()
+    kube.actuator(cache).apply(NOTICE_ON_A, now())
+    [made] = kube.objects("ScaleIn")
+    assert made["spec"]["toDelete"]["podNames"] == ["bert-worker-0", "bert-worker-1"]
+    assert (victim_reads(kube), node_gets(kube)) == (1, 2)
+    assert len(kube.server.requests("POST", "/scaleins")) == 1
+
+
+def test_a_notice_withdrawn_while_the_check_was_slow_removes_nobody(kube: Kube) -> None:
+    """The node was read with its notice; while a victim's GET was slow the notice went. The
+    second read of the node finds it gone: no ScaleIn."""
+    kube.server.seed(node("a", taints=[NTH_ITN]), node("b"), *bert("a", "a", "b"))
+    cache = kube.cache()
+    kube.server.slow_next(1, SLOW_CHECK, path_contains="/pods/bert-worker-0", method="GET")
+    kube.server.clear_requests()
+    withdraw = threading.Thread(
+        target=lambda: (
+            wait_for(lambda: node_gets(kube) == 1, 5, "the check's node read"),
+            kube.server.patch("Node", "a", {"spec": {"taints": []}}),
+        )
+    )
+    withdraw.start()
+    kube.actuator(cache).apply(NOTICE_ON_A, now())
+    withdraw.join()
+    assert kube.objects("ScaleIn") == [] and node_gets(kube) == 2
 
 
 @pytest.mark.parametrize("cut_nodes", [True, False], ids=["node-watch-cut", "all-fresh"])

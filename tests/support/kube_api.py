@@ -101,9 +101,10 @@ class RequestRecord:
 @dataclass
 class _Fault:
     remaining: int
-    status: int
+    status: int  # 0: served as usual, `delay` seconds late
     path_contains: str | None
     method: str | None
+    delay: float = 0.0
 
 
 @dataclass
@@ -330,6 +331,13 @@ class KubeApiServer(PodWorkloads):
         substring of the request target, query included (e.g. ``"watch="``)."""
         with self._lock:
             self._faults.append(_Fault(n, status, path_contains, method))
+
+    def slow_next(
+        self, n: int, delay: float, path_contains: str | None = None, method: str | None = None
+    ) -> None:
+        """Serve the next ``n`` matching requests ``delay`` seconds late (a busy server)."""
+        with self._lock:
+            self._faults.append(_Fault(n, 0, path_contains, method, delay))
 
     def clear_faults(self) -> None:
         """Forget the failures `fail_next` still has to give."""
@@ -598,14 +606,22 @@ class KubeApiServer(PodWorkloads):
 
     def _take_fault(self, method: str, target: str) -> None:
         with self._lock:
-            for f in self._faults:
-                if (
-                    f.remaining > 0
+            fault = next(
+                (
+                    f
+                    for f in self._faults
+                    if f.remaining > 0
                     and f.method in (None, method)
                     and (f.path_contains or "") in target
-                ):
-                    f.remaining -= 1
-                    raise ApiError(f.status, f"injected failure ({f.status})")
+                ),
+                None,
+            )
+            if fault is not None:
+                fault.remaining -= 1
+        if fault is not None and fault.status:
+            raise ApiError(fault.status, f"injected failure ({fault.status})")
+        if fault is not None:
+            time.sleep(fault.delay)  # not under the lock: other requests go on meanwhile
 
     def _route(
         self, h: _Handler, path: str, query: dict[str, str], body: Any

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Protocol
 
@@ -46,6 +46,25 @@ log = structlog.get_logger()
 BoardNotices = Callable[[datetime], tuple[Notice, ...]]
 # the victims' GETs of every check (several ScaleIns may be checked at once)
 _READS = ThreadPoolExecutor(16, thread_name_prefix="server-check")
+# seconds a server check holds for the write that rests on it, counted from before the reads it
+# rests on: the fault suite tolerates no write landing later than 1 s after its notice went
+CONFIRMED_FOR = 1.0
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A ScaleIn as the server supports it, and what that rests on."""
+
+    decision: Decision  # with the victims that hold up (maybe none: then nothing is written)
+    since: float  # time.monotonic() before the reads it rests on
+    # each victim's node when every one goes for its node's notice: then those nodes are all it
+    # rests on, and reading them again makes it current (`ServerCheck.again`); None: it rests
+    # on the job's workers as the server counts them too
+    nodes: Mapping[str, str] | None
+
+    def left(self) -> float:
+        """Seconds of its hold (CONFIRMED_FOR) still to run."""
+        return self.since + CONFIRMED_FOR - time.monotonic()
 
 
 class Freshness(Protocol):
@@ -67,12 +86,9 @@ class ServerCheck:
         self._settings = settings
         self._board = board
 
-    def scale_in(
-        self, job: Obj, kind: JobKind, decision: Decision, now: datetime
-    ) -> tuple[Decision, float]:
-        """The ScaleIn the server supports: `decision` with the victims that hold up (maybe
-        none, then the caller writes nothing), and since when (time.monotonic() before the reads
-        it rests on: the nodes' when a notice is among them, else the workers')."""
+    def scale_in(self, job: Obj, kind: JobKind, decision: Decision, now: datetime) -> Checked:
+        """The ScaleIn the server supports: `decision` with the victims that hold up, and since
+        when (the nodes' reads when a notice is among them, else the workers')."""
         since = time.monotonic()
         # the victims named for a notice: by the decision (its view's), or the view's now; a
         # notice withdrawn since does not make its victim a clamp's (the decision's target
@@ -97,7 +113,20 @@ class ServerCheck:
         plain = _within_room([p for p in alive if p not in meant], live, decision, len(meant))
         kept = _kept(decision, kind, by_notice | set(plain))
         _log_narrowed(decision, kept, set(alive))
-        return narrowed(decision, kept), since
+        return Checked(narrowed(decision, kept), since, _rests_on_nodes(kept, by_notice, alive))
+
+    def again(self, checked: Checked, job: Obj, kind: JobKind, now: datetime) -> Checked:
+        """`checked` made current: only its nodes read again when they are all it rests on (a
+        victim read alive stays a victim: what can change under it is its notice), else the
+        whole check. A retry then costs one round trip, which a slow server's check fits in."""
+        if checked.nodes is None:
+            return self.scale_in(job, kind, checked.decision, now)
+        noticed, began = self._noticed_from(set(checked.nodes.values()), now)
+        holding = {p for p, n in checked.nodes.items() if n in noticed}
+        kept = _kept(checked.decision, kind, holding)
+        _log_narrowed(checked.decision, kept, set(checked.nodes))
+        since = checked.since if began is None else began
+        return Checked(narrowed(checked.decision, kept), since, {p: checked.nodes[p] for p in kept})
 
     def drain(
         self, decision: Decision, job: Obj, kind: JobKind, now: datetime, view: Freshness
@@ -246,6 +275,13 @@ class ServerCheck:
             if node_notices(obj, self._settings):
                 out.add(node)
         return out
+
+
+def _rests_on_nodes(
+    kept: tuple[str, ...], by_notice: set[str], node_of: dict[str, str]
+) -> dict[str, str] | None:
+    """The victims' nodes when all `kept` go for their node's notice (Checked.nodes)."""
+    return {p: node_of[p] for p in kept} if by_notice.issuperset(kept) else None
 
 
 def _log_narrowed(decision: Decision, kept: tuple[str, ...], alive: set[str]) -> None:
