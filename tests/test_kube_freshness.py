@@ -26,6 +26,7 @@ from kube_fixtures import (
 )
 from support.waiting import wait_for
 
+from autoscaler.adapters.kube.cache import KubeCache
 from autoscaler.adapters.kube.kinds.et_operator import SCALE_INS, SCALE_OUTS
 from autoscaler.adapters.kube.kinds.et_operator_scalers import scaler_facts
 from autoscaler.adapters.kube.resources import NODES, PODS
@@ -171,6 +172,24 @@ def test_a_scale_in_that_outlives_its_check_is_checked_again_and_sent_once(kube:
     assert len(kube.server.requests("POST", "/scaleins")) == 4  # three refused, one made
 
 
+def test_a_notices_scale_in_takes_the_reads_begun_beside_its_drain(kube: Kube) -> None:
+    """A notice's first drain begins its ScaleIn's GETs (the victims and their node) as it is
+    written; the ScaleIn's check takes their answers instead of reading again."""
+    kube.server.seed(node("a", taints=[NTH_ITN]), node("b"), *bert("a", "a", "b"))
+    cache = kube.cache()
+    decisions = decide(kube.observer(cache).snapshot(now()), kube.config.policy_set, now())
+    [drain] = [d for d in decisions if d.action is Action.DRAIN]
+    [scale_in] = [d for d in decisions if d.action is Action.SCALE_IN]
+    actuator = kube.actuator(cache)
+    kube.server.clear_requests()
+    actuator.apply(drain, now())
+    wait_for(lambda: (victim_reads(kube), node_gets(kube)) == (1, 1), 5, "no reads begun ahead")
+    actuator.apply(scale_in, now())
+    [made] = kube.objects("ScaleIn")
+    assert made["spec"]["toDelete"]["podNames"] == ["bert-worker-0", "bert-worker-1"]
+    assert (victim_reads(kube), node_gets(kube)) == (1, 1)
+
+
 SLOW_CHECK = 0.75  # a victim's GET this late leaves less of the check's hold than SEND_BUDGET
 
 
@@ -260,6 +279,19 @@ def node_gets(kube: Kube) -> int:
     return len(kube.server.requests("GET", NODE_GETS, watch=False))
 
 
+HELD = 3.0  # seconds: a drain takes milliseconds on the emulator
+
+
+def drained_holding_node_reads(kube: Kube, cache: KubeCache, drain: Decision) -> list[int]:
+    """Apply `drain` while the server holds node a's GETs for HELD s; their answers' statuses as
+    it lands (0: unanswered). A drain that waited for one would have taken that long: [0] is the
+    ScaleIn's read begun ahead (`read_ahead`), in flight beside the drain."""
+    kube.server.slow_next(1, HELD, path_contains=NODE_GETS, method="GET")
+    kube.server.clear_requests()
+    kube.actuator(cache).apply(drain, now())
+    return [r.status for r in kube.server.requests("GET", NODE_GETS, watch=False)]
+
+
 def test_a_drain_decided_on_a_stale_view_is_confirmed_after_the_view_caught_up(kube: Kube) -> None:
     """The drain was decided while the node view was behind (a withdrawn notice still in it);
     by the time it is applied the watch is open again and the withdrawal has arrived, so the
@@ -338,9 +370,8 @@ def test_a_notice_seen_since_the_last_break_drains_without_a_read(kube: Kube) ->
     assert snap.stale == frozenset()
     [drain] = [d for d in decide(snap, kube.config.policy_set, now()) if d.action is Action.DRAIN]
     assert Reason.STALE_VIEW not in drain.tags
-    kube.server.clear_requests()
-    kube.actuator(cache).apply(drain, now())
-    assert drained(kube) != "" and node_gets(kube) == 0
+    assert drained_holding_node_reads(kube, cache, drain) == [0]
+    assert drained(kube) != ""
 
 
 @BOTH
@@ -511,7 +542,8 @@ def test_a_scale_out_the_server_cannot_check_now_waits_for_the_next_pass(kube: K
 
 def test_a_clamps_worker_in_a_notices_drain_needs_no_notice(kube: Kube) -> None:
     """Above max with a notice on a fresh view: one drain names the noticed worker and the
-    clamp's; the clamp's node has no notice, and needs none."""
+    clamp's; the clamp's node has no notice, and needs none. The drain waits for no read: node
+    a's GET, begun for the ScaleIn to come (`read_ahead`), is still unanswered as it lands."""
     kube.server.seed(node("a", taints=[NTH_ITN]), node("b"), *bert("a", "b", "b", max_workers=1))
     cache = kube.cache()
     observer = kube.observer(cache)
@@ -520,10 +552,9 @@ def test_a_clamps_worker_in_a_notices_drain_needs_no_notice(kube: Kube) -> None:
     [drain] = [d for d in decide(snap, kube.config.policy_set, now()) if d.action is Action.DRAIN]
     assert drain.nodes == ("a", "b") and len(drain.pods) == 2
     assert drain.for_notice == ("bert-worker-0",)  # the clamp's worker leaves for no notice
-    kube.server.clear_requests()
-    kube.actuator(cache).apply(drain, now())
+    assert drained_holding_node_reads(kube, cache, drain) == [0]
     assert sorted(json.loads(drained(kube))) == sorted(drain.hosts)
-    assert node_gets(kube) == 0
+    assert not kube.server.requests("GET", "/api/v1/nodes/b", watch=False)
 
 
 @BOTH

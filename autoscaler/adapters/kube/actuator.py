@@ -16,7 +16,13 @@ from kubernetes.client.exceptions import ApiException
 
 from autoscaler.adapters.kube.annotations import notice_patch, update_drained
 from autoscaler.adapters.kube.cache import KubeCache
-from autoscaler.adapters.kube.confirm import CONFIRMED_FOR, BoardNotices, ServerCheck, narrowed
+from autoscaler.adapters.kube.confirm import (
+    CONFIRMED_FOR,
+    SEND_BUDGET,
+    BoardNotices,
+    ServerCheck,
+    narrowed,
+)
 from autoscaler.adapters.kube.events import EventRecorder
 from autoscaler.adapters.kube.eviction_guard import EvictionGuard
 from autoscaler.adapters.kube.kinds import KINDS, kind_of
@@ -36,11 +42,6 @@ from autoscaler.notice import ANNOTATION
 
 log = structlog.get_logger()
 CHECKS_PER_SCALE_IN = 2  # checks (each with its create) per decision: the job's other writes wait
-# seconds of a check's hold a ScaleIn's create wants left: with less, what it rests on is read
-# again first. Sent with 0.1-0.3 s left on a busy plane (2,000 nodes: the POST's server time
-# p99 <= 0.6 s), creates timed out unanswered and their checks expired, two in a row (the
-# ScaleIn then waited for its back-off and a new pass: 4-6 s after its notice)
-SEND_BUDGET = 0.4
 
 
 class KubeActuator:
@@ -154,13 +155,18 @@ class KubeActuator:
         CONFIRMED_FOR of that check, as a ScaleIn must: retried past it (a 429's Retry-After: 1),
         it could land after its notice was withdrawn. One that could not is checked again and
         sent in the same apply (the pods are told once)."""
+        # the ScaleIn that follows a notice's first drain: its check's GETs go beside the drain
+        held = decode_drained(annotations_of(job).get(DRAINED_ANNOTATION))
+        ahead = bool(decision.for_notice) and not set(decision.hosts) <= held
         # the second check wants a notice on every node: a withdrawn one's current copy would
         # pass for a clamp's worker's node (which goes with the next pass then)
         strict = replace(decision, tags=(*decision.tags, Reason.STALE_VIEW))
         for attempt in range(1, CHECKS_PER_SCALE_IN + 1):
             checked = time.monotonic()  # the cache's copy, or the server's GET, read after this
+            if ahead and attempt == 1:  # the drain's own reads may take them (after `checked`)
+                self._check.read_ahead(job["metadata"]["namespace"], decision.for_notice, now)
             asked = self._check.drain(
-                decision if attempt == 1 else strict, job, kind, now, self._cache
+                decision if attempt == 1 else strict, job, kind, now, self._cache, checked
             )
             confirmed = narrowed(decision, asked.pods)
             if not confirmed.pods:

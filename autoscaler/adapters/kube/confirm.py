@@ -21,9 +21,10 @@ are drained only as far as the job's live workers on the server are above the ta
 from __future__ import annotations
 
 import functools
+import threading
 import time
-from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Protocol
@@ -49,6 +50,11 @@ _READS = ThreadPoolExecutor(16, thread_name_prefix="server-check")
 # seconds a server check holds for the write that rests on it, counted from before the reads it
 # rests on: the fault suite tolerates no write landing later than 1 s after its notice went
 CONFIRMED_FOR = 1.0
+# seconds of a check's hold a ScaleIn's create wants left: with less, what it rests on is read
+# again first. Sent with 0.1-0.3 s left on a busy plane (2,000 nodes: the POST's server time
+# p99 <= 0.6 s), creates timed out unanswered and their checks expired, two in a row (the
+# ScaleIn then waited for its back-off and a new pass: 4-6 s after its notice)
+SEND_BUDGET = 0.4
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,45 @@ class ServerCheck:
         self._cache = cache
         self._settings = settings
         self._board = board
+        # GETs begun for a check to come (`read_ahead`): ("node", name) or ("pod", ns, name) ->
+        # (time.monotonic() before it was sent, its answer; None: 404)
+        self._ahead: dict[tuple[str, ...], tuple[float, Future[Obj | None]]] = {}
+        self._ahead_lock = threading.Lock()
+
+    def read_ahead(self, namespace: str, pods: Iterable[str], now: datetime) -> None:
+        """Begin the GETs a notice's ScaleIn's check will want: its victims on nodes the view
+        has a notice for, and those nodes. Called as their drain is written (the ScaleIn
+        follows it), they go beside the drain's PATCH instead of after it. A check takes an
+        answer while enough of its hold is left (SEND_BUDGET), else reads again."""
+        began = time.monotonic()
+        wanted: list[tuple[tuple[str, ...], Callable[[], Obj | None]]] = []
+        for pod in pods:
+            if (node := self.node_of(namespace, pod)) and self._noticed_in_view(node, now):
+                wanted.append(
+                    (("pod", namespace, pod), functools.partial(self._pod, namespace, pod))
+                )
+                wanted.append((("node", node), functools.partial(self._node, node)))
+        with self._ahead_lock:
+            self._ahead = {k: v for k, v in self._ahead.items() if _usable(v[0], began)}
+            for key, read in wanted:
+                if key not in self._ahead:
+                    self._ahead[key] = (began, _READS.submit(read))
+
+    def _ahead_of(
+        self, key: tuple[str, ...], since: float = float("-inf")
+    ) -> tuple[float, Future[Obj | None]] | None:
+        """A GET begun ahead (read_ahead), after `since`, with enough of its hold left to rest
+        a create on."""
+        with self._ahead_lock:
+            found = self._ahead.get(key)
+        if found is None or found[0] < since or not _usable(found[0], time.monotonic()):
+            return None
+        return found
+
+    def _reads_ahead(self, nodes: set[str], since: float) -> dict[str, Future[Obj | None]]:
+        """The nodes' GETs begun ahead after `since`."""
+        found = {n: self._ahead_of(("node", n), since) for n in nodes}
+        return {n: ahead[1] for n, ahead in found.items() if ahead is not None}
 
     def scale_in(self, job: Obj, kind: JobKind, decision: Decision, now: datetime) -> Checked:
         """The ScaleIn the server supports: `decision` with the victims that hold up, and since
@@ -129,23 +174,29 @@ class ServerCheck:
         return Checked(narrowed(checked.decision, kept), since, {p: checked.nodes[p] for p in kept})
 
     def drain(
-        self, decision: Decision, job: Obj, kind: JobKind, now: datetime, view: Freshness
+        self,
+        decision: Decision,
+        job: Obj,
+        kind: JobKind,
+        now: datetime,
+        view: Freshness,
+        since: float,
     ) -> Decision:
         """`decision` without the workers whose node's notice may be gone (a pod's node never
         changes, so the cache may tell it). A drain goes only for a notice the node view has
         received since its last break (`view.current`: after its last re-list or resumed
         watch, which may still be replaying a withdrawal) or one the server (or the board)
-        confirms: one GET per node that needs it. Decided on a stale view (`stale_view`), every
-        worker it names is on a node the view had a notice for: one whose current copy has none
-        now lost it. Otherwise a worker on a node without a notice is a clamp's: it needs no
-        notice, only a job the server has above the decision's target (one list of its
-        workers), as a ScaleIn's does: a view behind the server, still holding pods deleted
-        since, would drain healthy workers."""
+        confirms: one GET per node that needs it (or one `read_ahead` began after `since`).
+        Decided on a stale view (`stale_view`), every worker it names is on a node the view had
+        a notice for: one whose current copy has none now lost it. Otherwise a worker on a node
+        without a notice is a clamp's: it needs no notice, only a job the server has above the
+        decision's target (one list of its workers), as a ScaleIn's does: a view behind the
+        server, still holding pods deleted since, would drain healthy workers."""
         meta = job["metadata"]
         node_of = {p: self.node_of(meta["namespace"], p) for p in decision.pods}
         named = {node_of[p] for p in decision.for_notice if p in node_of}
         keep, ask, clamp = self._sort_nodes(decision, now, view, named)
-        keep |= self._noticed(ask, now) if ask else set()
+        keep |= self._noticed(ask, now, self._reads_ahead(ask, since)) if ask else set()
         pods = [p for p in decision.pods if node_of[p] in keep]
         clamped = [p for p in decision.pods if node_of[p] in clamp]
         if clamped:
@@ -197,7 +248,7 @@ class ServerCheck:
             by_name = {p["metadata"]["name"]: p for p in listed}
             return by_name, lambda: sum(map(_alive, listed))
         # at once: one after another, the GETs were most of a ScaleIn's time on a busy server
-        read = functools.partial(self._pod, namespace)
+        read = functools.partial(self._pod_ahead, namespace)
         got = _READS.map(read, victims) if len(victims) > 1 else map(read, victims)
         found = {v: obj for v, obj in zip(victims, got, strict=True) if obj is not None}
         return found, lambda: sum(map(_alive, self._job_pods(namespace, name, kind)))
@@ -215,9 +266,21 @@ class ServerCheck:
         """The pod's node as the cache has it ('' if unknown): a pod's node never changes."""
         return _node_of(self._cache.get(PODS, f"{namespace}/{pod}") or {})
 
+    def _pod_ahead(self, namespace: str, pod: str) -> Obj | None:
+        """The pod as a GET begun ahead has it, or as one now."""
+        ahead = self._ahead_of(("pod", namespace, pod))
+        return ahead[1].result() if ahead is not None else self._pod(namespace, pod)
+
     def _pod(self, namespace: str, pod: str) -> Obj | None:
+        return self._get(PODS, namespace, pod)
+
+    def _node(self, node: str) -> Obj | None:
+        return self._get(NODES, "", node)
+
+    def _get(self, resource: Resource, namespace: str, name: str) -> Obj | None:
+        """None: not found."""
         try:
-            return self._objects.get(PODS, namespace, pod, urgent=True)
+            return self._objects.get(resource, namespace, name, urgent=True)
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -240,7 +303,7 @@ class ServerCheck:
     ) -> tuple[set[str], float | None]:
         """`noticed` with `nodes` read too; when the first read began."""
         more, began = self._noticed_from(nodes, now)
-        return noticed | more, began if read_at is None else read_at
+        return noticed | more, began if read_at is None else min(read_at, began or read_at)
 
     def _meant(self, on: dict[str, str], named: set[str], now: datetime) -> dict[str, str]:
         """Of the victims (pod -> node), those that go for a notice: named so by the decision,
@@ -248,33 +311,38 @@ class ServerCheck:
         return {p: n for p, n in on.items() if p in named or (n and self._noticed_in_view(n, now))}
 
     def _noticed_from(self, nodes: set[str], now: datetime) -> tuple[set[str], float | None]:
-        """`_noticed`, and the time.monotonic() its reads began (None: no node to read): on a
-        busy daemon a read waits for a thread first, and the wait is no part of how old the
-        answer is."""
+        """`_noticed`, answers begun ahead (read_ahead) taken, and the time.monotonic() the
+        oldest read it rests on began (None: no node to read): on a busy daemon a read waits
+        for a thread first, and the wait is no part of how old the answer is."""
         if not nodes:
             return set(), None
         began = time.monotonic()
-        return self._noticed(nodes, now), began
+        ahead = {n: found for n in nodes if (found := self._ahead_of(("node", n))) is not None}
+        began = min([began, *(b for b, _ in ahead.values())])
+        return self._noticed(nodes, now, {n: f for n, (_, f) in ahead.items()}), began
 
-    def _noticed(self, nodes: set[str], now: datetime) -> set[str]:
+    def _noticed(
+        self, nodes: set[str], now: datetime, ahead: Mapping[str, Future[Obj | None]] | None = None
+    ) -> set[str]:
         """Those of `nodes` the server (or the cloud source's record) says carry a notice; a
-        node that is gone counts: its workers are no healthy ones."""
+        node that is gone counts: its workers are no healthy ones. `ahead`: reads already
+        begun."""
         board = self._board_nodes(now)
         out = set()
         for node in nodes:
             if node in board:
                 out.add(node)
                 continue
-            try:
-                obj = self._objects.get(NODES, "", node, urgent=True)
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
-                out.add(node)
-                continue
-            if node_notices(obj, self._settings):
+            found = ahead.get(node) if ahead else None
+            obj = found.result() if found is not None else self._node(node)
+            if obj is None or node_notices(obj, self._settings):
                 out.add(node)
         return out
+
+
+def _usable(began: float, now: float) -> bool:
+    """A read begun at `began` leaves a create SEND_BUDGET of its hold at `now`."""
+    return now - began < CONFIRMED_FOR - SEND_BUDGET
 
 
 def _rests_on_nodes(
