@@ -213,6 +213,8 @@ def test_transient_api_errors_are_retried_and_lasting_ones_reach_the_reconciler(
 
     kube.server.seed(node("b", taints=[NTH_ITN]), worker("bert", 9, "b"))
     wait_for(lambda: any("bert-worker-9" in w for w in kube.wakes), what="the new worker")
+    # its node comes on another watch: without its taint in the view there is nothing to drain
+    wait_for(lambda: any("Node b added" in w for w in kube.wakes), what="the noticed node")
     kube.server.fail_next(1, 403, path_contains="trainingjobs/bert", method="PATCH")
     rec.tick(now())
     assert rec.errors == 1  # the drain failed for good: logged, retried by the next pass

@@ -282,14 +282,16 @@ def node_gets(kube: Kube) -> int:
 HELD = 3.0  # seconds: a drain takes milliseconds on the emulator
 
 
-def drained_holding_node_reads(kube: Kube, cache: KubeCache, drain: Decision) -> list[int]:
-    """Apply `drain` while the server holds node a's GETs for HELD s; their answers' statuses as
-    it lands (0: unanswered). A drain that waited for one would have taken that long: [0] is the
-    ScaleIn's read begun ahead (`read_ahead`), in flight beside the drain."""
+def drain_waits_for_no_node_read(kube: Kube, cache: KubeCache, drain: Decision) -> None:
+    """Apply `drain` while the server holds node a's GETs for HELD s: none is answered as it
+    lands (a drain that waited for one would have taken that long), and one is begun: the
+    ScaleIn's, read ahead (`read_ahead`) beside the drain."""
     kube.server.slow_next(1, HELD, path_contains=NODE_GETS, method="GET")
     kube.server.clear_requests()
     kube.actuator(cache).apply(drain, now())
-    return [r.status for r in kube.server.requests("GET", NODE_GETS, watch=False)]
+    statuses = [r.status for r in kube.server.requests("GET", NODE_GETS, watch=False)]
+    assert statuses in ([], [0]), statuses  # [] : the read ahead has not reached the server yet
+    wait_for(lambda: node_gets(kube) == 1, 5, "the ScaleIn's read begun ahead")
 
 
 def test_a_drain_decided_on_a_stale_view_is_confirmed_after_the_view_caught_up(kube: Kube) -> None:
@@ -370,7 +372,7 @@ def test_a_notice_seen_since_the_last_break_drains_without_a_read(kube: Kube) ->
     assert snap.stale == frozenset()
     [drain] = [d for d in decide(snap, kube.config.policy_set, now()) if d.action is Action.DRAIN]
     assert Reason.STALE_VIEW not in drain.tags
-    assert drained_holding_node_reads(kube, cache, drain) == [0]
+    drain_waits_for_no_node_read(kube, cache, drain)
     assert drained(kube) != ""
 
 
@@ -552,7 +554,7 @@ def test_a_clamps_worker_in_a_notices_drain_needs_no_notice(kube: Kube) -> None:
     [drain] = [d for d in decide(snap, kube.config.policy_set, now()) if d.action is Action.DRAIN]
     assert drain.nodes == ("a", "b") and len(drain.pods) == 2
     assert drain.for_notice == ("bert-worker-0",)  # the clamp's worker leaves for no notice
-    assert drained_holding_node_reads(kube, cache, drain) == [0]
+    drain_waits_for_no_node_read(kube, cache, drain)
     assert sorted(json.loads(drained(kube))) == sorted(drain.hosts)
     assert not kube.server.requests("GET", "/api/v1/nodes/b", watch=False)
 
