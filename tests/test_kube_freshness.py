@@ -218,7 +218,7 @@ def test_a_notice_withdrawn_while_the_check_was_slow_removes_nobody(kube: Kube) 
     kube.server.clear_requests()
     withdraw = threading.Thread(
         target=lambda: (
-            wait_for(lambda: node_gets(kube) == 1, 5, "the check's node read"),
+            wait_for(lambda: node_answers(kube) == [200], 5, "the check's node read answered"),
             kube.server.patch("Node", "a", {"spec": {"taints": []}}),
         )
     )
@@ -276,7 +276,12 @@ NODE_GETS = "/api/v1/nodes/a"
 
 
 def node_gets(kube: Kube) -> int:
-    return len(kube.server.requests("GET", NODE_GETS, watch=False))
+    return len(node_answers(kube))
+
+
+def node_answers(kube: Kube) -> list[int]:
+    """The statuses of node a's GETs (0: not answered yet)."""
+    return [r.status for r in kube.server.requests("GET", NODE_GETS, watch=False)]
 
 
 HELD = 3.0  # seconds: a drain takes milliseconds on the emulator
@@ -289,7 +294,7 @@ def drain_waits_for_no_node_read(kube: Kube, cache: KubeCache, drain: Decision) 
     kube.server.slow_next(1, HELD, path_contains=NODE_GETS, method="GET")
     kube.server.clear_requests()
     kube.actuator(cache).apply(drain, now())
-    statuses = [r.status for r in kube.server.requests("GET", NODE_GETS, watch=False)]
+    statuses = node_answers(kube)
     assert statuses in ([], [0]), statuses  # [] : the read ahead has not reached the server yet
     wait_for(lambda: node_gets(kube) == 1, 5, "the ScaleIn's read begun ahead")
 
