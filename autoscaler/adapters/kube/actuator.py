@@ -7,6 +7,7 @@ the next pass, seeing the cluster again, decides afresh.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -140,9 +141,8 @@ class KubeActuator:
             # (API trouble, retries) is not sent (a notice withdrawn meanwhile would otherwise
             # remove a healthy worker). Its name is the request's: a try whose reply was lost
             # makes the next one a 409 that finds it (kinds' `_create`), never a second ScaleIn.
-            until = checked.since + CONFIRMED_FOR
             try:
-                with self._objects.fence.until(until, "the ScaleIn's victims"):
+                with self._objects.fence.until(checked.until, "the ScaleIn's victims"):
                     backend.scale_in(job, checked.decision, now)
                 return
             except Stale as exc:
@@ -156,8 +156,7 @@ class KubeActuator:
         it could land after its notice was withdrawn. One that could not is checked again and
         sent in the same apply (the pods are told once)."""
         # the ScaleIn that follows a notice's first drain: its check's GETs go beside the drain
-        held = decode_drained(annotations_of(job).get(DRAINED_ANNOTATION))
-        ahead = bool(decision.for_notice) and not set(decision.hosts) <= held
+        ahead = bool(decision.for_notice) and not _drained_already(job, decision.hosts)
         # the second check wants a notice on every node: a withdrawn one's current copy would
         # pass for a clamp's worker's node (which goes with the next pass then)
         strict = replace(decision, tags=(*decision.tags, Reason.STALE_VIEW))
@@ -221,8 +220,7 @@ class KubeActuator:
         resource = kind.jobs
         # told already when its hosts are drained (a second writer's same drain): the signal is
         # a list and a PATCH per worker, and repeated it queued thousands at 2,000 nodes
-        held = decode_drained(annotations_of(job).get(DRAINED_ANNOTATION))
-        if drain and tell and not hosts <= held:
+        if drain and tell and not _drained_already(job, hosts):
             self._signal.tell_pods(kind, job, decision, now)
         if drain:
             told = self._signal.annotations(job, decision, now)
@@ -249,6 +247,11 @@ class KubeActuator:
         self._recorder.record(
             patched, "HostsDrained" if drain else "HostsUndrained", message + summary(decision), now
         )
+
+
+def _drained_already(job: Obj, hosts: Iterable[str]) -> bool:
+    """Every one of `hosts` is drained on the job as the cache has it (a repeated drain)."""
+    return set(hosts) <= decode_drained(annotations_of(job).get(DRAINED_ANNOTATION))
 
 
 def _event_reason(decision: Decision) -> str:

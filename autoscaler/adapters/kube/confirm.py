@@ -68,9 +68,14 @@ class Checked:
     # on the job's workers as the server counts them too
     nodes: Mapping[str, str] | None
 
+    @property
+    def until(self) -> float:
+        """The time.monotonic() its hold (CONFIRMED_FOR) runs out."""
+        return self.since + CONFIRMED_FOR
+
     def left(self) -> float:
-        """Seconds of its hold (CONFIRMED_FOR) still to run."""
-        return self.since + CONFIRMED_FOR - time.monotonic()
+        """Seconds of its hold still to run."""
+        return self.until - time.monotonic()
 
 
 class Freshness(Protocol):
@@ -126,10 +131,12 @@ class ServerCheck:
             return None
         return found
 
-    def _reads_ahead(self, nodes: set[str], since: float) -> dict[str, Future[Obj | None]]:
-        """The nodes' GETs begun ahead after `since`."""
+    def _reads_ahead(
+        self, nodes: set[str], since: float = float("-inf")
+    ) -> dict[str, tuple[float, Future[Obj | None]]]:
+        """The nodes' GETs begun ahead after `since`: when each began, and its answer."""
         found = {n: self._ahead_of(("node", n), since) for n in nodes}
-        return {n: ahead[1] for n, ahead in found.items() if ahead is not None}
+        return {n: ahead for n, ahead in found.items() if ahead is not None}
 
     def scale_in(self, job: Obj, kind: JobKind, decision: Decision, now: datetime) -> Checked:
         """The ScaleIn the server supports: `decision` with the victims that hold up, and since
@@ -317,12 +324,15 @@ class ServerCheck:
         if not nodes:
             return set(), None
         began = time.monotonic()
-        ahead = {n: found for n in nodes if (found := self._ahead_of(("node", n))) is not None}
+        ahead = self._reads_ahead(nodes)
         began = min([began, *(b for b, _ in ahead.values())])
-        return self._noticed(nodes, now, {n: f for n, (_, f) in ahead.items()}), began
+        return self._noticed(nodes, now, ahead), began
 
     def _noticed(
-        self, nodes: set[str], now: datetime, ahead: Mapping[str, Future[Obj | None]] | None = None
+        self,
+        nodes: set[str],
+        now: datetime,
+        ahead: Mapping[str, tuple[float, Future[Obj | None]]] | None = None,
     ) -> set[str]:
         """Those of `nodes` the server (or the cloud source's record) says carry a notice; a
         node that is gone counts: its workers are no healthy ones. `ahead`: reads already
@@ -334,7 +344,7 @@ class ServerCheck:
                 out.add(node)
                 continue
             found = ahead.get(node) if ahead else None
-            obj = found.result() if found is not None else self._node(node)
+            obj = found[1].result() if found is not None else self._node(node)
             if obj is None or node_notices(obj, self._settings):
                 out.add(node)
         return out
