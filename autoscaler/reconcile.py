@@ -169,9 +169,9 @@ class Reconciler:
         urgent = self.writes.not_writing(
             [d for d in decided if d.action in (Action.DRAIN, Action.SCALE_IN)]
         )
-        self.writes.act([d for d in urgent if d.action is Action.DRAIN], now, mark=mark)
-        # the next notice's drains must not wait for these (a ScaleIn is three round trips)
-        self.writes.write_behind([d for d in urgent if d.action is Action.SCALE_IN], now, mark)
+        # behind this thread: the next notice's react must not wait for these writes (a drain
+        # is a round trip, a ScaleIn three, and notices come in bursts)
+        self.writes.answer(urgent, now, mark)
         return urgent
 
     def settle(self, stop: Callable[[], bool], timeout: float) -> None:

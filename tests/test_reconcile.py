@@ -13,6 +13,9 @@ from core_fixtures import NOW, job, node, notice, policies, snapshot
 from support.waiting import wait_for
 
 from autoscaler.core import Action, Decision, PolicySet, Snapshot, decide
+from autoscaler.daemon.leader import AlwaysLeader
+from autoscaler.daemon.loop import REST_PER_PASS, ReconcileLoop, WakeSignal
+from autoscaler.daemon.metrics import Metrics
 from autoscaler.fencing import Stale
 from autoscaler.logs import file_logger
 from autoscaler.reconcile import Reconciler
@@ -182,8 +185,8 @@ def test_a_drain_the_other_writer_is_still_writing_is_dropped() -> None:
 
 
 def test_the_fast_path_writes_scale_ins_behind_its_drains() -> None:
-    """react returns once the drains are written; while a job's ScaleIn is still going out, a
-    pass applies nothing of that job but drains (no second scaler); its end wakes the loop."""
+    """While a job's ScaleIn is still going out, a pass applies nothing of that job but drains
+    (no second scaler); its end wakes the loop."""
     world = GatedWorld(two_preempted_jobs(), refuse="ml/b")
     written = threading.Event()
     reconciler = Reconciler(
@@ -208,6 +211,24 @@ def test_the_fast_path_writes_scale_ins_behind_its_drains() -> None:
     assert errors >= 2  # ml/b's refused drain and its refused ScaleIn, behind
     reconciler.tick(NOW)  # nothing is being written: the pass decides and applies them again
     assert world.applied.count(("ml/a", Action.SCALE_IN)) == 2
+
+
+def test_the_fast_path_returns_before_its_drains_land_and_each_scale_in_follows_its_drain() -> None:
+    """The responder takes the next notice while a react's writes go out (in a burst of notices
+    0.1 s apart each waited for the drain PATCH before it); a job's ScaleIn still goes only
+    after its own drain has ended, and settling waits for the drains too."""
+    world = GatedWorld(two_preempted_jobs(), gated=Action.DRAIN)
+    reconciler = Reconciler(world, world, PolicySet(), file_logger(io.StringIO()), write_workers=4)
+    urgent = reconciler.react(NOW)  # returns with both drains held at the gate
+    assert len(urgent) == 4 and world.applied == []
+    reconciler.settle(lambda: False, 0.3)  # waits for the drains, which do not end
+    assert world.applied == []
+    world.gate.set()
+    reconciler.settle(lambda: False, 5)
+    order = [(j, a) for j, a in world.applied]
+    for name in ("ml/a", "ml/b"):
+        assert order.index((name, Action.DRAIN)) < order.index((name, Action.SCALE_IN))
+    assert reconciler.errors == 0
 
 
 class FocusedWorld(FixedWorld):
@@ -383,3 +404,53 @@ def test_a_departure_whose_check_expired_is_tried_again_after_its_own_back_off()
     wait_for(lambda: len(asked) == 4, 5, "an ask per ScaleIn behind")
     assert all(t - again >= 1.0 for t, _ in asked[2:]) and asked[-1][1] == 2
     assert reconciler.errors == 0 and '"actuation_failed"' not in logs.getvalue()
+
+
+class SlowWorld(FixedWorld):
+    """A snapshot that takes `seconds` (a pass's CPU at scale); says when each began and ended."""
+
+    def __init__(self, snap: Snapshot, seconds: float) -> None:
+        super().__init__(snap)
+        self.seconds = seconds
+        self.looks: list[tuple[float, float]] = []
+
+    def snapshot(self, now: datetime) -> Snapshot:
+        began = time.monotonic()
+        time.sleep(self.seconds)
+        self.looks.append((began, time.monotonic()))
+        return self.snap
+
+
+def test_passes_woken_back_to_back_rest_twice_their_length_between_them() -> None:
+    """Churn wakes the loop without pause: a pass of d seconds is followed by REST_PER_PASS * d
+    without one, so passes take at most a third of the daemon's time (the API server's cores
+    are wanted for the notices' writes); the wakes meanwhile become the next pass."""
+    world = SlowWorld(snapshot([node("n1")], [job("a", placement=["n1"])]), 0.1)
+    wake = WakeSignal()
+    loop = ReconcileLoop(
+        Reconciler(world, world, PolicySet(), file_logger(io.StringIO())),
+        wake,
+        AlwaysLeader(),
+        lambda: True,
+        Metrics(),
+        file_logger(io.StringIO()),
+        coalesce=0.0,
+        backoff_max=1.0,
+    )
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.wait(0.01):
+            wake("pod event")
+
+    churner = threading.Thread(target=churn)
+    loop.start()
+    churner.start()
+    try:
+        wait_for(lambda: len(world.looks) >= 4, 10, "four passes under churn")
+    finally:
+        stop.set()
+        churner.join(5)
+        loop.stop(5)
+    for (began, ended), (after, _) in zip(world.looks, world.looks[1:], strict=False):
+        assert after - ended >= REST_PER_PASS * (ended - began) * 0.9
