@@ -190,6 +190,19 @@ def test_drained_host_that_left_the_job_is_forgotten() -> None:
     assert undrain.reason is Reason.HOST_GONE and undrain.hosts == ("bert-worker-7",)
 
 
+def test_hosts_a_scale_in_removes_are_forgotten_together_once_its_last_pod_is_gone() -> None:
+    """The operator deletes a ScaleIn's pods one at a time: one undrain per pod was a PATCH and
+    an Event each. The gone ones wait while a drained worker it names is still there."""
+    named = ("bert-worker-0", "bert-worker-7")
+    scaler = Scaler(ScalerKind.SCALE_IN, "bert-in-1", NOW, named)
+    going = job(placement=["a", "b"], scaler=scaler, drained_hosts=frozenset(named))
+    ds = run(snapshot([node("a"), node("b")], [going], [notice("a")]))
+    assert not only(ds, Action.UNDRAIN)
+    gone = replace(going, workers=going.workers[1:])  # worker-0 left too
+    undrain = only(run(snapshot([node("a"), node("b")], [gone], [notice("a")])), Action.UNDRAIN)
+    assert [(d.reason, d.hosts) for d in undrain] == [(Reason.HOST_GONE, named)]
+
+
 def test_above_max_scales_in_pending_first_then_dearest_nodes() -> None:
     placed = workers("bert", ["cheap", "dear", "cheap"])
     j = replace(

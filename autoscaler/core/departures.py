@@ -496,6 +496,14 @@ def _scale_in_deferred(
     return None
 
 
+def _removal_under_way(job: Job, by_host: Mapping[str, Worker], in_flight: set[str]) -> bool:
+    """A ScaleIn in flight names a drained worker still there. Its pods leave one at a time, and
+    the hosts gone are forgotten together after the last (one PATCH and Event each was four a
+    notice at 2,000 nodes). Nothing can take a gone host's name meanwhile: the ScaleIn is the
+    job's one scaler."""
+    return any(by_host[h].pod in in_flight for h in job.drained_hosts if h in by_host)
+
+
 def _undrains(
     job: Job, policy: Policy, leaving: tuple[Worker, ...], nodes: Mapping[str, GpuNode]
 ) -> list[Decision]:
@@ -514,6 +522,8 @@ def _undrains(
         node = nodes.get(worker.node or "")
         if worker.pod not in in_flight and node is not None and node.schedulable:
             healthy.append(host)
+    if _removal_under_way(job, by_host, in_flight):
+        gone = []
     return [
         Decision.about(
             job,
