@@ -11,6 +11,7 @@ CHECK_EVERY-th pass decides once more without them and compares: the memo's safe
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
@@ -34,6 +35,8 @@ from autoscaler.core import (
 from autoscaler.writes import Actuator, Mark, Writes, never
 
 CHECK_EVERY = 30  # passes: one in so many also decides without the memo and compares
+Look = Callable[[datetime], Snapshot]
+_URGENT = (Action.DRAIN, Action.SCALE_IN)  # what the fast path writes of its decisions
 
 
 class Observer(Protocol):
@@ -66,8 +69,10 @@ class Reconciler:
         write_workers: int = 1,
         on_written: Callable[[], None] = lambda: None,
         on_expired: Callable[[], None] = lambda: None,
+        on_step: Callable[[str, float], None] = lambda step, seconds: None,
     ) -> None:
         self.observer = observer
+        self._on_step = on_step  # the fast path's steps, timed: `_look`, `react`
         self.policies = policies
         self.logger = logger
         self.writes = Writes(actuator, logger, on_decision, write_workers, on_written, on_expired)
@@ -84,11 +89,16 @@ class Reconciler:
         # for a pass's snapshot, not for its decisions or writes
         self._observing = threading.Lock()
 
-    def _look(self, look: Callable[[datetime], Snapshot], now: datetime) -> tuple[Snapshot, Mark]:
-        """A snapshot, and the writes' mark from before it (writes.Writes._claim)."""
+    def _look(self, look: Look, now: datetime, timed: bool = False) -> tuple[Snapshot, Mark]:
+        """A snapshot, and the writes' mark from before it (writes.Writes._claim); `timed`: the
+        fast path's, whose wait for the other thread's and own look are steps (`on_step`)."""
+        began = time.perf_counter()
         with self._observing:
-            mark = self.writes.mark()
-            return look(now), mark
+            locked, mark, snapshot = time.perf_counter(), self.writes.mark(), look(now)
+        if timed:
+            self._on_step("wait", locked - began)
+            self._on_step("look", time.perf_counter() - locked)
+        return snapshot, mark
 
     @property
     def actuator(self) -> Actuator:
@@ -160,28 +170,25 @@ class Reconciler:
         """The notice fast path (the responder's thread, beside a pass under way): drains and
         ScaleIns of the jobs with workers on noticed nodes only, decided as the full pass would
         (`decide_departures`). Growth, other jobs and standing objects wait for the next pass."""
-        snapshot, mark = self._look(partial(noticed_view, self.observer), now)
+        snapshot, mark = self._look(partial(noticed_view, self.observer), now, timed=True)
+        looked = time.perf_counter()
         noticed = {n.node for n in snapshot.notices}
         keys = frozenset(j.key for j in snapshot.jobs if any(w.node in noticed for w in j.workers))
         if not keys:
             return []
         decided = decide_departures(snapshot, self.policies, now, keys)
-        urgent = self.writes.not_writing(
-            [d for d in decided if d.action in (Action.DRAIN, Action.SCALE_IN)]
-        )
-        # behind this thread: the next notice's react must not wait for these writes (a drain
-        # is a round trip, a ScaleIn three, and notices come in bursts)
-        self.writes.answer(urgent, now, mark)
+        self._on_step("decide", time.perf_counter() - looked)
+        urgent = self.writes.not_writing([d for d in decided if d.action in _URGENT])
+        self.writes.answer(urgent, now, mark)  # behind this thread: the next notice's react
         return urgent
 
     def settle(self, stop: Callable[[], bool], timeout: float) -> None:
-        """Wait for the fast path's ScaleIns: at most `timeout` s, only while `stop()` is False."""
+        """Wait for the fast path's writes: at most `timeout` s, only while `stop()` is False."""
         self.writes.settle(stop, timeout)
 
     def finish(self, timeout: float) -> None:
-        """Wait (at most `timeout` seconds) for writes still going out behind the fast path and
-        the passes; those not begun by then are dropped, counted in one line (the caller lets
-        go of the Lease next)."""
+        """Wait (at most `timeout` s) for the writes behind the fast path and the passes; those not
+        begun by then are dropped, counted in one line (the caller lets go of the Lease next)."""
         self.writes.settle(never, timeout, growth=True)
         if dropped := self.writes.drop_waiting():
             self.logger.info("writes_dropped", writes=dropped, why="the daemon is stopping")

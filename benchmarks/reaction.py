@@ -117,6 +117,7 @@ Obj = dict[str, Any]
 ET_CRDS = tuple(f"{GROUP}_{p}" for p in ("trainingjobs", "scaleins", "scaleouts"))
 RECONCILE = "spot_autoscaler_reconcile_duration_seconds"
 REACTION = "spot_autoscaler_reaction_latency_seconds"
+STEPS = "spot_autoscaler_fast_path_step_seconds"  # by step: wait, look, decide
 TOUCHED = "spot-autoscaler.test/nudged"
 
 # The notice paths: a cloud queue the daemon reads, and the taints two node handlers put on a
@@ -1366,6 +1367,11 @@ def _one_run(
         "daemon_reaction_mean_s": _mean(metrics, REACTION),
         # its passes during the rounds only (the histogram's difference)
         "daemon_passes": _window(before, metrics, RECONCILE),
+        # the fast path's steps in the rounds: its wait for a pass's snapshot, its own, deciding
+        "fast_path_s": {
+            step: _window(before, metrics, STEPS, f'step="{step}"')
+            for step in ("wait", "look", "decide")
+        },
         # what else the cluster did while the notices came (this run's only)
         "churn": churn,
         # CPU seconds per process and phase: setup (the cluster made, shared by the runs),
@@ -1599,10 +1605,16 @@ def _mean(metrics: dict[str, float], histogram: str) -> float | None:
     return round(metrics[f"{histogram}_sum"] / count, 3) if count else None
 
 
-def _window(before: dict[str, float], after: dict[str, float], histogram: str) -> dict[str, Any]:
-    """A histogram between two scrapes: count, mean, and the bucket bounds under which half
-    and 99% of the observations fall."""
-    diff = {k: after[k] - before.get(k, 0.0) for k in after if k.startswith(histogram)}
+def _window(
+    before: dict[str, float], after: dict[str, float], histogram: str, label: str = ""
+) -> dict[str, Any]:
+    """A histogram between two scrapes (its series with `label`, e.g. 'step="wait"'): count,
+    mean, and the bucket bounds under which half and 99% of the observations fall."""
+    diff = {
+        k.replace(f"{{{label}}}", "").replace(f"{label},", ""): after[k] - before.get(k, 0.0)
+        for k in after
+        if k.startswith(histogram) and label in k
+    }
     count = diff.get(f"{histogram}_count", 0.0)
     buckets = sorted(
         (float(k.split('le="')[1].split('"')[0]), v)
@@ -1777,6 +1789,12 @@ def report(r: dict[str, Any]) -> str:
         + f"  daemon: mean pass {r['pass_mean_s']} s, mean notice received -> applied "
         f"{r['daemon_reaction_mean_s']} s; in the rounds {p['count']} passes, mean "
         f"{p['mean_s']} s, p50 <= {p['p50_le_s']} s, p99 <= {p['p99_le_s']} s\n"
+        + "  fast path, in the rounds: "
+        + "; ".join(
+            f"{step} {w['count']}, mean {w['mean_s']} s, p99 <= {w['p99_le_s']} s"
+            for step, w in r.get("fast_path_s", {}).items()
+        )
+        + "\n"
         f"  setup (s): {setup}\n"
         f"  CPU s, setup: {_cpu_line(cpu['setup'])}\n"
         f"  CPU s, daemon start: {_cpu_line(cpu['daemon_start'])}\n"

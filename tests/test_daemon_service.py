@@ -84,6 +84,9 @@ def test_a_wake_reconciles_at_once_and_notices_are_measured(
     # at once): the two workers of node-0 are gone
     assert metric(text, "spot_autoscaler_workers", training_job="default/bert") == 2
     assert metric(text, "spot_autoscaler_reconcile_duration_seconds_count") == d.loop.passes
+    # the fast path answered it: its steps were timed (the writes behind it are not a step)
+    for step in ("wait", "look", "decide"):
+        assert (metric(text, "spot_autoscaler_fast_path_step_seconds_count", step=step) or 0) >= 1
     assert metric(text, "spot_autoscaler_leader") == 1  # no lock in these parts: it acts alone
     assert metric(text, "spot_autoscaler_errors_total", component="actuator") is None
 

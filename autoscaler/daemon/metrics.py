@@ -21,6 +21,7 @@ _SECONDS_PER_HOUR = 3600.0
 # A spot notice gives 2 minutes (AWS) or less: resolve the first seconds finely.
 _REACTION_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 90, 120, 300)
 _RECONCILE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_STEP_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 
 
 class Metrics:
@@ -73,6 +74,14 @@ class Metrics:
             f"{PREFIX}_reconcile_duration_seconds",
             "One observe-decide-act pass.",
             buckets=_RECONCILE_BUCKETS,
+            registry=r,
+        )
+        self.fast_path = Histogram(
+            f"{PREFIX}_fast_path_step_seconds",
+            "The notice fast path's steps: wait (for a pass's snapshot), look (its own), "
+            "decide; its writes go out behind it.",
+            ["step"],
+            buckets=_STEP_BUCKETS,
             registry=r,
         )
         self.leader = Gauge(

@@ -108,6 +108,7 @@ class Daemon:
             # a departure that could not land while its check held, after its own back-off
             # (writes.Writes._retry_later): the responder answers it again
             on_expired=lambda: wake(NoticeWake("a departure's server check expired")),
+            on_step=lambda step, seconds: self.metrics.fast_path.labels(step).observe(seconds),
         )
         self.metrics.count_errors_from("memo", lambda: self.reconciler.memo_mismatches)
         backoff_max = self.settings.error_backoff_max.total_seconds()
