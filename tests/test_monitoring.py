@@ -40,6 +40,7 @@ def exported() -> dict[str, set[str]]:
     m.notices_lost.labels("aws-sqs", "interruption").inc()
     m.reaction.observe(0.3)
     m.reconcile.observe(0.1)
+    m.fast_path.labels("look").observe(0.01)
     m.set_workers([Job("ns", "a", 1, 4, workers=(Worker("w0", "n1", "w0"),))])
     m.set_nodes([GpuNode("n1", 8, 1, CapacityType.SPOT, price_per_hour=3.0)])
     m.error("reconcile")
