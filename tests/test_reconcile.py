@@ -406,26 +406,29 @@ def test_a_departure_whose_check_expired_is_tried_again_after_its_own_back_off()
     assert reconciler.errors == 0 and '"actuation_failed"' not in logs.getvalue()
 
 
-class SlowWorld(FixedWorld):
-    """A snapshot that takes `seconds` (a pass's CPU at scale); says when each began and ended."""
+class BusyWorld(FixedWorld):
+    """A snapshot that spins `seconds` of its thread's CPU (a pass's work at scale); says when
+    each began and ended, and the CPU it took."""
 
     def __init__(self, snap: Snapshot, seconds: float) -> None:
         super().__init__(snap)
         self.seconds = seconds
-        self.looks: list[tuple[float, float]] = []
+        self.looks: list[tuple[float, float, float]] = []
 
     def snapshot(self, now: datetime) -> Snapshot:
-        began = time.monotonic()
-        time.sleep(self.seconds)
-        self.looks.append((began, time.monotonic()))
+        began, cpu = time.monotonic(), time.thread_time()
+        while time.thread_time() - cpu < self.seconds:
+            pass
+        self.looks.append((began, time.monotonic(), time.thread_time() - cpu))
         return self.snap
 
 
-def test_passes_woken_back_to_back_rest_twice_their_length_between_them() -> None:
-    """Churn wakes the loop without pause: a pass of d seconds is followed by REST_PER_PASS * d
-    without one, so passes take at most a third of the daemon's time (the API server's cores
-    are wanted for the notices' writes); the wakes meanwhile become the next pass."""
-    world = SlowWorld(snapshot([node("n1")], [job("a", placement=["n1"])]), 0.1)
+def test_passes_woken_back_to_back_rest_twice_their_cpu_between_them() -> None:
+    """Churn wakes the loop without pause: a pass that took d seconds of CPU is followed by
+    REST_PER_PASS * d without one, so the passes' CPU is at most a third of the time (the API
+    server's cores are wanted for the notices' writes); the wakes meanwhile become the next
+    pass."""
+    world = BusyWorld(snapshot([node("n1")], [job("a", placement=["n1"])]), 0.1)
     wake = WakeSignal()
     loop = ReconcileLoop(
         Reconciler(world, world, PolicySet(), file_logger(io.StringIO())),
@@ -447,10 +450,41 @@ def test_passes_woken_back_to_back_rest_twice_their_length_between_them() -> Non
     loop.start()
     churner.start()
     try:
-        wait_for(lambda: len(world.looks) >= 4, 10, "four passes under churn")
+        wait_for(lambda: len(world.looks) >= 4, 20, "four passes under churn")
     finally:
         stop.set()
         churner.join(5)
         loop.stop(5)
-    for (began, ended), (after, _) in zip(world.looks, world.looks[1:], strict=False):
-        assert after - ended >= REST_PER_PASS * (ended - began) * 0.9
+    for (_, ended, cpu), (after, _, _) in zip(world.looks, world.looks[1:], strict=False):
+        assert after - ended >= REST_PER_PASS * cpu * 0.95
+
+
+class WaitingWorld(FixedWorld):
+    """A snapshot that waits `seconds` without a core (as for a slow server's answer)."""
+
+    def __init__(self, snap: Snapshot, seconds: float) -> None:
+        super().__init__(snap)
+        self.seconds = seconds
+
+    def snapshot(self, now: datetime) -> Snapshot:
+        time.sleep(self.seconds)
+        return self.snap
+
+
+def test_a_pass_that_waited_for_the_server_is_not_rested_after() -> None:
+    """The rest counts the pass's CPU: a pass whose time went waiting (its writes under API
+    faults) took no core, and resting 2x its wall time after it held the next pass (and what
+    only a pass answers) for seconds."""
+    world = WaitingWorld(snapshot([node("n1")], [job("a", placement=["n1"])]), 0.5)
+    loop = ReconcileLoop(
+        Reconciler(world, world, PolicySet(), file_logger(io.StringIO())),
+        WakeSignal(),
+        AlwaysLeader(),
+        lambda: True,
+        Metrics(),
+        file_logger(io.StringIO()),
+        coalesce=0.0,
+        backoff_max=1.0,
+    )
+    assert loop.run_pass(set())
+    assert loop._pause() < 0.5  # 2x its CPU (milliseconds), not 2x its 0.5 s

@@ -31,11 +31,13 @@ _SYNC_POLL = 0.2  # seconds between looks at the caches until they have synced
 # minute anyway (scale_out.min_idle), nor hold a notice for more than one batch of it.
 GIVE_WAY_FOR = 2.0
 SETTLE_FOR = 2.0  # seconds the fast path's writes get before the full pass runs anyway
-# After a full pass of d seconds the next waits REST_PER_PASS * d: passes take at most a third
-# of the time. With churn they ran back to back (2,000 nodes: ~0.3 s each, 90-130 of the
-# daemon's CPU-s in 300 s) on the cores the API server wanted for the notices' writes; nothing a
-# pass decides is due within a second (growth waits for a minute of idle GPUs), and notices go
-# to the responder, which never waits for this.
+# After a full pass that took d seconds of its thread's CPU the next waits REST_PER_PASS * d: the
+# passes' CPU is at most a third of the time. With churn they ran back to back (2,000 nodes:
+# ~0.3 s each, 90-130 of the daemon's CPU-s in 300 s) on the cores the API server wanted for the
+# notices' writes. CPU, not wall time: a pass waiting for the server (its undrains under API
+# faults) takes no core, and resting after it only held the next pass. Nothing a pass decides is
+# due within a second (growth waits for a minute of idle GPUs); notices go to the responder,
+# which never waits for this.
 REST_PER_PASS = 2.0
 
 
@@ -131,7 +133,7 @@ class ReconcileLoop:
         if (pending := self._pending) is not None:
             self._pending = None
             self.reconciler.policies = pending
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         try:
             decisions = self.reconciler.tick(datetime.now(UTC), self._give_way, self._notice_waits)
         except Exception as exc:  # the observer could not see the world: retry after a back-off
@@ -152,7 +154,7 @@ class ReconcileLoop:
             self._wake("pass gave way to a notice")
             return True
         self._giving_way_since = None
-        self._rest_until = time.monotonic() + REST_PER_PASS * (time.perf_counter() - started)
+        self._rest_until = time.monotonic() + REST_PER_PASS * (time.thread_time() - cpu)
         self.passes += 1
         # standing objects left over (thousands of budgets at start-up): a few writes at a
         # time while nothing else is waiting, so a notice's pass never queues behind them all
