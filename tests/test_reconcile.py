@@ -406,6 +406,15 @@ def test_a_departure_whose_check_expired_is_tried_again_after_its_own_back_off()
     assert reconciler.errors == 0 and '"actuation_failed"' not in logs.getvalue()
 
 
+def loop_over(world: FixedWorld, wake: WakeSignal) -> ReconcileLoop:
+    """The daemon's loop over `world`, acting alone, no coalescing of wakes."""
+    reconciler = Reconciler(world, world, PolicySet(), file_logger(io.StringIO()))
+    logger = file_logger(io.StringIO())
+    return ReconcileLoop(
+        reconciler, wake, AlwaysLeader(), lambda: True, Metrics(), logger, 0.0, 1.0
+    )
+
+
 class BusyWorld(FixedWorld):
     """A snapshot that spins `seconds` of its thread's CPU (a pass's work at scale); says when
     each began and ended, and the CPU it took."""
@@ -430,16 +439,7 @@ def test_passes_woken_back_to_back_rest_twice_their_cpu_between_them() -> None:
     pass."""
     world = BusyWorld(snapshot([node("n1")], [job("a", placement=["n1"])]), 0.1)
     wake = WakeSignal()
-    loop = ReconcileLoop(
-        Reconciler(world, world, PolicySet(), file_logger(io.StringIO())),
-        wake,
-        AlwaysLeader(),
-        lambda: True,
-        Metrics(),
-        file_logger(io.StringIO()),
-        coalesce=0.0,
-        backoff_max=1.0,
-    )
+    loop = loop_over(world, wake)
     stop = threading.Event()
 
     def churn() -> None:
@@ -476,15 +476,6 @@ def test_a_pass_that_waited_for_the_server_is_not_rested_after() -> None:
     faults) took no core, and resting 2x its wall time after it held the next pass (and what
     only a pass answers) for seconds."""
     world = WaitingWorld(snapshot([node("n1")], [job("a", placement=["n1"])]), 0.5)
-    loop = ReconcileLoop(
-        Reconciler(world, world, PolicySet(), file_logger(io.StringIO())),
-        WakeSignal(),
-        AlwaysLeader(),
-        lambda: True,
-        Metrics(),
-        file_logger(io.StringIO()),
-        coalesce=0.0,
-        backoff_max=1.0,
-    )
+    loop = loop_over(world, WakeSignal())
     assert loop.run_pass(set())
     assert loop._pause() < 0.5  # 2x its CPU (milliseconds), not 2x its 0.5 s
