@@ -227,7 +227,7 @@ class Writes:
         scale_ins = [d for d in decisions if d.action is Action.SCALE_IN]
         if self._answers is None:
             self.act(drains, now, mark=mark)
-            self.write_behind(scale_ins, now, mark)
+            self._write_behind(scale_ins, now, mark)
             return
         self._tell(drains)
         with self._lock:
@@ -239,9 +239,9 @@ class Writes:
                 self._answering.add(future)
             future.add_done_callback(partial(self._drained, decision))
             going[decision.job] = future
-        self.write_behind(scale_ins, now, mark, going)
+        self._write_behind(scale_ins, now, mark, going)
 
-    def write_behind(
+    def _write_behind(
         self,
         decisions: list[Decision],
         now: datetime,
@@ -351,13 +351,19 @@ class Writes:
         with self._lock:
             del self._writing[decision.job]
             self._departing.discard(decision.job)
-        if future.cancelled():  # dropped at shutdown (drop_waiting): not begun, not failed
-            return
+        if self._counted(decision, future):
+            self._on_written()
+
+    def _counted(self, decision: Decision, future: Future[bool | None]) -> bool:
+        """A write behind that ended, counted as `_apply_at_once` counts one; False if it was
+        dropped at shutdown (drop_waiting: not begun, not failed)."""
+        if future.cancelled():
+            return False
         done = future.result() if future.exception() is None else False
         self._count_failed(done is False)
         if done is None:  # the job is free again: its next react or pass may write it
             self._retry_later(decision)
-        self._on_written()
+        return True
 
     def _after(
         self, first: Future[bool | None] | None, decision: Decision, now: datetime
@@ -368,15 +374,10 @@ class Writes:
         return self._log_and_apply(decision, now)
 
     def _drained(self, decision: Decision, future: Future[bool | None]) -> None:
-        """The end of a drain written behind the fast path: counted as `_apply_at_once` does."""
+        """The end of a drain written behind the fast path."""
         with self._lock:
             self._answering.discard(future)
-        if future.cancelled():
-            return
-        done = future.result() if future.exception() is None else False
-        self._count_failed(done is False)
-        if done is None:
-            self._retry_later(decision)
+        self._counted(decision, future)
 
     def _retry_later(self, decision: Decision) -> None:
         """Ask for `decision`'s job again (`on_expired`) once its back-off has run out."""
